@@ -1,0 +1,75 @@
+"""The public op: `vc_attention(q, k, v, ...)`, a torch custom op dispatching to a backend.
+
+Registered with torch.library.custom_op plus a fake (meta) implementation, so torch.compile can
+trace through a model that calls it without graph breaks inside the kernel.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Optional
+
+import torch
+
+from . import backends
+from .config import FIDELITY, LAYOUTS, VCConfig
+
+# Which backend ran how many calls in this process (tests use it to prove a fast path ran).
+BACKEND_CALLS: Counter = Counter()
+
+
+@torch.library.custom_op("vc_attention::attention", mutates_args=())
+def _attention_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    perm: Optional[torch.Tensor],
+    layout: str,
+    qk: str,
+    v_format: str,
+    p: str,
+    smooth_k: bool,
+    sm_scale: Optional[float],
+    backend: str,
+) -> torch.Tensor:
+    config = VCConfig(qk=qk, v=v_format, p=p, smooth_k=smooth_k)
+    chosen = backends.select(q, config, layout, backend)
+    BACKEND_CALLS[chosen.name] += 1
+    return chosen.run(q, k, v, perm, config, layout, sm_scale)
+
+
+@_attention_op.register_fake
+def _attention_fake(q, k, v, perm, layout, qk, v_format, p, smooth_k, sm_scale, backend):
+    return torch.empty_like(q)
+
+
+def vc_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    layout: str = "bhnd",
+    config: VCConfig = FIDELITY,
+    perm: Optional[torch.Tensor] = None,
+    sm_scale: Optional[float] = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Non-causal self-attention with VC-Attention quantization.
+
+    q, k, v: fp16/bf16 (fp32 on the reference backend), one shape, layout "bhnd" = (B,H,N,D) or
+    "bnhd" = (B,N,H,D); any strides with a contiguous last dim. perm: (B,H,N) integer permutation of
+    the key/value tokens (V-Smooth grouping, from kernels.grouping); None keeps the original order.
+    sm_scale: defaults to 1/sqrt(D). backend: "auto" or a registered name (see `vc-attention doctor`).
+    Returns a new tensor of q's shape, dtype and layout.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
+    if q.shape != k.shape or q.shape != v.shape:
+        raise ValueError(
+            "vc_attention is self-attention: q, k and v must have the same shape, got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}."
+        )
+    if perm is not None:
+        b, h, n = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhnd" else (q.shape[0], q.shape[2], q.shape[1])
+        if tuple(perm.shape) != (b, h, n):
+            raise ValueError(f"perm must have shape (B, H, N) = {(b, h, n)}, got {tuple(perm.shape)}.")
+    return _attention_op(q, k, v, perm, layout, config.qk, config.v, config.p, config.smooth_k, sm_scale, backend)

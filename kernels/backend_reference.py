@@ -1,0 +1,17 @@
+"""The `reference` backend: the bit-exact emulation (CPU or GPU). Slow; tests and CPU demos only."""
+from __future__ import annotations
+
+from . import reference
+from .backends import Backend, register
+from .config import VCConfig
+
+
+def _unsupported(q, config: VCConfig, layout: str):
+    return None  # the emulation takes any shape, dtype, device and configuration
+
+
+def _run(q, k, v, perm, config: VCConfig, layout: str, sm_scale):
+    return reference.vc_attention_reference(q, k, v, config, layout=layout, perm=perm, sm_scale=sm_scale)
+
+
+register(Backend(name="reference", priority=0, run=_run, unsupported_reason=_unsupported, slow=True))

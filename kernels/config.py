@@ -1,0 +1,55 @@
+"""What an attention call quantizes and how: one frozen dataclass shared by every backend.
+
+The numbers that define each quantizer (block sizes, the ExpCast constants, the P range) live in
+reference.py next to the arithmetic they parametrize; this file only names the choices a user makes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+QK_FORMATS = ("int8", "fp8")
+V_FORMATS = ("vsmooth", "per_channel")
+P_ENCODINGS = ("exp2", "expcast")
+LAYOUTS = ("bhnd", "bnhd")
+
+
+@dataclass(frozen=True)
+class VCConfig:
+    """One VC-Attention configuration.
+
+    qk: "int8" (INT8 Q and K, per-block scales) or "fp8" (E4M3 Q and K, the paper's B300 setting).
+    v:  "vsmooth" (block mean removed, FP8 residual) or "per_channel" (SageAttention2-style FP8 V).
+    p:  "exp2" (exp2 then E4M3 cast: fidelity mode) or "expcast" (direct E4M3 codes: speed mode).
+    smooth_k: subtract the per-channel mean of K over tokens (softmax-invariant, always cheap).
+    """
+
+    qk: str = "int8"
+    v: str = "vsmooth"
+    p: str = "exp2"
+    smooth_k: bool = True
+
+    def __post_init__(self) -> None:
+        if self.qk not in QK_FORMATS:
+            raise ValueError(f"VCConfig.qk must be one of {QK_FORMATS}, got {self.qk!r}.")
+        if self.v not in V_FORMATS:
+            raise ValueError(f"VCConfig.v must be one of {V_FORMATS}, got {self.v!r}.")
+        if self.p not in P_ENCODINGS:
+            raise ValueError(f"VCConfig.p must be one of {P_ENCODINGS}, got {self.p!r}.")
+
+    def with_(self, **changes) -> "VCConfig":
+        return replace(self, **changes)
+
+    @property
+    def needs_grouping(self) -> bool:
+        return self.v == "vsmooth"
+
+    @property
+    def tag(self) -> str:
+        """Short stable name, used in benchmark tables, stats and kernel instantiation keys."""
+        return f"{self.qk}-{self.v}-{self.p}" + ("" if self.smooth_k else "-nosmoothk")
+
+
+# The three configurations the product talks about.
+FIDELITY = VCConfig(qk="int8", v="vsmooth", p="exp2")
+SPEED = VCConfig(qk="int8", v="vsmooth", p="expcast")
+PLAIN_8BIT = VCConfig(qk="int8", v="per_channel", p="exp2")

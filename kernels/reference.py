@@ -1,0 +1,396 @@
+"""Bit-exact emulation of every VC-Attention quantizer: the spec the CUDA kernels must match.
+
+Pure PyTorch, vectorized, CPU or CUDA. Internally everything is (B, H, N, D); `to_bhnd` /
+`from_bhnd` convert the (B, N, H, D) layout as views (no copy).
+
+Arithmetic conventions (every kernel reproduces them):
+- All quantizer math is float32. "rint" is round-half-to-even (torch.round, CUDA __float2int_rn,
+  cvt.rni); E4M3 casts are round-to-nearest-even with saturation to +-448 (cvt.rn.satfinite).
+- Scores are kept in log2 units: s = q.k * sm_scale * log2(e), so probabilities are exp2(s - M).
+- Row offset M_i = ceil(max_j s_ij) is an INTEGER. Probabilities are P = E4M3(2^(s - M + 8)), so
+  the row max lands in (128, 256]. Because M is an integer, an online-softmax kernel whose running
+  max changes block to block quantizes every probability to exactly the same mantissa as this
+  two-pass emulation (a change of M by an integer k shifts every code by 8k / every value by 2^k,
+  exactly), and its rescale factor alpha = 2^(M_old - M_new) is exact in float32. That is what makes
+  "kernel == emulation up to float32 summation order" true and testable.
+- Output = sum_j P_q[i,j] * Vhat[j] / sum_j P_q[i,j], with the SAME quantized P in both sums.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .config import LAYOUTS, VCConfig
+
+LOG2E = 1.4426950408889634
+E4M3_MAX = 448.0
+INT8_MAX = 127.0
+
+Q_BLOCK = 64  # query rows sharing one INT8 / FP8 scale (one wgmma warpgroup tile)
+K_BLOCK = 128  # key rows sharing one scale; also the V-Smooth block B_v (one KV tile)
+V_BLOCK = K_BLOCK
+
+P_LOG2_MAX = 8  # the row offset M maps to 2^8 = 256
+EXPCAST_BETA = -0.35  # centres eps(m) = m - 8 log2(1 + m/8) in the min-max sense (-0.3443 rounded)
+EXPCAST_MAX_CODE = 8 * P_LOG2_MAX + 56  # 120 = 0x78 = 256.0
+
+
+# ----------------------------------------------------------------------------------------------
+# layouts
+def to_bhnd(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """View (B,H,N,D) of a tensor given in `layout` ("bhnd" or "bnhd"); never copies."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
+    if x.dim() != 4:
+        raise ValueError(f"expected a 4-D tensor in layout {layout!r}, got shape {tuple(x.shape)}.")
+    return x if layout == "bhnd" else x.transpose(1, 2)
+
+
+def from_bhnd(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """Inverse of to_bhnd (a view)."""
+    return to_bhnd(x, layout)
+
+
+def _blocks(n: int, block: int) -> int:
+    return (n + block - 1) // block
+
+
+def _pad_rows(x: torch.Tensor, block: int) -> torch.Tensor:
+    """Zero-pad dim -2 to a multiple of `block` (zeros never change an absmax or a sum)."""
+    pad = _blocks(x.shape[-2], block) * block - x.shape[-2]
+    return torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
+
+
+def block_absmax(x: torch.Tensor, block: int) -> torch.Tensor:
+    """(B,H,N,D) -> (B,H,ceil(N/block)): max |x| over `block` consecutive rows and all channels."""
+    b, h, n, d = x.shape
+    xp = _pad_rows(x.abs(), block)
+    return xp.view(b, h, -1, block * d).amax(dim=-1)
+
+
+def _expand_rows(per_block: torch.Tensor, block: int, n: int) -> torch.Tensor:
+    """(B,H,nb[,D]) -> (B,H,N,1 or D): repeat each block's value over its rows, tail cut off."""
+    if per_block.dim() == 3:
+        per_block = per_block.unsqueeze(-1)
+    return per_block.repeat_interleave(block, dim=2)[:, :, :n]
+
+
+# ----------------------------------------------------------------------------------------------
+# K smoothing and the QK quantizers
+def smooth_k(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """K - mean_t K[t] per (b, h, channel), float32.
+
+    Softmax-invariant: q.(k_t - kbar) = q.k_t - q.kbar, a constant per query row. The mean is the
+    float32 sum over all N tokens divided by N. Returns (k_smoothed float32, mean float32 (B,H,1,D)).
+    """
+    k32 = k.float()
+    mean = k32.mean(dim=-2, keepdim=True)
+    return k32 - mean, mean
+
+
+def quantize_int8_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric INT8 with one scale per `block` rows (all channels) of each (b, h).
+
+    amax = max |x| over the block (float32); inv = 127 / amax (0 when amax == 0);
+    x_q = clamp(rint(x * inv), -127, 127) as int8; scale = amax / 127 (so x ~ x_q * scale).
+    Tail block: only its valid rows count. Returns (x_q int8 (B,H,N,D), scale float32 (B,H,nb)).
+    """
+    x = x.float()
+    amax = block_absmax(x, block)
+    inv = torch.where(amax > 0, INT8_MAX / amax, torch.zeros_like(amax))
+    xq = torch.round(x * _expand_rows(inv, block, x.shape[-2])).clamp_(-INT8_MAX, INT8_MAX)
+    return xq.to(torch.int8), amax / INT8_MAX
+
+
+def fp8_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """Round float32 to E4M3 (nearest-even, saturating at +-448), returned as float32 values."""
+    return x.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float()
+
+
+def quantize_fp8_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """E4M3 with one scale per `block` rows: inv = 448 / amax, x_q = E4M3(x * inv), scale = amax/448.
+
+    The FP8-QK variant (the paper's B300 configuration). Returns (x_q as float32 values, scale).
+    """
+    x = x.float()
+    amax = block_absmax(x, block)
+    inv = torch.where(amax > 0, E4M3_MAX / amax, torch.zeros_like(amax))
+    return fp8_e4m3(x * _expand_rows(inv, block, x.shape[-2])), amax / E4M3_MAX
+
+
+def qk_scale(head_dim: int, sm_scale: float | None) -> float:
+    """sm_scale * log2(e): folded into Q before quantization so scores come out in log2 units."""
+    return (1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)) * LOG2E
+
+
+def quantize_qk(q: torch.Tensor, k: torch.Tensor, config: VCConfig, sm_scale: float | None = None):
+    """Q, K -> (q_q, q_scale, k_q, k_scale), all (B,H,...) as in quantize_*_blocks.
+
+    Q is multiplied by qk_scale (a float32 constant) before quantization, in blocks of Q_BLOCK rows;
+    K is smoothed (config.smooth_k) and quantized in blocks of K_BLOCK rows (after any permutation).
+    """
+    qs = q.float() * torch.tensor(qk_scale(q.shape[-1], sm_scale), dtype=torch.float32)
+    ks = smooth_k(k)[0] if config.smooth_k else k.float()
+    quant = quantize_int8_blocks if config.qk == "int8" else quantize_fp8_blocks
+    q_q, q_sc = quant(qs, Q_BLOCK)
+    k_q, k_sc = quant(ks, K_BLOCK)
+    return q_q, q_sc, k_q, k_sc
+
+
+def scores_log2(q_q, q_scale, k_q, k_scale, n_k: int) -> torch.Tensor:
+    """s[i,j] = float32(sum_d q_q[i,d] k_q[j,d]) * (q_scale[i blk] * k_scale[j blk]), log2 units.
+
+    The integer dot product is exact (|sum| < 2^24, so a float32 matmul of int8 values is exact).
+    """
+    if q_q.dtype == torch.int8:
+        acc = torch.matmul(q_q.float(), k_q.float().transpose(-1, -2))
+    else:  # FP8 products are not integers: accumulate in float64, round once to float32
+        acc = torch.matmul(q_q.double(), k_q.double().transpose(-1, -2)).float()
+    qs = _expand_rows(q_scale, Q_BLOCK, q_q.shape[-2])  # (B,H,Nq,1)
+    ks = _expand_rows(k_scale, K_BLOCK, n_k).transpose(-1, -2)  # (B,H,1,Nk)
+    return acc * (qs * ks)
+
+
+# ----------------------------------------------------------------------------------------------
+# P encodings
+def row_offset(s: torch.Tensor) -> torch.Tensor:
+    """M_i = ceil(max_j s_ij): the integer row offset (see the module docstring for why integer)."""
+    return torch.ceil(s.amax(dim=-1, keepdim=True))
+
+
+def p_exp2_cast(u: torch.Tensor) -> torch.Tensor:
+    """Fidelity encoding: P = E4M3(exp2(u + 8)) for u = s - M <= 0 (float32 exp2, RNE cast)."""
+    return fp8_e4m3(torch.exp2(u.float() + P_LOG2_MAX))
+
+
+def expcast_code(u: torch.Tensor, beta: float = EXPCAST_BETA) -> torch.Tensor:
+    """ExpCast-FP8: the E4M3 byte straight from the log-domain score, as an int32 code 0..120.
+
+    c(u) = clip_[0,120](rint(8 u + (8*8 + 56 + beta))), computed as one float32 multiply-add
+    (8u is exact, so u*8 + 119.65f rounds once, like an fma) followed by rint.
+    """
+    t = u.float() * 8.0 + torch.tensor(8 * P_LOG2_MAX + 56 + beta, dtype=torch.float32)
+    return torch.round(t).clamp_(0, EXPCAST_MAX_CODE).to(torch.int32)
+
+
+def decode_e4m3(codes: torch.Tensor) -> torch.Tensor:
+    """Exact value of E4M3 byte codes 0..127 (sign bit 0): normals 2^(e-7)(1+m/8), subnormals m 2^-9."""
+    c = codes.to(torch.int32)
+    e, m = c >> 3, c & 7
+    normal = torch.exp2(e.float() - 7.0) * (1.0 + m.float() / 8.0)
+    sub = m.float() * 2.0**-9
+    return torch.where(e > 0, normal, sub)
+
+
+def p_expcast(u: torch.Tensor) -> torch.Tensor:
+    """Speed encoding: decoded ExpCast codes (the values the FP8 MMA multiplies)."""
+    return decode_e4m3(expcast_code(u))
+
+
+def quantize_p(s: torch.Tensor, config: VCConfig) -> torch.Tensor:
+    """Scores (log2 units) -> quantized, UNnormalized probabilities (float32 values of E4M3)."""
+    u = s - row_offset(s)
+    return p_exp2_cast(u) if config.p == "exp2" else p_expcast(u)
+
+
+# ----------------------------------------------------------------------------------------------
+# V quantizers
+def channel_absmax(x: torch.Tensor) -> torch.Tensor:
+    """(B,H,N,D) -> (B,H,1,D): max |x| over tokens, per channel."""
+    return x.abs().amax(dim=-2, keepdim=True)
+
+
+def quantize_fp8_per_channel(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """E4M3 with one scale per (b, h, channel): inv = 448/amax, x_q = E4M3(x*inv), scale = amax/448."""
+    x = x.float()
+    amax = channel_absmax(x)
+    inv = torch.where(amax > 0, E4M3_MAX / amax, torch.zeros_like(amax))
+    return fp8_e4m3(x * inv), amax / E4M3_MAX
+
+
+def block_means_fp16(v: torch.Tensor, block: int = V_BLOCK) -> torch.Tensor:
+    """Per `block` rows: float32 sum of valid rows / valid row count, rounded to fp16 (B,H,nb,D).
+
+    fp16 (not bf16): 11 significant bits keep the mean's rounding far below the FP8 residual error.
+    """
+    b, h, n, d = v.shape
+    sums = _pad_rows(v.float(), block).view(b, h, -1, block, d).sum(dim=3)
+    counts = torch.full((_blocks(n, block),), float(block), device=v.device)
+    counts[-1] = n - (counts.numel() - 1) * block
+    return (sums / counts.view(1, 1, -1, 1)).to(torch.float16)
+
+
+@dataclass
+class VSmoothV:
+    """V-Smooth operands of one (permuted) V: what the prepare kernel writes."""
+
+    mean: torch.Tensor  # (B,H,nb,D) fp16 block means mu_j
+    residual_q: torch.Tensor  # (B,H,N,D) float32 values of E4M3 residual codes
+    scale: torch.Tensor  # (B,H,1,D) float32 per-channel residual scale
+
+    def dequantized(self) -> torch.Tensor:
+        n = self.residual_q.shape[-2]
+        return self.residual_q * self.scale + _expand_rows(self.mean.float(), V_BLOCK, n)
+
+
+def quantize_v_vsmooth(v_perm: torch.Tensor) -> VSmoothV:
+    """V-Smooth on an already permuted V: R = V - mu (fp16 mean as float32), then per-channel FP8.
+
+    The residual is taken against the ROUNDED mean, so mean + residual reconstructs V up to the
+    residual's FP8 error only. Residual scale: amax over all tokens per channel / 448.
+    """
+    mean = block_means_fp16(v_perm)
+    resid = v_perm.float() - _expand_rows(mean.float(), V_BLOCK, v_perm.shape[-2])
+    r_q, r_scale = quantize_fp8_per_channel(resid)
+    return VSmoothV(mean, r_q, r_scale)
+
+
+def dequantized_v(v_perm: torch.Tensor, config: VCConfig) -> torch.Tensor:
+    """The V the PV product effectively uses, float32 (mean restore included for V-Smooth)."""
+    if config.v == "vsmooth":
+        return quantize_v_vsmooth(v_perm).dequantized()
+    v_q, v_scale = quantize_fp8_per_channel(v_perm)
+    return v_q * v_scale
+
+
+# ----------------------------------------------------------------------------------------------
+# grouping semantics (the fast GPU k-means must reproduce these labels up to ties)
+def kmeans_init_indices(n: int, clusters: int, seed: int) -> torch.Tensor:
+    """Seeded choice of initial centroid tokens, shared by every (b, h): the first `clusters` entries
+    of torch.randperm(n) under a CPU generator seeded with `seed` (clusters is capped at n)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randperm(n, generator=gen)[: min(clusters, n)]
+
+
+def kmeans_assign(x: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
+    """Nearest centroid by squared Euclidean distance; ties go to the lowest cluster id.
+
+    ||x||^2 is the same for every centroid, so the label is argmin_c (||c||^2 - 2 x.c)."""
+    score = (centroids * centroids).sum(-1).unsqueeze(-2) - 2.0 * x @ centroids.transpose(-1, -2)
+    return score.argmin(dim=-1)
+
+
+def kmeans_update(x: torch.Tensor, labels: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
+    """Mean of each cluster's members; an empty cluster keeps its previous centroid."""
+    b, h, n, d = x.shape
+    c = centroids.shape[-2]
+    sums = torch.zeros(b, h, c, d, dtype=torch.float32, device=x.device)
+    sums.scatter_add_(2, labels.unsqueeze(-1).expand(b, h, n, d), x)
+    counts = torch.zeros(b, h, c, dtype=torch.float32, device=x.device)
+    counts.scatter_add_(2, labels, torch.ones_like(labels, dtype=torch.float32))
+    return torch.where(counts.unsqueeze(-1) > 0, sums / counts.clamp(min=1).unsqueeze(-1), centroids)
+
+
+def kmeans_labels(
+    v: torch.Tensor,
+    clusters: int,
+    iters: int,
+    seed: int = 0,
+    init_centroids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lloyd k-means over the value tokens of every (b, h) at once, float32.
+
+    Init: the tokens kmeans_init_indices(N, clusters, seed), or `init_centroids` (B,H,C,D) for a warm
+    start. Each iteration: assign (kmeans_assign) then update (kmeans_update). The returned labels are
+    the assignment to the FINAL centroids, so labels and centroids are consistent.
+    Returns (labels int64 (B,H,N), centroids float32 (B,H,C,D)).
+    """
+    x = v.float()
+    if init_centroids is None:
+        idx = kmeans_init_indices(x.shape[-2], clusters, seed).to(x.device)
+        centroids = x[:, :, idx, :].clone()
+    else:
+        centroids = init_centroids.float().clone()
+    for _ in range(iters):
+        centroids = kmeans_update(x, kmeans_assign(x, centroids), centroids)
+    return kmeans_assign(x, centroids), centroids
+
+
+def labels_to_permutation(labels: torch.Tensor) -> torch.Tensor:
+    """Stable sort of tokens by label (ties keep token order): perm[i] = source token of slot i."""
+    return torch.argsort(labels, dim=-1, stable=True)
+
+
+def permute_tokens(x: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """x'[b,h,i] = x[b,h,perm[b,h,i]] for (B,H,N,D) x and (B,H,N) perm."""
+    return torch.gather(x, 2, perm.unsqueeze(-1).expand(-1, -1, -1, x.shape[-1]))
+
+
+# ----------------------------------------------------------------------------------------------
+# the whole attention call
+def exact_attention(q, k, v, sm_scale: float | None = None, layout: str = "bhnd") -> torch.Tensor:
+    """Softmax attention in float64 (the fidelity reference), returned float64 in `layout`."""
+    qd, kd, vd = (to_bhnd(t, layout).double() for t in (q, k, v))
+    scale = 1.0 / math.sqrt(qd.shape[-1]) if sm_scale is None else sm_scale
+    out = torch.softmax((qd @ kd.transpose(-1, -2)) * scale, dim=-1) @ vd
+    return from_bhnd(out, layout)
+
+
+@dataclass
+class ReferenceParts:
+    """Output plus the error split of the paper: O - O_q = (P - P_q) V + P_q (V - V_q)."""
+
+    out: torch.Tensor  # the emulated kernel output, float64, (B,H,N,D)
+    out_exact_v: torch.Tensor  # P_q V with unquantized V (float64): O - this = QK term
+    tv: torch.Tensor  # total variation of each P row vs exact softmax, (B,H,N)
+
+
+def _check_inputs(q, k, v) -> None:
+    if not (q.dim() == k.dim() == v.dim() == 4):
+        raise ValueError("q, k and v must be 4-D tensors.")
+    if q.shape != k.shape or k.shape != v.shape:
+        raise ValueError(
+            f"VC-Attention is self-attention: q, k, v must have one shape, got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}."
+        )
+
+
+def vc_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    config: VCConfig,
+    *,
+    layout: str = "bhnd",
+    perm: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    query_chunk: int = 1024,
+    parts: bool = False,
+):
+    """Emulate one VC-Attention call exactly (quantizers bit-exact, sums in float64).
+
+    perm (B,H,N) permutes K and V together (V-Smooth grouping); Q and O are never permuted.
+    Returns the output in q's dtype and `layout`, or ReferenceParts (float64, bhnd) if parts=True.
+    Query rows are processed in chunks so memory is O(query_chunk * N).
+    """
+    _check_inputs(q, k, v)
+    if query_chunk % Q_BLOCK:
+        raise ValueError(f"query_chunk must be a multiple of Q_BLOCK={Q_BLOCK}.")
+    qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))
+    if perm is not None:
+        kb, vb = permute_tokens(kb, perm), permute_tokens(vb, perm)
+    n_k = kb.shape[-2]
+    q_q, q_sc, k_q, k_sc = quantize_qk(qb, kb, config, sm_scale)
+    v_hat = dequantized_v(vb, config).double()
+    scale = qk_scale(qb.shape[-1], sm_scale)
+
+    outs, outs_v, tvs = [], [], []
+    for start in range(0, qb.shape[-2], query_chunk):
+        stop = min(start + query_chunk, qb.shape[-2])
+        q_blk = q_q[:, :, start:stop]
+        # q scales are per Q_BLOCK rows of the whole sequence; chunks start on block boundaries
+        sc_blk = q_sc[:, :, start // Q_BLOCK : _blocks(stop, Q_BLOCK)]
+        s = scores_log2(q_blk, sc_blk, k_q, k_sc, n_k)
+        p = quantize_p(s, config).double()
+        denom = p.sum(-1, keepdim=True)
+        outs.append(p @ v_hat / denom)
+        if parts:
+            outs_v.append(p @ vb.double() / denom)
+            exact = torch.softmax(qb[:, :, start:stop].double() @ kb.double().transpose(-1, -2) * (scale / LOG2E), -1)
+            tvs.append(0.5 * (exact - p / denom).abs().sum(-1))
+    out = torch.cat(outs, dim=2)
+    if parts:
+        return ReferenceParts(out, torch.cat(outs_v, dim=2), torch.cat(tvs, dim=2))
+    return from_bhnd(out.to(q.dtype), layout)
