@@ -1,0 +1,208 @@
+"""The VC-Attention node's widgets: presets, defaults, ranges and tooltips in ONE table.
+
+The node schema (nodes/node_attention.py), the web extension (web/presets.json, written from this
+module by `python -m vc_attention.nodes.presets`) and the README's widget table all read this file,
+so a default can never differ between them.
+
+Why each preset value (sources: /work/shared/docs/PAPER_NOTES.md, FINDINGS.md):
+- precision "int8-qk/fp8-pv" everywhere: INT8 Q/K with FP8 P/V is the paper's 8-bit datacenter
+  configuration (H200, B200); "fp8-qk/fp8-pv" is its B300 setting (no INT8 tensor cores there).
+- v_smooth on everywhere: the value term is 82% of the 8-bit output error and V-Smooth is what
+  removes it; its cost is 3-4% of attention time averaged over a run.
+- expcast off in fidelity/balanced, on in speed: ExpCast removes the exp2 + cast bottleneck of the
+  softmax (26.9 vs 14.8 elements/clk/SM on the H200) but costs 0.7-2.1 dB PSNR in the paper, and the
+  paper's encoding is 3.5x less accurate than exp2 + cast at 32K tokens in our measurements.
+- grouping_window 0.25 everywhere: the paper's schedule (grouping in the first 25% of the steps);
+  grouping at every step gains only 0.5 dB PSNR, with worse SSIM/LPIPS, at +30% attention time.
+- clusters / kmeans_iters: more clusters and iterations make the 128-token blocks of the permuted V
+  more homogeneous (less residual energy to quantize) at a higher grouping cost, which is paid only
+  inside the grouping window. Fidelity doubles both; balanced and speed share the defaults.
+  These defaults are provisional until the grouping sweep (docs/grouping.md) measures them.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+MODES = ("fidelity", "balanced", "speed", "custom")
+DEFAULT_MODE = "balanced"
+
+# precision widget value -> VCConfig.qk; "off" means the model's own attention
+PRECISIONS = {"int8-qk/fp8-pv": "int8", "fp8-qk/fp8-pv": "fp8", "off": None}
+
+# The widgets a preset sets (mode "custom" keeps the user's values instead).
+PRESETS: dict[str, dict[str, object]] = {
+    "fidelity": {
+        "precision": "int8-qk/fp8-pv",
+        "v_smooth": True,
+        "expcast": False,
+        "grouping_window": 0.25,
+        "clusters": 128,
+        "kmeans_iters": 4,
+    },
+    "balanced": {
+        "precision": "int8-qk/fp8-pv",
+        "v_smooth": True,
+        "expcast": False,
+        "grouping_window": 0.25,
+        "clusters": 64,
+        "kmeans_iters": 2,
+    },
+    "speed": {
+        "precision": "int8-qk/fp8-pv",
+        "v_smooth": True,
+        "expcast": True,
+        "grouping_window": 0.25,
+        "clusters": 64,
+        "kmeans_iters": 2,
+    },
+}
+
+# Every widget of the VC-Attention node in schema order (after the MODEL input). "kind" is the
+# widget type; "advanced" widgets are folded away in ComfyUI's UI. Defaults of preset-governed
+# widgets are the DEFAULT_MODE preset, so a fresh node shows exactly that preset.
+WIDGETS: dict[str, dict[str, object]] = {
+    "mode": {
+        "kind": "combo",
+        "options": list(MODES),
+        "default": DEFAULT_MODE,
+        "tooltip": "fidelity / balanced / speed set the widgets below from one preset table; custom uses "
+        "your own values. With a preset selected, the preset's values are the ones that run.",
+    },
+    "precision": {
+        "kind": "combo",
+        "options": list(PRECISIONS),
+        "tooltip": "int8-qk/fp8-pv: INT8 Q and K, FP8 probabilities and values (Hopper, Ada, RTX 50). "
+        "fp8-qk/fp8-pv: FP8 everywhere (for GPUs without fast INT8). off: the model's own attention.",
+    },
+    "v_smooth": {
+        "kind": "boolean",
+        "tooltip": "V-Smooth: regroup value tokens with k-means so each 128-token block is similar, subtract "
+        "the block mean and quantize only the residual. Most of the 8-bit fidelity gain comes from this.",
+    },
+    "expcast": {
+        "kind": "boolean",
+        "tooltip": "ExpCast-FP8: write the FP8 probabilities directly from the log-domain score, skipping "
+        "the exponential. Faster softmax, about 0.7-2 dB lower PSNR.",
+    },
+    "grouping_window": {
+        "kind": "float",
+        "min": 0.0,
+        "max": 1.0,
+        "step": 0.01,
+        "tooltip": "Fraction of the denoising schedule (from the start) in which the token grouping is "
+        "recomputed; later steps reuse it. 0.25 is the paper's setting; 0 groups once and reuses it.",
+    },
+    "clusters": {
+        "kind": "int",
+        "min": 2,
+        "max": 1024,
+        "step": 1,
+        "advanced": True,
+        "tooltip": "k-means clusters per attention head for V-Smooth grouping. More clusters give more "
+        "uniform blocks and cost more on grouping steps. Up to 256 the labels take 1 byte per token.",
+    },
+    "kmeans_iters": {
+        "kind": "int",
+        "min": 0,
+        "max": 32,
+        "step": 1,
+        "advanced": True,
+        "tooltip": "k-means iterations per grouping step (after the first step each grouping starts from "
+        "the previous step's centroids, so few iterations suffice).",
+    },
+    "start_percent": {
+        "kind": "float",
+        "default": 0.0,
+        "min": 0.0,
+        "max": 1.0,
+        "step": 0.01,
+        "tooltip": "Where in the denoising schedule VC-Attention starts; before it the model's own "
+        "attention runs.",
+    },
+    "end_percent": {
+        "kind": "float",
+        "default": 1.0,
+        "min": 0.0,
+        "max": 1.0,
+        "step": 0.01,
+        "tooltip": "Where in the denoising schedule VC-Attention stops; after it the model's own "
+        "attention runs.",
+    },
+    "backend": {
+        "kind": "combo",
+        "default": "auto",
+        "advanced": True,
+        "tooltip": "auto: the fastest kernel this GPU supports (calls no kernel can take run the model's "
+        "own attention and are counted). A named backend is used for every eligible call or the "
+        "run stops with the reason. 'reference' is the exact emulation: slow, for checks only.",
+    },
+}
+for _name, _value in PRESETS[DEFAULT_MODE].items():
+    WIDGETS[_name]["default"] = _value
+
+PRESET_WIDGETS = tuple(PRESETS[DEFAULT_MODE])
+
+
+def validate_widget(name: str, value: object) -> None:
+    """Raise ValueError with a readable sentence if `value` is not allowed for widget `name`."""
+    spec = WIDGETS.get(name)
+    if spec is None:
+        raise ValueError(f"VC-Attention has no widget called {name!r}; widgets: {', '.join(WIDGETS)}.")
+    kind = spec["kind"]
+    if kind == "combo":
+        options = spec.get("options")
+        if options is not None and value not in options:
+            raise ValueError(f"VC-Attention: {name} must be one of {', '.join(map(str, options))}; got {value!r}.")
+    elif kind == "boolean":
+        if not isinstance(value, bool):
+            raise ValueError(f"VC-Attention: {name} must be true or false; got {value!r}.")
+    else:
+        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if kind == "int" and not (is_number and float(value).is_integer()):
+            raise ValueError(f"VC-Attention: {name} must be a whole number; got {value!r}.")
+        if not is_number or not spec["min"] <= value <= spec["max"]:
+            raise ValueError(
+                f"VC-Attention: {name} must be a number from {spec['min']} to {spec['max']}; got {value!r}."
+            )
+
+
+def resolve(mode: str, widgets: dict[str, object]) -> dict[str, object]:
+    """The widget values that run: the preset's for its widgets unless mode is "custom".
+
+    `widgets` holds the node's widget values (mode excluded); every value is validated, including
+    the ones a preset overrides, so a broken workflow is reported rather than silently fixed.
+    """
+    validate_widget("mode", mode)
+    for name, value in widgets.items():
+        validate_widget(name, value)
+    resolved = dict(widgets)
+    if mode != "custom":
+        resolved.update(PRESETS[mode])
+    if resolved["start_percent"] >= resolved["end_percent"]:
+        raise ValueError(
+            f"VC-Attention: start_percent ({resolved['start_percent']}) must be below end_percent "
+            f"({resolved['end_percent']}), otherwise VC-Attention never runs."
+        )
+    return resolved
+
+
+def web_table() -> dict[str, object]:
+    """What web/presets.json holds: the presets and every widget's default, range and tooltip."""
+    return {"modes": list(MODES), "default_mode": DEFAULT_MODE, "presets": PRESETS, "widgets": WIDGETS}
+
+
+WEB_PRESETS_PATH = Path(__file__).resolve().parent.parent / "web" / "presets.json"
+
+
+def web_json() -> str:
+    return json.dumps(web_table(), indent=2) + "\n"
+
+
+def write_web_presets(path: Path = WEB_PRESETS_PATH) -> Path:
+    path.write_text(web_json(), encoding="utf-8")
+    return path
+
+
+if __name__ == "__main__":
+    print(f"wrote {write_web_presets()}")

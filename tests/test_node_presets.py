@@ -1,0 +1,57 @@
+"""The widget table (nodes/presets.py) and its web copy (web/presets.json) agree and are valid."""
+import json
+
+import pytest
+
+from vc_attention.nodes import presets as P
+
+
+def test_web_presets_json_equals_the_table():
+    on_disk = json.loads(P.WEB_PRESETS_PATH.read_text(encoding="utf-8"))
+    assert on_disk == json.loads(P.web_json()), "run `python -m vc_attention.nodes.presets` to regenerate"
+
+
+def test_every_preset_value_passes_its_own_widget_validation():
+    for mode, values in P.PRESETS.items():
+        assert set(values) == set(P.PRESET_WIDGETS), mode
+        for name, value in values.items():
+            P.validate_widget(name, value)
+
+
+def test_defaults_are_the_default_preset_and_every_widget_has_a_tooltip():
+    for name, spec in P.WIDGETS.items():
+        assert len(spec["tooltip"]) > 30, name
+        assert "default" in spec, name
+    for name, value in P.PRESETS[P.DEFAULT_MODE].items():
+        assert P.WIDGETS[name]["default"] == value
+
+
+def _defaults():
+    return {k: v["default"] for k, v in P.WIDGETS.items() if k != "mode"}
+
+
+def test_a_preset_wins_over_widget_values_and_custom_keeps_them():
+    widgets = _defaults() | {"expcast": False, "clusters": 7}
+    assert P.resolve("speed", widgets)["expcast"] is True
+    assert P.resolve("speed", widgets)["clusters"] == P.PRESETS["speed"]["clusters"]
+    assert P.resolve("custom", widgets)["clusters"] == 7
+
+
+@pytest.mark.parametrize(
+    "name, value, words",
+    [
+        ("clusters", 1, "from 2 to 1024"),
+        ("clusters", 2.5, "whole number"),
+        ("grouping_window", 1.5, "from 0.0 to 1.0"),
+        ("precision", "int4", "must be one of"),
+        ("v_smooth", "yes", "true or false"),
+    ],
+)
+def test_invalid_values_raise_a_sentence(name, value, words):
+    with pytest.raises(ValueError, match=words):
+        P.resolve("custom", _defaults() | {name: value})
+
+
+def test_start_must_be_below_end():
+    with pytest.raises(ValueError, match="start_percent"):
+        P.resolve("balanced", _defaults() | {"start_percent": 0.6, "end_percent": 0.5})
