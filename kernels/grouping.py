@@ -1,0 +1,243 @@
+"""V-Smooth token grouping at speed: batched k-means, O(N) permutation, a compact label cache.
+
+Reproduces the semantics of reference.kmeans_labels / labels_to_permutation (labels equal up to
+near-ties and float summation order) with every (batch, head) processed at once through batched
+matrix products, and without any host synchronization (no .item(), no nonzero, no shape that depends
+on data), so the whole grouping can be captured in a CUDA graph.
+
+Precision: fp32 inputs (and every CPU input) run in float32, like the reference. fp16/bf16 inputs on
+CUDA stay in their own dtype (so V is read exactly), centroids are rounded to that dtype for the
+distance product, and both products accumulate and return float32 (`out_dtype`), so tensor cores do
+the work. Rounding a centroid to 16 bits moves it by < 2^-8 of its size: labels can then differ from
+the float32 reference only for tokens almost equidistant from two centroids (docs/grouping.md).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from . import reference
+
+# Chosen by measurement on video-like data (bench/grouping_sweep.py, docs/grouping.md).
+DEFAULT_CLUSTERS = 64
+DEFAULT_ITERS = 4
+
+MAX_CLUSTERS = 32768  # labels must fit int16
+FP16_MAX = 65504.0
+
+# Per-chunk budget for the (heads, N, clusters) temporaries: scores and the one-hot matrix.
+_TEMP_BYTES = 1 << 30
+
+# fp16/bf16 x fp16/bf16 -> fp32 batched products (aten::bmm.dtype, CUDA only, torch >= 2.8).
+_HAS_OUT_DTYPE = hasattr(torch.ops.aten.bmm, "dtype")
+
+
+def label_dtype(clusters: int) -> torch.dtype:
+    """The compact label dtype: uint8 up to 256 clusters, int16 beyond."""
+    return torch.uint8 if clusters <= 256 else torch.int16
+
+
+def _check_args(v: torch.Tensor, clusters: int, iters: int) -> None:
+    if v.dim() != 4:
+        raise ValueError(f"grouping expects V as a 4-D (B, H, N, D) tensor, got shape {tuple(v.shape)}.")
+    if v.shape[2] < 1:
+        raise ValueError("grouping needs at least one token (N >= 1).")
+    if not 1 <= clusters <= MAX_CLUSTERS:
+        raise ValueError(f"clusters must be between 1 and {MAX_CLUSTERS}, got {clusters}.")
+    if iters < 0:
+        raise ValueError(f"iters must be >= 0, got {iters}.")
+
+
+def _work_dtype(v: torch.Tensor) -> torch.dtype:
+    """The dtype the products read V in (see the module docstring)."""
+    if v.is_cuda and _HAS_OUT_DTYPE and v.dtype in (torch.float16, torch.bfloat16):
+        return v.dtype
+    return torch.float32
+
+
+def _bmm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Batched a @ b with a float32 result (16-bit operands: float32 accumulate and output)."""
+    if a.dtype == torch.float32:
+        return torch.bmm(a, b)
+    return torch.bmm(a, b, out_dtype=torch.float32)
+
+
+@functools.lru_cache(maxsize=64)
+def _init_indices(n: int, clusters: int, seed: int, device: torch.device) -> torch.Tensor:
+    """reference.kmeans_init_indices, cached on the device: a CUDA-graph capture after one warm-up
+    call then does no host-to-device copy."""
+    return reference.kmeans_init_indices(n, clusters, seed).to(device)
+
+
+def _assign(x: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
+    """Nearest centroid, ties to the lowest id: argmin_c ||c||^2 - 2 x.c (as kmeans_assign).
+
+    x (G,N,D) in the work dtype, centroids (G,C,D) float32. The centroids are rounded to the work
+    dtype first and their norms taken from the rounded values, so the argmin is exact for them.
+    """
+    c = centroids.to(x.dtype)
+    c_norm = c.float().square().sum(-1).unsqueeze(-2)  # (G,1,C)
+    if x.dtype == torch.float32:
+        score = torch.baddbmm(c_norm, x, c.transpose(1, 2), alpha=-2.0)
+    else:
+        score = _bmm_f32(x, c.transpose(1, 2)).mul_(-2.0).add_(c_norm)
+    return score.argmin(dim=-1)
+
+
+def _cluster_sums_onehot(x: torch.Tensor, labels: torch.Tensor, clusters: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-cluster sums and counts as one batched product with a one-hot (G,C,N) matrix.
+
+    Deterministic and tensor-core friendly (no atomics, exact 0/1 weights, float32 accumulation):
+    the CUDA path. Returns (sums (G,C,D) float32, counts (G,C) float32).
+    """
+    g, n, _ = x.shape
+    onehot = torch.zeros(g, clusters, n, dtype=x.dtype, device=x.device)
+    onehot.scatter_(1, labels.unsqueeze(1), 1.0)
+    return _bmm_f32(onehot, x), onehot.sum(-1, dtype=torch.float32)
+
+
+def _cluster_sums_scatter(x: torch.Tensor, labels: torch.Tensor, clusters: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-cluster sums and counts by scatter-add, O(N D): the CPU path (as kmeans_update)."""
+    g, n, d = x.shape
+    sums = torch.zeros(g, clusters, d, dtype=torch.float32, device=x.device)
+    sums.scatter_add_(1, labels.unsqueeze(-1).expand(g, n, d), x.float())
+    counts = torch.zeros(g, clusters, dtype=torch.float32, device=x.device)
+    counts.scatter_add_(1, labels, torch.ones(g, n, dtype=torch.float32, device=x.device))
+    return sums, counts
+
+
+def _update(x: torch.Tensor, labels: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
+    """Cluster means; an empty cluster keeps its previous centroid (as kmeans_update)."""
+    sums_of = _cluster_sums_onehot if x.is_cuda else _cluster_sums_scatter
+    sums, counts = sums_of(x, labels, centroids.shape[1])
+    counts = counts.unsqueeze(-1)
+    return torch.where(counts > 0, sums / counts.clamp(min=1.0), centroids)
+
+
+def _lloyd(x: torch.Tensor, centroids: torch.Tensor, iters: int) -> tuple[torch.Tensor, torch.Tensor]:
+    for _ in range(iters):
+        centroids = _update(x, _assign(x, centroids), centroids)
+    return _assign(x, centroids), centroids
+
+
+def _heads_per_chunk(groups: int, n: int, clusters: int) -> int:
+    per_head = n * clusters * 8  # float32 scores + a one-hot row of up to 4 bytes
+    return max(1, min(groups, _TEMP_BYTES // max(per_head, 1)))
+
+
+def kmeans(
+    v_bhnd: torch.Tensor,
+    clusters: int,
+    iters: int,
+    seed: int = 0,
+    init_centroids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lloyd k-means over the value tokens of every (b, h): the semantics of reference.kmeans_labels.
+
+    v_bhnd: (B,H,N,D), any float dtype and strides. Init: the tokens reference.kmeans_init_indices
+    (N, clusters, seed) (clusters capped at N), or `init_centroids` (B,H,C,D) for a warm start.
+    `iters` rounds of assign + update, then a final assignment, so labels match the centroids.
+    Returns (labels int64 (B,H,N), centroids float32 (B,H,C,D)).
+    """
+    _check_args(v_bhnd, clusters, iters)
+    b, h, n, d = v_bhnd.shape
+    c = min(clusters, n)
+    x = v_bhnd.reshape(b * h, n, d).to(_work_dtype(v_bhnd))
+    if init_centroids is None:
+        centroids = x.index_select(1, _init_indices(n, clusters, seed, x.device)).float()
+    else:
+        if tuple(init_centroids.shape) != (b, h, c, d):
+            raise ValueError(
+                f"init_centroids must have shape (B, H, C, D) = {(b, h, c, d)}, got {tuple(init_centroids.shape)}: "
+                "a warm start needs the same batch, heads, cluster count and head dim."
+            )
+        centroids = init_centroids.reshape(b * h, c, d).to(device=x.device, dtype=torch.float32)
+
+    step = _heads_per_chunk(b * h, n, c)
+    parts = [_lloyd(x[i : i + step], centroids[i : i + step], iters) for i in range(0, b * h, step)]
+    labels = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
+    centroids = torch.cat([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
+    return labels.view(b, h, n), centroids.view(b, h, c, d)
+
+
+def permutation_from_labels(labels: torch.Tensor, clusters: int) -> torch.Tensor:
+    """Stable sort of the tokens by label (ties keep token order), as reference.labels_to_permutation.
+
+    The labels are sorted as uint8 / int16 keys: on CUDA torch's stable sort is a CUB radix sort
+    whose passes are one per key byte, so with <= 256 clusters it is ONE counting-sort pass, O(N) per
+    head with no (N x clusters) temporary. Returns perm (B,H,N) int32: perm[i] = source token of slot i.
+    """
+    if not 1 <= clusters <= MAX_CLUSTERS:
+        raise ValueError(f"clusters must be between 1 and {MAX_CLUSTERS}, got {clusters}.")
+    keys = labels.to(label_dtype(clusters))
+    return torch.sort(keys, dim=-1, stable=True).indices.to(torch.int32)
+
+
+def _cluster_counts(labels: torch.Tensor, clusters: int) -> torch.Tensor:
+    """(B,H,N) labels -> (B,H,C) int32 tokens per cluster (integer adds: deterministic)."""
+    counts = torch.zeros(*labels.shape[:-1], clusters, dtype=torch.int32, device=labels.device)
+    return counts.scatter_add_(-1, labels, torch.ones_like(labels, dtype=torch.int32))
+
+
+@dataclass
+class CompactGrouping:
+    """One layer's grouping as the cache keeps it: 1-2 bytes per token instead of a 4-byte perm.
+
+    labels: (B,H,N) uint8 (clusters <= 256) or int16. counts: (B,H,C) int32 tokens per cluster.
+    centroids: (B,H,C,D) fp16, kept only while later grouping steps may warm-start from them.
+    """
+
+    labels: torch.Tensor
+    counts: torch.Tensor
+    centroids: torch.Tensor | None = None
+
+    @property
+    def clusters(self) -> int:
+        return self.counts.shape[-1]
+
+    def perm(self) -> torch.Tensor:
+        """(B,H,N) int32 permutation of the key/value tokens (stable by label)."""
+        return permutation_from_labels(self.labels, self.clusters)
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [self.labels, self.counts] + ([] if self.centroids is None else [self.centroids])
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def drop_centroids(self) -> "CompactGrouping":
+        """Free the centroids (after the grouping window); returns self so the call can chain."""
+        self.centroids = None
+        return self
+
+
+def group_tokens(
+    v_bhnd: torch.Tensor,
+    clusters: int,
+    iters: int,
+    seed: int = 0,
+    warm_start: CompactGrouping | None = None,
+) -> CompactGrouping:
+    """k-means grouping of V's tokens into a CompactGrouping (centroids kept for the next step).
+
+    warm_start: a previous grouping of the same layer (same B, H, clusters, D); its centroids replace
+    the seeded init, so fewer iterations reach the same quality on slowly changing V.
+    """
+    init = None
+    if warm_start is not None:
+        if warm_start.centroids is None:
+            raise ValueError(
+                "warm_start has no centroids (drop_centroids() was called): pass warm_start=None "
+                "for a cold start."
+            )
+        init = warm_start.centroids
+    labels, centroids = kmeans(v_bhnd, clusters, iters, seed=seed, init_centroids=init)
+    c = centroids.shape[-2]
+    # the count is over the capped cluster number; the label dtype follows the requested one
+    compact = labels.to(label_dtype(clusters))
+    return CompactGrouping(
+        labels=compact,
+        counts=_cluster_counts(labels, c),
+        centroids=centroids.clamp(-FP16_MAX, FP16_MAX).to(torch.float16),
+    )

@@ -1,0 +1,148 @@
+"""CPU tests of kernels/grouping.py against the grouping semantics in kernels/reference.py."""
+import pytest
+import torch
+
+from vc_attention.kernels import grouping
+from vc_attention.kernels import reference as ref
+
+
+def clustered_v(b=1, h=2, n=600, d=32, centres=6, seed=0):
+    """Tokens drawn around a few centres per head, in random token order (like video V)."""
+    gen = torch.Generator().manual_seed(seed)
+    mu = 4.0 * torch.randn(b, h, centres, d, generator=gen)
+    pick = torch.randint(0, centres, (b, h, n), generator=gen)
+    return torch.gather(mu, 2, pick.unsqueeze(-1).expand(-1, -1, -1, d)) + torch.randn(b, h, n, d, generator=gen)
+
+
+def agreement(a, b):
+    return (a == b).float().mean().item()
+
+
+@pytest.mark.parametrize("clusters,iters", [(4, 1), (16, 4), (64, 8), (300, 2)])
+def test_kmeans_matches_reference(clusters, iters):
+    v = clustered_v(b=2, h=2, n=700)
+    labels, centroids = grouping.kmeans(v, clusters, iters, seed=3)
+    ref_labels, ref_centroids = ref.kmeans_labels(v, clusters, iters, seed=3)
+    assert labels.shape == ref_labels.shape and labels.dtype == torch.int64
+    # same init and arithmetic: equal up to float summation order near ties
+    assert agreement(labels, ref_labels) >= 0.995
+    torch.testing.assert_close(centroids, ref_centroids, rtol=1e-4, atol=1e-4)
+
+
+def test_kmeans_accepts_bnhd_views_and_16bit_input():
+    v = clustered_v(h=3, n=257).to(torch.bfloat16)
+    as_bnhd = v.transpose(1, 2).contiguous().transpose(1, 2)  # a non-contiguous (B,H,N,D) view
+    labels, _ = grouping.kmeans(as_bnhd, 8, 3)
+    ref_labels, _ = ref.kmeans_labels(v.float(), 8, 3)
+    assert agreement(labels, ref_labels) >= 0.995
+
+
+def test_onehot_sums_equal_scatter_sums():
+    """The CUDA update path (one-hot product) computes what the CPU path (scatter-add) does."""
+    x = clustered_v(h=3, n=513).view(3, 513, 32)
+    labels = torch.randint(0, 40, (3, 513), generator=torch.Generator().manual_seed(1))
+    sums_a, counts_a = grouping._cluster_sums_onehot(x, labels, 40)
+    sums_b, counts_b = grouping._cluster_sums_scatter(x, labels, 40)
+    torch.testing.assert_close(sums_a, sums_b, rtol=1e-5, atol=1e-4)
+    assert torch.equal(counts_a, counts_b)
+    assert counts_a.sum().item() == 3 * 513
+
+
+@pytest.mark.parametrize("n", [1, 77, 129, 4097])
+def test_permutation_is_the_stable_sort_by_label(n):
+    clusters = 37
+    labels = torch.randint(0, clusters, (2, 3, n), generator=torch.Generator().manual_seed(n))
+    perm = grouping.permutation_from_labels(labels, clusters)
+    assert perm.dtype == torch.int32 and perm.shape == labels.shape
+    assert torch.equal(perm.long().sort(-1).values, torch.arange(n).expand(2, 3, n))
+    assert torch.equal(perm.long(), ref.labels_to_permutation(labels))
+    sorted_labels = torch.gather(labels, -1, perm.long())
+    assert bool((sorted_labels[..., 1:] >= sorted_labels[..., :-1]).all())
+    same = sorted_labels[..., 1:] == sorted_labels[..., :-1]
+    assert bool((perm[..., 1:] > perm[..., :-1])[same].all())  # stable: ties keep token order
+
+
+def test_permutation_with_int16_labels():
+    labels = torch.randint(0, 1000, (1, 2, 4097), generator=torch.Generator().manual_seed(0))
+    perm = grouping.permutation_from_labels(labels.to(torch.int16), 1000)
+    assert torch.equal(perm.long(), ref.labels_to_permutation(labels))
+
+
+def test_group_tokens_compact_dtypes_counts_and_perm():
+    v = clustered_v(h=2, n=400)
+    small = grouping.group_tokens(v, 16, 2)
+    large = grouping.group_tokens(v, 300, 1)
+    assert small.labels.dtype == torch.uint8 and large.labels.dtype == torch.int16
+    assert small.counts.dtype == torch.int32 and small.counts.shape == (1, 2, 16)
+    assert torch.equal(small.counts.sum(-1), torch.full((1, 2), 400, dtype=torch.int32))
+    assert torch.equal(small.counts, torch.nn.functional.one_hot(small.labels.long(), 16).sum(2).int())
+    assert small.centroids.dtype == torch.float16 and small.centroids.shape == (1, 2, 16, 32)
+    ref_labels, _ = ref.kmeans_labels(v, 16, 2)
+    assert torch.equal(small.labels.long(), ref_labels)
+    assert torch.equal(small.perm().long(), ref.labels_to_permutation(ref_labels))
+
+
+def test_nbytes_and_drop_centroids():
+    g = grouping.group_tokens(clustered_v(h=2, n=300), 8, 1)
+    with_centroids = 1 * 2 * 300 * 1 + 1 * 2 * 8 * 4 + 1 * 2 * 8 * 32 * 2
+    assert g.nbytes == with_centroids
+    assert g.drop_centroids() is g and g.centroids is None
+    assert g.nbytes == with_centroids - 1 * 2 * 8 * 32 * 2
+    with pytest.raises(ValueError, match="drop_centroids"):
+        grouping.group_tokens(clustered_v(h=2, n=300), 8, 1, warm_start=g)
+
+
+def test_warm_start_uses_previous_centroids():
+    v0 = clustered_v(h=2, n=500, seed=0)
+    v1 = v0 + 0.1 * torch.randn(v0.shape, generator=torch.Generator().manual_seed(9))
+    first = grouping.group_tokens(v0, 12, 4)
+    warm = grouping.group_tokens(v1, 12, 2, warm_start=first)
+    ref_labels, ref_centroids = ref.kmeans_labels(v1, 12, 2, init_centroids=first.centroids.float())
+    assert agreement(warm.labels.long(), ref_labels) >= 0.995
+    torch.testing.assert_close(warm.centroids.float(), ref_centroids, rtol=2e-3, atol=2e-3)
+    # zero iterations: the labels are the assignment to the previous centroids
+    zero = grouping.group_tokens(v1, 12, 0, warm_start=first)
+    assert torch.equal(zero.labels.long(), ref.kmeans_assign(v1, first.centroids.float()))
+
+
+def test_warm_start_shape_mismatch_is_a_value_error():
+    first = grouping.group_tokens(clustered_v(h=2, n=200), 8, 1)
+    with pytest.raises(ValueError, match="warm start"):
+        grouping.group_tokens(clustered_v(h=2, n=200), 16, 1, warm_start=first)
+
+
+def test_empty_cluster_keeps_its_centroid():
+    v = clustered_v(h=1, n=200, d=8)
+    init = v[:, :, :3].clone()
+    init[:, :, 2] = 1.0e4  # nothing is ever nearest to this one
+    labels, centroids = grouping.kmeans(v, 3, 3, init_centroids=init)
+    assert not bool((labels == 2).any())
+    assert torch.equal(centroids[:, :, 2], init[:, :, 2])
+    assert bool(torch.isfinite(centroids).all())
+    g = grouping.group_tokens(v, 3, 0, warm_start=grouping.CompactGrouping(labels, torch.zeros(1, 1, 3), init))
+    assert g.counts[0, 0, 2].item() == 0
+
+
+def test_more_clusters_than_tokens():
+    v = clustered_v(h=2, n=5)
+    g = grouping.group_tokens(v, 64, 3)
+    assert g.counts.shape == (1, 2, 5) and g.labels.dtype == torch.uint8
+    assert torch.equal(g.perm().long().sort(-1).values, torch.arange(5).expand(1, 2, 5))
+    one = grouping.group_tokens(clustered_v(h=2, n=1), 64, 3)
+    assert torch.equal(one.perm(), torch.zeros(1, 2, 1, dtype=torch.int32))
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [({"clusters": 0, "iters": 1}, "clusters"), ({"clusters": 8, "iters": -1}, "iters")],
+)
+def test_bad_arguments_raise_value_error(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        grouping.kmeans(clustered_v(h=1, n=50), **kwargs)
+    with pytest.raises(ValueError, match="4-D"):
+        grouping.kmeans(torch.zeros(3, 4, 5), 2, 1)
+
+
+def test_defaults_are_sane():
+    assert 1 <= grouping.DEFAULT_CLUSTERS <= 256  # uint8 labels
+    assert grouping.DEFAULT_ITERS >= 1
