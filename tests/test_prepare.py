@@ -1,0 +1,60 @@
+"""The prepare contract (kernels/prepare.py) against reference.py, on the CPU."""
+import pytest
+import torch
+
+from vc_attention.kernels import prepare, reference
+from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED, VCConfig
+
+
+def _qkv(b=2, h=3, n=200, d=64, layout="bhnd", seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    shape = (b, h, n, d) if layout == "bhnd" else (b, n, h, d)
+    q, k, v = (torch.randn(shape, generator=gen) for _ in range(3))
+    v = v + 3.0 * torch.randn(d, generator=gen)  # channel offsets: what V-Smooth removes
+    return q.half(), k.half(), v.half()
+
+
+@pytest.mark.parametrize("config", [FIDELITY, PLAIN_8BIT, VCConfig(qk="fp8")])
+def test_operands_match_reference_quantizers(config):
+    q, k, v = _qkv()
+    perm = torch.stack([torch.stack([torch.randperm(200) for _ in range(3)]) for _ in range(2)])
+    ops = prepare.prepare_reference(q, k, v, perm, config, sm_scale=0.1)
+    kp, vp = reference.permute_tokens(k, perm), reference.permute_tokens(v, perm)
+    q_q, q_sc, k_q, k_sc = reference.quantize_qk(q, kp, config, 0.1)
+
+    assert ops.n_pad == 256 and ops.n_tokens == 200
+    assert ops.q_q.shape == (2, 3, 256, 64) and ops.v_t.shape == (2, 3, 64, 256)
+    assert ops.q_q.dtype == (torch.int8 if config.qk == "int8" else torch.float8_e4m3fn)
+    assert torch.equal(ops.q_q[:, :, :200].float(), q_q.float())
+    assert torch.equal(ops.k_q[:, :, :200].float(), k_q.float())
+    assert torch.equal(ops.q_scale, q_sc) and torch.equal(ops.k_scale, k_sc)
+    assert not ops.q_q[:, :, 200:].float().any() and not ops.k_q[:, :, 200:].float().any()
+    assert not ops.v_t[..., 200:].float().any()
+    assert all(t.is_contiguous() for t in (ops.q_q, ops.k_q, ops.v_t, ops.v_mean, ops.v_scale))
+
+    v_hat = ops.v_t.float()[..., :200].transpose(-1, -2) * ops.v_scale.unsqueeze(-2)
+    v_hat = v_hat + ops.v_mean.float().repeat_interleave(128, dim=2)[:, :, :200]
+    assert torch.allclose(v_hat, reference.dequantized_v(vp, config), rtol=0, atol=1e-6)
+    if config.v == "per_channel":
+        assert not ops.v_mean.float().any()
+
+
+def test_zero_channel_gets_unit_scale():
+    q, k, v = _qkv(n=1)
+    ops = prepare.prepare_reference(q, k, v, None, FIDELITY)
+    # one fp16 token: the fp16 block mean is the token itself, the residual is exactly zero
+    assert not ops.v_t.float().any()
+    assert torch.equal(ops.v_scale, torch.ones_like(ops.v_scale))
+
+
+@pytest.mark.parametrize("config", [FIDELITY, SPEED, PLAIN_8BIT])
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+def test_attention_from_operands_is_the_reference(config, layout):
+    q, k, v = _qkv(n=130, layout=layout)
+    perm = torch.argsort(torch.rand(2, 3, 130), dim=-1)
+    ops = prepare.prepare_reference(q, k, v, perm, config, layout=layout)
+    ours = prepare.attention_from_operands(ops, config, torch.float64)
+    ref = reference.vc_attention_reference(q.double(), k.double(), v.double(), config, layout=layout, perm=perm)
+    ref = reference.to_bhnd(ref, layout)
+    err = (ours - ref).norm() / ref.norm()
+    assert err < 1e-6
