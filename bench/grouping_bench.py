@@ -1,0 +1,116 @@
+"""GPU timing of the V-Smooth grouping (kernels/grouping.py) at deployment shapes.
+
+Import and call `time_grouping(B, H, N, D, clusters, iters)` from the attention benchmark so the
+grouping and the attention call it serves are timed in the same run; or run this file:
+    python3 bench/grouping_bench.py            # Wan2.2-14B 720p, B1 and B2, default clusters/iters
+Importing it has no side effects (no CUDA work until a function is called).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from vc_attention.kernels import grouping
+
+WAN22_720P = dict(H=40, N=75600, D=128)  # Wan2.2-14B at 1280x720, 81 frames
+
+
+def _median_ms(fn, repeats: int, warmup: int = 2) -> float:
+    """Median wall time of fn() on the current stream, CUDA events, after warm-up calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return statistics.median(times)
+
+
+def labels_cache_bytes(layers: int, branches: int, B: int, H: int, N: int, clusters: int, D: int, centroids: bool) -> int:
+    """Bytes of CompactGrouping for every layer and CFG branch (labels + counts [+ fp16 centroids])."""
+    per_head = N * grouping.label_dtype(clusters).itemsize + clusters * 4 + (clusters * D * 2 if centroids else 0)
+    return layers * branches * B * H * per_head
+
+
+def _onehot_cumsum_permutation(labels: torch.Tensor, clusters: int) -> torch.Tensor:
+    """The other O(N)-per-cluster candidate, for comparison only: rank within the cluster from a
+    cumulative sum of the one-hot matrix, plus the cluster's start offset, scattered."""
+    onehot = torch.nn.functional.one_hot(labels.long(), clusters).to(torch.int32)  # (B,H,N,C)
+    rank = onehot.cumsum(-2).gather(-1, labels.long().unsqueeze(-1)).squeeze(-1) - 1
+    starts = onehot.sum(-2).cumsum(-1) - onehot.sum(-2)
+    slot = starts.gather(-1, labels.long()) + rank
+    src = torch.arange(labels.shape[-1], device=labels.device, dtype=torch.int32).expand_as(labels)
+    return torch.empty_like(src).scatter_(-1, slot, src)
+
+
+def time_grouping(
+    B: int,
+    H: int,
+    N: int,
+    D: int,
+    clusters: int = grouping.DEFAULT_CLUSTERS,
+    iters: int = grouping.DEFAULT_ITERS,
+    dtype: torch.dtype = torch.bfloat16,
+    repeats: int = 10,
+    compare_permutations: bool = False,
+) -> dict:
+    """Median milliseconds of one grouping step on the current CUDA device.
+
+    Returns {"kmeans_ms": cold k-means (seeded init), "warm_kmeans_ms": k-means from the previous
+    centroids (same iters), "perm_ms": labels -> int32 perm, "group_ms": group_tokens + perm (what a
+    grouping step costs), "cache_bytes_per_layer": CompactGrouping.nbytes, ...}; with
+    compare_permutations also "argsort_int64_ms" and "onehot_cumsum_ms" for the other candidates.
+    """
+    if not torch.cuda.is_available():
+        raise ValueError("time_grouping needs a CUDA GPU (it times with CUDA events).")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    centres = torch.randn(B, H, 32, D, device="cuda", generator=gen) * 2.0
+    pick = torch.randint(0, 32, (B, H, N), device="cuda", generator=gen)
+    v = torch.gather(centres, 2, pick.unsqueeze(-1).expand(-1, -1, -1, D))
+    v = (v + torch.randn(B, H, N, D, device="cuda", generator=gen)).to(dtype)
+
+    previous = grouping.group_tokens(v, clusters, iters)
+    labels = previous.labels
+    result = {
+        "shape": (B, H, N, D),
+        "dtype": str(dtype),
+        "clusters": clusters,
+        "iters": iters,
+        "kmeans_ms": _median_ms(lambda: grouping.kmeans(v, clusters, iters), repeats),
+        "warm_kmeans_ms": _median_ms(lambda: grouping.group_tokens(v, clusters, iters, warm_start=previous), repeats),
+        "perm_ms": _median_ms(lambda: grouping.permutation_from_labels(labels, clusters), repeats),
+        "group_ms": _median_ms(lambda: grouping.group_tokens(v, clusters, iters).perm(), repeats),
+        "cache_bytes_per_layer": previous.nbytes,
+        "cache_bytes_per_layer_no_centroids": previous.nbytes - previous.centroids.numel() * 2,
+    }
+    if compare_permutations:
+        result["argsort_int64_ms"] = _median_ms(lambda: torch.argsort(labels.long(), dim=-1, stable=True), repeats)
+        result["onehot_cumsum_ms"] = _median_ms(lambda: _onehot_cumsum_permutation(labels, clusters), repeats)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--clusters", type=int, default=grouping.DEFAULT_CLUSTERS)
+    parser.add_argument("--iters", type=int, default=grouping.DEFAULT_ITERS)
+    parser.add_argument("--compare-permutations", action="store_true")
+    args = parser.parse_args(argv)
+    print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+    for b in args.batch:
+        row = time_grouping(b, **WAN22_720P, clusters=args.clusters, iters=args.iters,
+                            compare_permutations=args.compare_permutations)
+        print(row)
+    cache = labels_cache_bytes(40, 2, 1, WAN22_720P["H"], WAN22_720P["N"], args.clusters, WAN22_720P["D"], False)
+    print(f"labels cache, 40 layers x CFG 2 at B1 H40 N75600: {cache / 1e6:.1f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
