@@ -8,8 +8,13 @@ on data), so the whole grouping can be captured in a CUDA graph.
 Precision: fp32 inputs (and every CPU input) run in float32, like the reference. fp16/bf16 inputs on
 CUDA stay in their own dtype (so V is read exactly), centroids are rounded to that dtype for the
 distance product, and both products accumulate and return float32 (`out_dtype`), so tensor cores do
-the work. Rounding a centroid to 16 bits moves it by < 2^-8 of its size: labels can then differ from
-the float32 reference only for tokens almost equidistant from two centroids (docs/grouping.md).
+the work. Rounding a centroid to 16 bits moves it by < 2^-8 of its size: one assignment is then
+exact for the rounded centroids, and over several iterations near-tie flips move 1-2% of the labels
+of the float32 reference with the same clustering quality (docs/grouping.md).
+
+Memory traffic, not arithmetic, is the cost on a GPU: per iteration one (N x C) float32 score matrix
+written and read once (the centroid norms ride inside the product, see _augment), and one 16-bit
+one-hot matrix for the update (the cluster counts ride inside that product too).
 """
 from __future__ import annotations
 
@@ -58,10 +63,13 @@ def _work_dtype(v: torch.Tensor) -> torch.dtype:
 
 
 def _bmm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Batched a @ b with a float32 result (16-bit operands: float32 accumulate and output)."""
+    """Batched a @ b with a float32 result; 16-bit operands: exact products, float32 accumulation
+    (tensor cores on CUDA; an exact float32 emulation elsewhere, which the CPU tests use)."""
     if a.dtype == torch.float32:
         return torch.bmm(a, b)
-    return torch.bmm(a, b, out_dtype=torch.float32)
+    if a.is_cuda and _HAS_OUT_DTYPE:
+        return torch.bmm(a, b, out_dtype=torch.float32)
+    return torch.bmm(a.float(), b.float())
 
 
 @functools.lru_cache(maxsize=64)
@@ -71,60 +79,88 @@ def _init_indices(n: int, clusters: int, seed: int, device: torch.device) -> tor
     return reference.kmeans_init_indices(n, clusters, seed).to(device)
 
 
-def _assign(x: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
-    """Nearest centroid, ties to the lowest id: argmin_c ||c||^2 - 2 x.c (as kmeans_assign).
+# The distance product carries the centroid norm in extra columns: x_aug = [x, a, a, a, 0..] and
+# c_aug = [-c, t1, t2, t3, 0..] with t1 + t2 + t3 = ||c||^2 / (2a), so x_aug . c_aug =
+# ||c||^2/2 - x.c, whose argmin is kmeans_assign's, in ONE product with no pass over the scores to
+# add the norms. In 16 bits the norm needs three terms to keep float32's 24 bits; float32 needs one.
+# `a` keeps the terms inside fp16's range (||c|| up to ~2900); the same column then sums to a*count
+# in the update product, so the cluster counts come for free.
+_NORM_COLUMN = {torch.float32: (1.0, 1), torch.bfloat16: (1.0, 3), torch.float16: (64.0, 3)}
 
-    x (G,N,D) in the work dtype, centroids (G,C,D) float32. The centroids are rounded to the work
-    dtype first and their norms taken from the rounded values, so the argmin is exact for them.
+
+def _augment(x: torch.Tensor) -> torch.Tensor:
+    """(G,N,D) -> (G,N,D') = [x, a.., 0..], D' a multiple of 8 for 16-bit tensor-core alignment."""
+    a, terms = _NORM_COLUMN[x.dtype]
+    g, n, d = x.shape
+    width = d + terms if x.dtype == torch.float32 else (d + terms + 7) // 8 * 8
+    x_aug = torch.zeros(g, n, width, dtype=x.dtype, device=x.device)
+    x_aug[..., :d] = x
+    x_aug[..., d : d + terms] = a
+    return x_aug
+
+
+def _centroid_operand(centroids: torch.Tensor, x_aug: torch.Tensor, d: int) -> torch.Tensor:
+    """(G,C,D) float32 centroids -> (G,C,D') [-c, norm terms, 0..] in x_aug's dtype (see above).
+
+    The centroids are rounded to the work dtype first and the norm taken from the rounded values,
+    so the argmin is exact for the centroids the product actually uses.
     """
-    c = centroids.to(x.dtype)
-    c_norm = c.float().square().sum(-1).unsqueeze(-2)  # (G,1,C)
-    if x.dtype == torch.float32:
-        score = torch.baddbmm(c_norm, x, c.transpose(1, 2), alpha=-2.0)
-    else:
-        score = _bmm_f32(x, c.transpose(1, 2)).mul_(-2.0).add_(c_norm)
+    a, terms = _NORM_COLUMN[x_aug.dtype]
+    c = centroids.to(x_aug.dtype)
+    rest = c.float().square().sum(-1) / (2.0 * a)
+    c_aug = torch.zeros(*c.shape[:-1], x_aug.shape[-1], dtype=x_aug.dtype, device=x_aug.device)
+    c_aug[..., :d] = -c
+    for t in range(terms):
+        term = rest.clamp(max=FP16_MAX).to(x_aug.dtype) if x_aug.dtype == torch.float16 else rest.to(x_aug.dtype)
+        c_aug[..., d + t] = term
+        rest = rest - term.float()
+    return c_aug
+
+
+def _assign(x_aug: torch.Tensor, centroids: torch.Tensor, d: int) -> torch.Tensor:
+    """Nearest centroid by squared Euclidean distance, ties to the lowest id (as kmeans_assign)."""
+    score = _bmm_f32(x_aug, _centroid_operand(centroids, x_aug, d).transpose(1, 2))
     return score.argmin(dim=-1)
 
 
-def _cluster_sums_onehot(x: torch.Tensor, labels: torch.Tensor, clusters: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-cluster sums and counts as one batched product with a one-hot (G,C,N) matrix.
+def _cluster_sums_onehot(x_aug: torch.Tensor, labels: torch.Tensor, clusters: int) -> torch.Tensor:
+    """Per-cluster sums of x_aug's rows as one batched product with a one-hot (G,C,N) matrix.
 
     Deterministic and tensor-core friendly (no atomics, exact 0/1 weights, float32 accumulation):
-    the CUDA path. Returns (sums (G,C,D) float32, counts (G,C) float32).
+    the CUDA path. Returns (G,C,D') float32.
     """
-    g, n, _ = x.shape
-    onehot = torch.zeros(g, clusters, n, dtype=x.dtype, device=x.device)
+    g, n, _ = x_aug.shape
+    onehot = torch.zeros(g, clusters, n, dtype=x_aug.dtype, device=x_aug.device)
     onehot.scatter_(1, labels.unsqueeze(1), 1.0)
-    return _bmm_f32(onehot, x), onehot.sum(-1, dtype=torch.float32)
+    return _bmm_f32(onehot, x_aug)
 
 
-def _cluster_sums_scatter(x: torch.Tensor, labels: torch.Tensor, clusters: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-cluster sums and counts by scatter-add, O(N D): the CPU path (as kmeans_update)."""
-    g, n, d = x.shape
-    sums = torch.zeros(g, clusters, d, dtype=torch.float32, device=x.device)
-    sums.scatter_add_(1, labels.unsqueeze(-1).expand(g, n, d), x.float())
-    counts = torch.zeros(g, clusters, dtype=torch.float32, device=x.device)
-    counts.scatter_add_(1, labels, torch.ones(g, n, dtype=torch.float32, device=x.device))
-    return sums, counts
+def _cluster_sums_scatter(x_aug: torch.Tensor, labels: torch.Tensor, clusters: int) -> torch.Tensor:
+    """Per-cluster sums of x_aug's rows by scatter-add, O(N D): the CPU path (as kmeans_update)."""
+    g, n, width = x_aug.shape
+    sums = torch.zeros(g, clusters, width, dtype=torch.float32, device=x_aug.device)
+    return sums.scatter_add_(1, labels.unsqueeze(-1).expand(g, n, width), x_aug.float())
 
 
-def _update(x: torch.Tensor, labels: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
+def _update(x_aug: torch.Tensor, labels: torch.Tensor, centroids: torch.Tensor, d: int) -> torch.Tensor:
     """Cluster means; an empty cluster keeps its previous centroid (as kmeans_update)."""
-    sums_of = _cluster_sums_onehot if x.is_cuda else _cluster_sums_scatter
-    sums, counts = sums_of(x, labels, centroids.shape[1])
-    counts = counts.unsqueeze(-1)
-    return torch.where(counts > 0, sums / counts.clamp(min=1.0), centroids)
+    sums_of = _cluster_sums_onehot if x_aug.is_cuda else _cluster_sums_scatter
+    sums = sums_of(x_aug, labels, centroids.shape[1])
+    counts = sums[..., d : d + 1] / _NORM_COLUMN[x_aug.dtype][0]
+    return torch.where(counts > 0, sums[..., :d] / counts.clamp(min=1.0), centroids)
 
 
 def _lloyd(x: torch.Tensor, centroids: torch.Tensor, iters: int) -> tuple[torch.Tensor, torch.Tensor]:
+    d = x.shape[-1]
+    x_aug = _augment(x)
     for _ in range(iters):
-        centroids = _update(x, _assign(x, centroids), centroids)
-    return _assign(x, centroids), centroids
+        centroids = _update(x_aug, _assign(x_aug, centroids, d), centroids, d)
+    return _assign(x_aug, centroids, d), centroids
 
 
-def _heads_per_chunk(groups: int, n: int, clusters: int) -> int:
-    per_head = n * clusters * 8  # float32 scores + a one-hot row of up to 4 bytes
-    return max(1, min(groups, _TEMP_BYTES // max(per_head, 1)))
+def _heads_per_chunk(groups: int, n: int, clusters: int, d: int) -> int:
+    per_head = n * (clusters * 8 + (d + 8) * 4)  # float32 scores, one-hot rows, x_aug
+    return max(1, min(groups, _TEMP_BYTES // per_head))
 
 
 def kmeans(
@@ -144,7 +180,7 @@ def kmeans(
     _check_args(v_bhnd, clusters, iters)
     b, h, n, d = v_bhnd.shape
     c = min(clusters, n)
-    x = v_bhnd.reshape(b * h, n, d).to(_work_dtype(v_bhnd))
+    x = v_bhnd.flatten(0, 1).to(_work_dtype(v_bhnd))  # a view for B == 1 in either layout
     if init_centroids is None:
         centroids = x.index_select(1, _init_indices(n, clusters, seed, x.device)).float()
     else:
@@ -155,7 +191,7 @@ def kmeans(
             )
         centroids = init_centroids.reshape(b * h, c, d).to(device=x.device, dtype=torch.float32)
 
-    step = _heads_per_chunk(b * h, n, c)
+    step = _heads_per_chunk(b * h, n, c, d)
     parts = [_lloyd(x[i : i + step], centroids[i : i + step], iters) for i in range(0, b * h, step)]
     labels = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
     centroids = torch.cat([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
