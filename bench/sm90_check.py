@@ -1,0 +1,183 @@
+"""One-call GPU check of the Hopper (sm_90a) kernel: correctness vs reference.py, timing, SASS.
+
+Runs the kernel through its torch-free C entry point (ctypes) from one or more prebuilt shared
+libraries (variants built with different -D flags), so one device call can compare variants side by
+side. Operands come from kernels.prepare.prepare_reference (the contract's defining values).
+
+  python bench/sm90_check.py --lib build/sm90_base.so [--lib build/sm90_x.so ...] [--out DIR]
+
+Prints a short table last and writes sm90_check.json (and the SASS summary) under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from vc_attention.kernels import FIDELITY, PLAIN_8BIT, SPEED, reference
+from vc_attention.kernels.prepare import prepare_reference
+
+WAN_SHAPE = (1, 40, 75600, 128)
+
+
+class Sm90Library:
+    """ctypes view of vc_sm90_forward in one prebuilt variant."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.name = path.stem
+        self.lib = ctypes.CDLL(str(path))
+        f = self.lib.vc_sm90_forward
+        f.restype = ctypes.c_int
+        f.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int] * 5 + [ctypes.c_longlong] * 3 + [ctypes.c_int] * 2 + [ctypes.c_void_p]
+        self.lib.vc_sm90_last_error.restype = ctypes.c_char_p
+
+    def run(self, ops, out: torch.Tensor, layout: str, expcast: bool) -> None:
+        b, h, n_pad, d = ops.q_q.shape
+        sb, sh, sn = (out.stride(0), out.stride(1), out.stride(2)) if layout == "bhnd" else (out.stride(0), out.stride(2), out.stride(1))
+        rc = self.lib.vc_sm90_forward(
+            ops.q_q.data_ptr(), ops.q_scale.data_ptr(), ops.k_q.data_ptr(), ops.k_scale.data_ptr(), ops.v_t.data_ptr(),
+            ops.v_scale.data_ptr(), ops.v_mean.data_ptr(), out.data_ptr(), b, h, ops.n_tokens, n_pad, d, sb, sh, sn,
+            int(expcast), int(out.dtype == torch.bfloat16), torch.cuda.current_stream().cuda_stream,
+        )
+        if rc:
+            raise RuntimeError(f"{self.name}: {self.lib.vc_sm90_last_error().decode()}")
+
+
+def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def make_inputs(b, h, n, d, dtype, layout, seed, video_like=False):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    shape = (b, h, n, d) if layout == "bhnd" else (b, n, h, d)
+    q, k, v = (torch.randn(shape, generator=g, device="cuda", dtype=torch.float32) for _ in range(3))
+    if video_like:  # smooth token drift + channel outliers, the case V-Smooth is for
+        k = k + 3.0 * torch.randn((1, 1, 1, d) if layout == "bhnd" else (1, 1, 1, d), generator=g, device="cuda")
+        v = v * (1 + 4 * (torch.rand(d, generator=g, device="cuda") > 0.95)) + 2.0
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def check_case(lib, config, b, h, n, d, dtype, layout, seed):
+    q, k, v = make_inputs(b, h, n, d, dtype, layout, seed, video_like=(seed % 2 == 1))
+    perm = torch.stack([torch.randperm(n, device="cuda") for _ in range(b * h)]).view(b, h, n) if config.v == "vsmooth" else None
+    ops = prepare_reference(q, k, v, perm, config, layout)
+    out = torch.full_like(q, float("nan"))
+    lib.run(ops, out, layout, config.p == "expcast")
+    torch.cuda.synchronize()
+    ref = reference.vc_attention_reference(q, k, v, config, layout=layout, perm=perm)
+    return rel_l2(out, ref), bool(torch.isfinite(out).all())
+
+
+def correctness(lib):
+    cases = []
+    for config in (FIDELITY, SPEED, PLAIN_8BIT):
+        for (b, h, n, d, dtype, layout) in (
+            (2, 3, 77, 128, torch.bfloat16, "bhnd"),
+            (2, 3, 129, 64, torch.float16, "bnhd"),
+            (2, 2, 1000, 128, torch.float16, "bnhd"),
+            (2, 2, 4097, 64, torch.bfloat16, "bhnd"),
+            (1, 2, 4097, 128, torch.bfloat16, "bnhd"),
+        ):
+            err, finite = check_case(lib, config, b, h, n, d, dtype, layout, seed=len(cases))
+            cases.append(dict(config=config.tag, shape=[b, h, n, d], dtype=str(dtype), layout=layout, rel_l2=err,
+                              finite=finite, ok=finite and err <= 1e-3))
+    return cases
+
+
+def time_ms(fn, iters=10, warmup=3):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return sorted(times)[len(times) // 2]
+
+
+def timing(libs, shape, iters):
+    b, h, n, d = shape
+    flops = 4.0 * b * h * n * n * d
+    q, k, v = make_inputs(b, h, n, d, torch.bfloat16, "bhnd", seed=1234)
+    rows = []
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        ms = time_ms(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v), iters)
+    rows.append(dict(method="sdpa-cudnn-bf16", ms=ms, tflops=flops / ms / 1e9))
+    base = ms
+    perm = torch.arange(n, device="cuda").expand(b, h, n)
+    for config in (SPEED, FIDELITY, PLAIN_8BIT):
+        ops = prepare_reference(q, k, v, perm if config.v == "vsmooth" else None, config)
+        out = torch.empty_like(q)
+        for lib in libs:
+            ms = time_ms(lambda: lib.run(ops, out, "bhnd", config.p == "expcast"), iters)
+            rows.append(dict(method=f"{lib.name}:{config.tag} (kernel only)", ms=ms, tflops=flops / ms / 1e9, speedup=base / ms))
+        del ops
+        torch.cuda.empty_cache()
+    return rows
+
+
+def sass_summary(libs, out_dir: Path):
+    summary = {}
+    for lib in libs:
+        try:
+            sass = subprocess.run(["cuobjdump", "--dump-sass", str(lib.path)], capture_output=True, text=True, check=True).stdout
+        except (OSError, subprocess.CalledProcessError) as err:
+            summary[lib.name] = f"cuobjdump failed: {err}"
+            continue
+        (out_dir / f"{lib.name}.sass").write_text(sass)
+        per_fn = {}
+        for block in re.split(r"\n\s*Function : ", sass)[1:]:
+            name = block.split("\n", 1)[0].strip()
+            tag = ("d128" if "ILi128E" in name else "d64") + ("-expcast" if "Lb1E" in name else "-exp2") + ("-bf16" if "bfloat16" in name else "-fp16")
+            per_fn[tag] = {op: len(re.findall(op, block)) for op in ("MUFU.EX2", "F2I", "I2F", "QGMMA", "IGMMA", "HGMMA", "LDL", "STL", "PRMT", "SHFL")}
+        summary[lib.name] = per_fn
+    return summary
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lib", action="append", required=True, help="prebuilt variant library (repeatable)")
+    parser.add_argument("--out", default="out", help="folder for sm90_check.json and SASS dumps")
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--skip-timing", action="store_true")
+    args = parser.parse_args()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    libs = [Sm90Library(Path(p).resolve()) for p in args.lib]
+    result = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda, variants={})
+    for lib in libs:
+        t0 = time.time()
+        cases = correctness(lib)
+        result["variants"][lib.name] = dict(correctness=cases, check_s=time.time() - t0)
+        worst = max(c["rel_l2"] for c in cases)
+        bad = [c for c in cases if not c["ok"]]
+        print(f"[{lib.name}] correctness: {len(cases) - len(bad)}/{len(cases)} ok, worst rel-L2 {worst:.2e}", flush=True)
+        for c in bad:
+            print("   FAIL", c, flush=True)
+    result["sass"] = sass_summary(libs, out_dir)
+    print(json.dumps(result["sass"], indent=1), flush=True)
+    if not args.skip_timing:
+        result["timing"] = timing(libs, WAN_SHAPE, args.iters)
+    (out_dir / "sm90_check.json").write_text(json.dumps(result, indent=1))
+    print(f"\nGPU {result['gpu']}, torch {result['torch']}, CUDA {result['cuda']}; shape (B,H,N,D)={WAN_SHAPE}, bf16 in")
+    for r in result.get("timing", []):
+        print(f"{r['method']:<50} {r['ms']:8.2f} ms {r['tflops']:7.1f} TFLOPS-eq  {r.get('speedup', 1.0):5.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

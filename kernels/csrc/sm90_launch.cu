@@ -1,0 +1,125 @@
+// Host side of the Hopper kernel: TMA tensor maps for the prepared operands and the launch.
+// Torch-free C entry point (raw device pointers + stream), so the same object serves the torch
+// binding (sm90_binding.cpp) and a plain ctypes load.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+
+#include "sm90_attention.cuh"
+
+namespace vc_sm90 {
+namespace {
+
+char g_error[512] = "";
+
+int fail(const char* what) {
+  snprintf(g_error, sizeof(g_error), "%s", what);
+  return 1;
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  if (fn == nullptr) {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &found) ==
+            cudaSuccess &&
+        found == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+  }
+  return fn;
+}
+
+// A byte tensor map: dims/box innermost first; strides (bytes) of dims 1..rank-1.
+bool byte_map(CUtensorMap* map, const void* base, int rank, const cuuint64_t* dims, const cuuint64_t* strides,
+              const cuuint32_t* box, CUtensorMapSwizzle swizzle) {
+  const cuuint32_t unit[5] = {1, 1, 1, 1, 1};
+  PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
+  return encode != nullptr &&
+         encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, rank, const_cast<void*>(base), dims, strides, box, unit,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int D, bool EXPCAST, typename OutT, int STAGES>
+int launch(const void* q_q, const void* k_q, const void* v_t, const Params& p, int bh, cudaStream_t stream) {
+  using L = SmemLayout<D, STAGES>;
+  const CUtensorMapSwizzle row_swizzle = D == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+  const cuuint64_t rows = static_cast<cuuint64_t>(bh) * p.n_pad;
+  CUtensorMap tm_q, tm_k, tm_vt;
+  {
+    const cuuint64_t dims[2] = {D, rows}, strides[1] = {D};
+    const cuuint32_t box[2] = {D, kBlockM};
+    if (!byte_map(&tm_q, q_q, 2, dims, strides, box, row_swizzle)) return fail("tensor map for Q failed");
+  }
+  {
+    // Key 16m + 4t + 2h + e lands in shared row 16m + 8h + 2t + e: dims (channel, e, t, h, m).
+    const cuuint64_t dims[5] = {D, 2, 4, 2, rows / 16}, strides[4] = {D, 4 * D, 2 * D, 16 * D};
+    const cuuint32_t box[5] = {D, 2, 4, 2, kBlockN / 16};
+    if (!byte_map(&tm_k, k_q, 5, dims, strides, box, row_swizzle)) return fail("tensor map for K failed");
+  }
+  {
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.n_pad), static_cast<cuuint64_t>(bh) * D};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.n_pad)};
+    const cuuint32_t box[2] = {kBlockN, D};
+    if (!byte_map(&tm_vt, v_t, 2, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B))
+      return fail("tensor map for V^T failed");
+  }
+  auto kernel = vc_attention_sm90_kernel<D, EXPCAST, OutT, STAGES>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kAlloc) != cudaSuccess)
+    return fail("cudaFuncSetAttribute(max dynamic shared memory) failed");
+  const dim3 grid(p.n_pad / kBlockM, bh);
+  kernel<<<grid, kThreads, L::kAlloc, stream>>>(tm_q, tm_k, tm_vt, p);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return fail(cudaGetErrorString(err));
+  return 0;
+}
+
+template <int D>
+int launch_d(const void* q_q, const void* k_q, const void* v_t, const Params& p, int bh, bool expcast,
+             bool out_bf16, cudaStream_t stream) {
+  constexpr int kStages = D == 128 ? 4 : 6;
+  if (expcast)
+    return out_bf16 ? launch<D, true, __nv_bfloat16, kStages>(q_q, k_q, v_t, p, bh, stream)
+                    : launch<D, true, __half, kStages>(q_q, k_q, v_t, p, bh, stream);
+  return out_bf16 ? launch<D, false, __nv_bfloat16, kStages>(q_q, k_q, v_t, p, bh, stream)
+                  : launch<D, false, __half, kStages>(q_q, k_q, v_t, p, bh, stream);
+}
+
+}  // namespace
+}  // namespace vc_sm90
+
+extern "C" {
+
+// Returns 0 on success, else non-zero with vc_sm90_last_error() describing the failure.
+int vc_sm90_forward(const void* q_q, const float* q_scale, const void* k_q, const float* k_scale, const void* v_t,
+                    const float* v_scale, const void* v_mean, void* out, int batch, int heads, int n, int n_pad,
+                    int head_dim, long long out_stride_b, long long out_stride_h, long long out_stride_n,
+                    int expcast, int out_bf16, void* stream) {
+  using namespace vc_sm90;
+  if (n < 1 || n_pad % kBlockN != 0 || n_pad < n || n_pad - n >= kBlockN) return fail("bad sequence length / padding");
+  vc_sm90::Params p;
+  p.q_scale = q_scale;
+  p.k_scale = k_scale;
+  p.v_scale = v_scale;
+  p.v_mean = static_cast<const __half*>(v_mean);
+  p.out = out;
+  p.out_stride_b = out_stride_b;
+  p.out_stride_h = out_stride_h;
+  p.out_stride_n = out_stride_n;
+  p.heads = heads;
+  p.n = n;
+  p.n_pad = n_pad;
+  p.n_qblocks = (n + 63) / 64;
+  const int bh = batch * heads;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (head_dim == 128) return launch_d<128>(q_q, k_q, v_t, p, bh, expcast != 0, out_bf16 != 0, s);
+  if (head_dim == 64) return launch_d<64>(q_q, k_q, v_t, p, bh, expcast != 0, out_bf16 != 0, s);
+  return fail("head_dim must be 64 or 128");
+}
+
+const char* vc_sm90_last_error() { return vc_sm90::g_error; }
+
+}  // extern "C"
