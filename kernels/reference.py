@@ -7,12 +7,12 @@ Arithmetic conventions (every kernel reproduces them):
 - All quantizer math is float32. "rint" is round-half-to-even (torch.round, CUDA __float2int_rn,
   cvt.rni); E4M3 casts are round-to-nearest-even with saturation to +-448 (cvt.rn.satfinite).
 - Scores are kept in log2 units: s = q.k * sm_scale * log2(e), so probabilities are exp2(s - M).
-- Row offset M_i = ceil(max_j s_ij) is an INTEGER. Probabilities are P = E4M3(2^(s - M + 8)), so
-  the row max lands in (128, 256]. Because M is an integer, an online-softmax kernel whose running
-  max changes block to block quantizes every probability to exactly the same mantissa as this
-  two-pass emulation (a change of M by an integer k shifts every code by 8k / every value by 2^k,
-  exactly), and its rescale factor alpha = 2^(M_old - M_new) is exact in float32. That is what makes
-  "kernel == emulation up to float32 summation order" true and testable.
+- Row offsets are INTEGERS: while the kernel walks key blocks of K_BLOCK in order, it holds
+  M = max over seen blocks of ceil(block row max), and encodes P = E4M3(2^(s - M + 8)), so the row
+  max lands in (128, 256]. Integer offsets make the rescale alpha = 2^(M_old - M_new) exact and, in
+  the normal E4M3 range, give every probability the same mantissa whatever the running offset was
+  (a shift of M by k moves every code by 8k). quantize_p emulates the running offsets exactly, so
+  "kernel == emulation up to float32 summation order" holds in the subnormal tail too.
 - Output = sum_j P_q[i,j] * Vhat[j] / sum_j P_q[i,j], with the SAME quantized P in both sums.
 """
 from __future__ import annotations
@@ -156,8 +156,21 @@ def scores_log2(q_q, q_scale, k_q, k_scale, n_k: int) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------
 # P encodings
 def row_offset(s: torch.Tensor) -> torch.Tensor:
-    """M_i = ceil(max_j s_ij): the integer row offset (see the module docstring for why integer)."""
+    """M_i = ceil(max_j s_ij): the integer offset of a row once every key has been seen."""
     return torch.ceil(s.amax(dim=-1, keepdim=True))
+
+
+def running_row_offsets(s: torch.Tensor, block: int = K_BLOCK) -> torch.Tensor:
+    """The integer offset an online-softmax kernel holds while it processes each key block.
+
+    Key blocks of `block` columns are visited in order 0, 1, ...; after block j the offset is
+    max over blocks <= j of ceil(block max). Returns (..., Nq, nb) float32.
+    """
+    n = s.shape[-1]
+    nb = _blocks(n, block)
+    padded = torch.nn.functional.pad(s, (0, nb * block - n), value=-math.inf)
+    block_max = torch.ceil(padded.view(*s.shape[:-1], nb, block).amax(dim=-1))
+    return torch.cummax(block_max, dim=-1).values
 
 
 def p_exp2_cast(u: torch.Tensor) -> torch.Tensor:
@@ -185,14 +198,25 @@ def decode_e4m3(codes: torch.Tensor) -> torch.Tensor:
 
 
 def p_expcast(u: torch.Tensor) -> torch.Tensor:
-    """Speed encoding: decoded ExpCast codes (the values the FP8 MMA multiplies)."""
-    return decode_e4m3(expcast_code(u))
+    """Speed encoding: decoded ExpCast codes (the values the FP8 MMA multiplies).
+
+    Decodes through torch's float8 view (exact, and equal to decode_e4m3 for codes 0..120: tested)."""
+    return expcast_code(u).to(torch.uint8).view(torch.float8_e4m3fn).float()
 
 
 def quantize_p(s: torch.Tensor, config: VCConfig) -> torch.Tensor:
-    """Scores (log2 units) -> quantized, UNnormalized probabilities (float32 values of E4M3)."""
-    u = s - row_offset(s)
-    return p_exp2_cast(u) if config.p == "exp2" else p_expcast(u)
+    """Scores (log2 units) -> quantized, UNnormalized probabilities, float64, as the kernel sums them.
+
+    Each key block is encoded against the running offset of the block (running_row_offsets), then
+    rescaled by 2^(M_running - M_final) - exactly what the online softmax's alpha factors do to the
+    accumulator and the row sum. In the normal E4M3 range this equals encoding against the final
+    offset; in the subnormal/underflow tail it reproduces what the kernel keeps there.
+    """
+    run = running_row_offsets(s)
+    m_run = run.repeat_interleave(K_BLOCK, dim=-1)[..., : s.shape[-1]]
+    u = s - m_run
+    p = p_exp2_cast(u) if config.p == "exp2" else p_expcast(u)
+    return p.double() * torch.exp2((m_run - run[..., -1:]).double())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -383,7 +407,7 @@ def vc_attention_reference(
         # q scales are per Q_BLOCK rows of the whole sequence; chunks start on block boundaries
         sc_blk = q_sc[:, :, start // Q_BLOCK : _blocks(stop, Q_BLOCK)]
         s = scores_log2(q_blk, sc_blk, k_q, k_sc, n_k)
-        p = quantize_p(s, config).double()
+        p = quantize_p(s, config)
         denom = p.sum(-1, keepdim=True)
         outs.append(p @ v_hat / denom)
         if parts:
