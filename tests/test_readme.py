@@ -1,0 +1,50 @@
+"""The README's snippets run, so the docs cannot drift from the code.
+
+- every ```python block is executed (in one namespace per block);
+- every line of a ```bash block that starts with `vc-attention` is run through the CLI's main()
+  unless the line carries a `# gpu` comment (those need a CUDA GPU);
+- the test command in the README is the exact command .ci/run executes.
+"""
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from vc_attention import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def _blocks(lang):
+    return re.findall(rf"```{lang}\n(.*?)```", README, flags=re.S)
+
+
+def _cli_lines():
+    lines = []
+    for block in _blocks("bash"):
+        for line in block.splitlines():
+            line = line.strip()
+            if line.startswith("vc-attention") and "# gpu" not in line:
+                lines.append(line.split("#")[0].strip())
+    return lines
+
+
+def test_readme_test_command_is_what_ci_runs():
+    tests_section = README.split("## Tests", 1)[1]
+    command = _blocks("bash")[[b in tests_section for b in _blocks("bash")].index(True)].strip().splitlines()[0]
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert command in ci
+
+
+@pytest.mark.parametrize("code", _blocks("python"), ids=lambda c: c.splitlines()[0][:40])
+def test_python_snippet_runs(code):
+    exec(compile(code, "README.md", "exec"), {"__name__": "readme_snippet"})
+
+
+@pytest.mark.parametrize("line", _cli_lines())
+def test_cli_snippet_runs(line, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = shlex.split(line)[1:]
+    assert cli.main(argv) == 0
