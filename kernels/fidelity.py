@@ -1,0 +1,102 @@
+"""Fidelity metrics of attention outputs against fp64 exact attention, and the method table.
+
+Definitions (all sums over every batch, head, token and channel; float64):
+- rel-L2  = ||O_q - O|| / ||O||
+- cosine  = <O_q, O> / (||O_q|| ||O||), the whole tensor as one vector
+- max abs = max |O_q - O|
+- PSNR    = 20 log10(peak / rms(O_q - O)) dB with peak = max |O|, the largest magnitude of the
+            exact output (the "signal range" of this call; it differs from an image PSNR)
+- TV      = 0.5 sum_j |p_hat_ij - p_ij| per query row, p_hat the normalized quantized P; mean, max
+- QK term = (P - P_q) V, measured as O(P_q, V) - O: the error with V exact (P_q normalized by its sum)
+- V term  = P_q (V - V_q), measured as O_q - O(P_q, V); QK term + V term = O_q - O exactly.
+  Both are reported relative to ||O||. Their split, V share = ||V term||^2 / (||QK term||^2 +
+  ||V term||^2): the two terms come from independent roundings, so they are nearly orthogonal and
+  their squared norms add up to ||O_q - O||^2; the share then says which fraction of the error
+  energy the value path causes, and the two shares sum to one.
+- block-mean energy removal = 1 - ||V - blockmean(V)||^2 / ||V||^2 per (b, h) over blocks of 128
+  consecutive tokens (exact means), averaged over heads (the paper's Wan2.2 statistic).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+from . import reference as ref
+
+
+@dataclass
+class FidelityRow:
+    """One line of the fidelity table (see the module docstring for each definition)."""
+
+    method: str
+    rel_l2: float
+    cosine: float
+    max_abs: float
+    psnr_db: float
+    tv_mean: float
+    tv_max: float
+    qk_term: float
+    v_term: float
+    v_share: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def output_metrics(out: torch.Tensor, exact: torch.Tensor) -> dict:
+    """rel-L2, cosine, max abs and PSNR (peak = max |exact|) of `out` against `exact`, float64."""
+    out, exact = out.double(), exact.double()
+    err = out - exact
+    ref_norm = exact.norm().item()
+    rms = err.pow(2).mean().sqrt().item()
+    peak = exact.abs().max().item()
+    return {
+        "rel_l2": err.norm().item() / ref_norm if ref_norm > 0 else math.inf,
+        "cosine": (out * exact).sum().item() / max(out.norm().item() * ref_norm, 1e-300),
+        "max_abs": err.abs().max().item(),
+        "psnr_db": 20 * math.log10(peak / rms) if rms > 0 else math.inf,
+    }
+
+
+def error_split(parts: ref.ReferenceParts, exact: torch.Tensor) -> dict:
+    """QK term and V term relative to ||O||, and the V share of the error energy."""
+    exact = exact.double()
+    qk_energy = (parts.out_exact_v - exact).pow(2).sum().item()
+    v_energy = (parts.out - parts.out_exact_v).pow(2).sum().item()
+    ref_norm = exact.norm().item()
+    total = qk_energy + v_energy
+    return {
+        "qk_term": math.sqrt(qk_energy) / ref_norm,
+        "v_term": math.sqrt(v_energy) / ref_norm,
+        "v_share": v_energy / total if total > 0 else 0.0,
+    }
+
+
+def fidelity_row(method: str, parts: ref.ReferenceParts, exact: torch.Tensor) -> FidelityRow:
+    """All metrics of one emulated call (parts from vc_attention_reference(..., parts=True))."""
+    return FidelityRow(
+        method=method,
+        **output_metrics(parts.out, exact),
+        tv_mean=parts.tv.mean().item(),
+        tv_max=parts.tv.max().item(),
+        **error_split(parts, exact),
+    )
+
+
+def block_mean_energy_removal(v: torch.Tensor, perm: torch.Tensor | None = None, block: int = ref.V_BLOCK) -> float:
+    """Fraction of ||V||^2 removed by subtracting each `block`-row mean (after `perm`), mean over heads.
+
+    v is (B,H,N,D); exact float64 means, the tail block averages its valid rows only.
+    """
+    x = v.double() if perm is None else ref.permute_tokens(v.double(), perm)
+    b, h, n, d = x.shape
+    nb = -(-n // block)
+    sums = ref._pad_rows(x, block).view(b, h, nb, block, d).sum(dim=3)
+    counts = torch.full((nb,), float(block), dtype=torch.float64, device=x.device)
+    counts[-1] = n - (nb - 1) * block
+    means = sums / counts.view(1, 1, -1, 1)
+    resid = x - means.repeat_interleave(block, dim=2)[:, :, :n]
+    energy = x.pow(2).sum(dim=(2, 3))
+    return (1 - resid.pow(2).sum(dim=(2, 3)) / energy.clamp(min=1e-300)).mean().item()
