@@ -1,0 +1,137 @@
+"""End-to-end benchmark: one forward pass of the Wan 14B transformer (random weights) per mode.
+
+Uses diffusers' WanTransformer3DModel at the Wan2.1/2.2-T2V-14B configuration (40 layers, 40 heads,
+head dim 128, FFN 13824) and 720p / 81 frames (latent 21 x 90 x 160 -> 75,600 tokens). The model is
+built on the GPU with random weights; nothing is downloaded. Self-attention calls (q, k, v of one
+shape, no mask) go to VC-Attention through a scoped replacement of
+torch.nn.functional.scaled_dot_product_attention (diffusers calls it by attribute); cross-attention
+keeps SDPA. The grouping is computed on the first VC forward (a grouping step) and reused by the
+timed forwards (steps after the grouping window), so the timed number excludes grouping, exactly as
+in a sampling run after the window; the grouping forward is reported separately.
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+
+import torch
+
+from ..kernels import grouping
+from ..kernels.api import vc_attention
+from ..kernels.config import FIDELITY, SPEED, VCConfig
+
+WAN_14B = dict(
+    patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16,
+    text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024,
+)
+
+
+class LayerGroupings:
+    """Per-call-index grouping cache for one forward pass (call order = layer order)."""
+
+    def __init__(self, clusters: int, iters: int):
+        self.clusters, self.iters = clusters, iters
+        self.perms: dict[int, torch.Tensor] = {}
+        self.recompute = True
+        self.calls = 0
+
+    def perm_for(self, v_bhnd: torch.Tensor) -> torch.Tensor:
+        idx = self.calls
+        self.calls += 1
+        if self.recompute or idx not in self.perms:
+            self.perms[idx] = grouping.group_tokens(v_bhnd, self.clusters, self.iters).perm()
+        return self.perms[idx]
+
+
+@contextlib.contextmanager
+def vc_sdpa(config: VCConfig, groupings: LayerGroupings | None):
+    """Route self-attention SDPA calls (B,H,N,D) to vc_attention while the context is open."""
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def patched(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if attn_mask is None and not is_causal and dropout_p == 0.0 and q.shape == k.shape == v.shape:
+            perm = groupings.perm_for(v) if (groupings is not None and config.needs_grouping) else None
+            return vc_attention(q, k, v, layout="bhnd", config=config, perm=perm, sm_scale=scale)
+        return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                        enable_gqa=enable_gqa)
+
+    torch.nn.functional.scaled_dot_product_attention = patched
+    try:
+        yield
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = original
+
+
+def build_model(layers: int, device: str = "cuda", dtype=torch.bfloat16):
+    from diffusers import WanTransformer3DModel  # optional dependency, imported only here
+
+    cfg = dict(WAN_14B, num_layers=layers)
+    with torch.device("meta"):
+        model = WanTransformer3DModel(**cfg)
+    model = model.to_empty(device=device).to(dtype)
+    gen = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:  # linear / conv weights: fan-in scaled so activations stay O(1)
+                p.normal_(0.0, 1.0 / (p[0].numel() ** 0.5), generator=gen)
+            elif "norm" in name and "weight" in name:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+    return model.eval()
+
+
+def _inputs(frames: int, height: int, width: int, device: str, dtype):
+    t = (frames - 1) // 4 + 1
+    g = torch.Generator(device=device).manual_seed(1)
+    latents = torch.randn(1, 16, t, height // 8, width // 8, generator=g, device=device, dtype=dtype)
+    text = torch.randn(1, 512, 4096, generator=g, device=device, dtype=dtype)
+    return latents, torch.tensor([500], device=device), text
+
+
+def _timed_forward(model, inputs) -> tuple[float, torch.Tensor]:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.no_grad():
+        start.record()
+        out = model(hidden_states=inputs[0], timestep=inputs[1], encoder_hidden_states=inputs[2], return_dict=False)[0]
+        end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end), out
+
+
+def run_e2e(layers: int = 40, frames: int = 81, height: int = 720, width: int = 1280, repeats: int = 2,
+            clusters: int = grouping.DEFAULT_CLUSTERS, iters: int = grouping.DEFAULT_ITERS, log=print) -> dict:
+    """Time SDPA vs VC fidelity vs VC speed forwards; returns a dict of results (ms, speed-ups, error)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("the end-to-end benchmark needs a CUDA GPU.")
+    t0 = time.time()
+    model = build_model(layers)
+    inputs = _inputs(frames, height, width, "cuda", torch.bfloat16)
+    tokens = inputs[0].shape[2] * (inputs[0].shape[3] // 2) * (inputs[0].shape[4] // 2)
+    log(f"[e2e] Wan-14B config, {layers} layers, {tokens} tokens, model built in {time.time() - t0:.1f}s")
+    results = {"layers": layers, "tokens": tokens, "frames": frames, "height": height, "width": width}
+
+    _timed_forward(model, inputs)  # warm-up (cuDNN plans, allocator)
+    sdpa_ms = [_timed_forward(model, inputs)[0] for _ in range(repeats)]
+    ref_out = _timed_forward(model, inputs)[1].float()
+    results["sdpa_ms"] = statistics.median(sdpa_ms)
+    log(f"[e2e] SDPA forward {results['sdpa_ms']:.0f} ms")
+    for name, config in (("fidelity", FIDELITY), ("speed", SPEED)):
+        groups = LayerGroupings(clusters, iters)
+        with vc_sdpa(config, groups):
+            group_ms, _ = _timed_forward(model, inputs)  # grouping step: k-means for every layer
+            groups.recompute = False
+            times = []
+            for _ in range(repeats):
+                groups.calls = 0
+                ms, out = _timed_forward(model, inputs)
+                times.append(ms)
+        err = ((out.float() - ref_out).norm() / ref_out.norm()).item()
+        med = statistics.median(times)
+        results[name] = {"forward_ms": med, "grouping_forward_ms": group_ms, "speedup": results["sdpa_ms"] / med,
+                         "rel_l2_vs_sdpa": err}
+        log(f"[e2e] {name}: forward {med:.0f} ms ({results['sdpa_ms'] / med:.2f}x SDPA), grouping forward "
+            f"{group_ms:.0f} ms, output rel-L2 vs SDPA {err:.4f}")
+    return results
