@@ -16,13 +16,16 @@ Why each preset value (sources: /work/shared/docs/PAPER_NOTES.md, FINDINGS.md):
   grouping at every step gains only 0.5 dB PSNR, with worse SSIM/LPIPS, at +30% attention time.
 - clusters / kmeans_iters: more clusters and iterations make the 128-token blocks of the permuted V
   more homogeneous (less residual energy to quantize) at a higher grouping cost, which is paid only
-  inside the grouping window. Fidelity doubles both; balanced and speed share the defaults.
-  These defaults are provisional until the grouping sweep (docs/grouping.md) measures them.
+  inside the grouping window. Every preset uses kernels/grouping.py's DEFAULT_CLUSTERS (chosen by
+  the grouping sweep, docs/grouping.md), which keeps the per-layer cache of Wan2.2-14B 720p + CFG
+  under 300 MB (nodes/cache.py); fidelity doubles DEFAULT_ITERS, which costs time only.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from ..kernels.grouping import DEFAULT_CLUSTERS, DEFAULT_ITERS
 
 MODES = ("fidelity", "balanced", "speed", "custom")
 DEFAULT_MODE = "balanced"
@@ -37,24 +40,24 @@ PRESETS: dict[str, dict[str, object]] = {
         "v_smooth": True,
         "expcast": False,
         "grouping_window": 0.25,
-        "clusters": 128,
-        "kmeans_iters": 4,
+        "clusters": DEFAULT_CLUSTERS,
+        "kmeans_iters": 2 * DEFAULT_ITERS,
     },
     "balanced": {
         "precision": "int8-qk/fp8-pv",
         "v_smooth": True,
         "expcast": False,
         "grouping_window": 0.25,
-        "clusters": 64,
-        "kmeans_iters": 2,
+        "clusters": DEFAULT_CLUSTERS,
+        "kmeans_iters": DEFAULT_ITERS,
     },
     "speed": {
         "precision": "int8-qk/fp8-pv",
         "v_smooth": True,
         "expcast": True,
         "grouping_window": 0.25,
-        "clusters": 64,
-        "kmeans_iters": 2,
+        "clusters": DEFAULT_CLUSTERS,
+        "kmeans_iters": DEFAULT_ITERS,
     },
 }
 

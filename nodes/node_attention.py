@@ -1,0 +1,85 @@
+"""The "VC-Attention" node: MODEL in, a patched clone out (widgets from nodes/presets.py)."""
+from __future__ import annotations
+
+import inspect
+
+from comfy_api.latest import io
+
+from ..kernels import backends
+from ..kernels.config import VCConfig
+from . import presets
+from .patch import Settings, VCPatch, install
+
+NODE_ID = "VCAttention"
+CATEGORY = "VC-Attention"
+
+
+def _advanced(spec: dict) -> dict:
+    """`advanced=True` where the host knows it (ComfyUI >= 0.9); older hosts show the widget plainly."""
+    if spec.get("advanced") and "advanced" in inspect.signature(io.Int.Input.__init__).parameters:
+        return {"advanced": True}
+    return {}
+
+
+def backend_options() -> list[str]:
+    return ["auto"] + [b.name for b in backends.backends()]
+
+
+def widget_input(name: str, spec: dict):
+    """One schema input built from its row of the widget table."""
+    common = dict(default=spec["default"], tooltip=spec["tooltip"], **_advanced(spec))
+    kind = spec["kind"]
+    if kind == "combo":
+        options = spec["options"] if "options" in spec else backend_options()
+        return io.Combo.Input(name, options=options, **common)
+    if kind == "boolean":
+        return io.Boolean.Input(name, **common)
+    number = io.Int if kind == "int" else io.Float
+    return number.Input(name, min=spec["min"], max=spec["max"], step=spec["step"], **common)
+
+
+def settings_from_widgets(resolved: dict) -> Settings:
+    config = VCConfig(
+        qk=presets.PRECISIONS[resolved["precision"]],
+        v="vsmooth" if resolved["v_smooth"] else "per_channel",
+        p="expcast" if resolved["expcast"] else "exp2",
+    )
+    return Settings(
+        config=config,
+        clusters=int(resolved["clusters"]),
+        kmeans_iters=int(resolved["kmeans_iters"]),
+        grouping_window=float(resolved["grouping_window"]),
+        start_percent=float(resolved["start_percent"]),
+        end_percent=float(resolved["end_percent"]),
+        backend=resolved["backend"],
+    )
+
+
+class VCAttention(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id=NODE_ID,
+            display_name="VC-Attention",
+            category=CATEGORY,
+            description="Runs the model's self-attention with VC-Attention: INT8 Q/K, FP8 probabilities and "
+            "values, V-Smooth token grouping and optional ExpCast. Cross-attention, masked calls and calls "
+            "no kernel can take stay on the model's own attention and are counted in the node's status line.",
+            inputs=[io.Model.Input("model", tooltip="The diffusion model to patch (left unchanged; a patched copy is returned).")]
+            + [widget_input(name, spec) for name, spec in presets.WIDGETS.items()],
+            outputs=[io.Model.Output(display_name="model", tooltip="The model with VC-Attention on its self-attention.")],
+            hidden=[io.Hidden.unique_id],
+        )
+
+    @classmethod
+    def execute(cls, model, mode, **widgets) -> io.NodeOutput:
+        resolved = presets.resolve(mode, widgets)
+        if resolved["backend"] not in backend_options():
+            raise ValueError(
+                f"VC-Attention: backend {resolved['backend']!r} is not available here; choose one of "
+                f"{', '.join(backend_options())}."
+            )
+        if presets.PRECISIONS[resolved["precision"]] is None:
+            return io.NodeOutput(model)
+        patch = VCPatch(settings_from_widgets(resolved), node_id=str(cls.hidden.unique_id))
+        return io.NodeOutput(install(model, patch))

@@ -1,0 +1,98 @@
+"""The attention override ComfyUI calls, and what makes a call eligible for VC-Attention.
+
+ComfyUI (>= 0.3.60) routes every `optimized_attention(...)` of a model whose
+model_options["transformer_options"]["optimized_attention_override"] is set through
+`override(func, q, k, v, heads=..., mask=..., attn_precision=..., skip_reshape=...,
+skip_output_reshape=..., transformer_options=..., **kwargs)`, where `func` is the attention the
+model would have used. Layouts: q/k/v are (B, N, H*D) unless skip_reshape, then (B, H, N, D); the
+output must be (B, N, H*D) unless skip_output_reshape, then (B, H, N, D).
+AttentionTensorContainer inputs (ComfyUI >= 0.31's single-owner tensors) need nothing here: this
+override defines no `container_function`, so ComfyUI's wrap_attn takes the tensors out of their
+containers before calling it, and `func` is then called with plain tensors as well.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+
+# Fallback reasons (keys of the stats' "fallbacks"; the web extension shows them as they are).
+MASK = "mask"
+LOW_PRECISION_OFF = "low_precision_attention_off"
+CROSS_ATTENTION = "cross_attention"
+GQA = "gqa_or_mqa"
+DTYPE = "dtype"
+SHAPE = "shape"
+OUTSIDE_RANGE = "outside_start_end"
+NO_SIGMA = "no_sigma"
+NO_BACKEND = "no_capable_backend"
+
+
+def ineligible(q, k, v, heads: int, mask, skip_reshape: bool, kwargs: dict) -> Optional[tuple[str, str]]:
+    """(reason, detail) if this call must stay on the model's attention, else None.
+
+    Only what the tensors say is checked here; device, GPU arch and head dim are the backends'
+    business (kernels.backends.select says which one can run, or why none can).
+    """
+    if mask is not None:
+        return MASK, "attention masks are not supported (VC-Attention is unmasked, non-causal)"
+    if kwargs.get("low_precision_attention", True) is False:
+        return LOW_PRECISION_OFF, "the model asked for full-precision attention on this call"
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+        return SHAPE, "q, k and v are not tensors"
+    rank = 4 if skip_reshape else 3
+    if q.dim() != rank or k.dim() != rank or v.dim() != rank:
+        return SHAPE, f"expected {rank}-D q/k/v, got {q.dim()}-D/{k.dim()}-D/{v.dim()}-D"
+    if not skip_reshape and q.shape[-1] % heads:
+        return SHAPE, f"q's last dim {q.shape[-1]} is not a multiple of heads={heads}"
+    token_dim = 2 if skip_reshape else 1
+    if k.shape[token_dim] != q.shape[token_dim] or v.shape[token_dim] != q.shape[token_dim]:
+        return CROSS_ATTENTION, f"cross-attention ({q.shape[token_dim]} queries, {k.shape[token_dim]} keys)"
+    if k.shape != q.shape or v.shape != q.shape:
+        return GQA, f"grouped/multi-query attention (q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)})"
+    if q.dtype not in SUPPORTED_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return DTYPE, f"dtype {q.dtype}/{k.dtype}/{v.dtype} (the kernels take fp16 or bf16)"
+    return None
+
+
+def to_kernel_layout(t: torch.Tensor, heads: int, skip_reshape: bool) -> tuple[torch.Tensor, str]:
+    """The tensor as the kernel API takes it, without copying: (B,H,N,D) "bhnd" or (B,N,H,D) "bnhd"."""
+    if skip_reshape:
+        return t, "bhnd"
+    b, n, hd = t.shape
+    return t.view(b, n, heads, hd // heads), "bnhd"
+
+
+def to_output_layout(out: torch.Tensor, layout: str, skip_output_reshape: bool) -> torch.Tensor:
+    """(B,H,N,D) if skip_output_reshape, else (B,N,H*D): what ComfyUI's attention functions return."""
+    bhnd = out if layout == "bhnd" else out.transpose(1, 2)
+    if skip_output_reshape:
+        return bhnd
+    b, h, n, d = bhnd.shape
+    return bhnd.transpose(1, 2).reshape(b, n, h * d)
+
+
+def make_override(attend: Callable, previous: Optional[Callable]) -> Callable:
+    """An override for the transformer_options hook that hands every call to `attend`.
+
+    attend(q, k, v, heads, mask, skip_reshape, skip_output_reshape, kwargs, model_attention) runs
+    VC-Attention or calls `model_attention()`: the override that was on the hook before ours
+    (`previous`, chained) or else the model's own `func`, with the call's arguments unchanged.
+    """
+
+    def vc_attention_override(func, q, k, v, heads, mask=None, attn_precision=None,
+                              skip_reshape=False, skip_output_reshape=False, **kwargs):
+        call = dict(mask=mask, attn_precision=attn_precision, skip_reshape=skip_reshape,
+                    skip_output_reshape=skip_output_reshape, **kwargs)
+
+        def model_attention():
+            if previous is None:
+                return func(q, k, v, heads, **call)
+            return previous(func, q, k, v, heads, **call)
+
+        return attend(q, k, v, heads, mask, skip_reshape, skip_output_reshape, kwargs, model_attention)
+
+    vc_attention_override.handler = attend  # lets tests and tools find the patch behind a hook
+    return vc_attention_override

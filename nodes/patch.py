@@ -1,0 +1,177 @@
+"""One VC-Attention patch on a cloned MODEL: settings plus the state of the current sampling run.
+
+Lifecycle, through ComfyUI's supported hooks only (the original MODEL is never touched):
+- `install` clones the model patcher, puts our override on
+  model_options["transformer_options"]["optimized_attention_override"] (chaining the one that was
+  there) and registers two callbacks on the clone: ON_PRE_RUN (sampling starts: compute the sigma
+  thresholds from the model's percent_to_sigma, empty the cache and the counters) and ON_CLEANUP
+  (sampling ends: publish the stats once, free the cache).
+- each attention call goes to `attend`: eligibility, then the schedule, then grouping from the
+  per-layer cache, then the kernel.
+A forward pass is recognized by its transformer_options dict: ComfyUI's BaseModel._apply_model
+hands every model call a fresh copy, which each block then passes down unchanged, so the sigma of
+the call is read (one host sync) and the per-block call counters reset once per forward.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..kernels import backends
+from ..kernels.api import vc_attention
+from ..kernels.config import VCConfig
+from ..kernels.grouping import group_tokens
+from . import override as O
+from .cache import GroupingCache
+from .schedule import Phase, SigmaSchedule
+from .stats import RunStats, publish
+
+CALLBACK_KEY = "vc_attention"
+
+
+@dataclass(frozen=True)
+class Settings:
+    config: VCConfig
+    clusters: int
+    kmeans_iters: int
+    grouping_window: float
+    start_percent: float
+    end_percent: float
+    backend: str = "auto"
+
+
+class VCPatch:
+    def __init__(self, settings: Settings, node_id: str = "") -> None:
+        self.settings = settings
+        self.node_id = node_id
+        self.schedule: Optional[SigmaSchedule] = None
+        self.cache = GroupingCache()
+        self.stats = RunStats()
+        self._reset_run_state()
+
+    # ------------------------------------------------------------------ run lifecycle
+    def start_run(self, model_patcher) -> None:
+        s = self.settings
+        self.schedule = SigmaSchedule.from_model_sampling(
+            model_patcher.get_model_object("model_sampling"), s.start_percent, s.end_percent, s.grouping_window
+        )
+        self.cache.clear()
+        self.stats.reset()
+        self._reset_run_state()
+
+    def end_run(self, model_patcher=None) -> None:
+        if self.stats.backend_calls or self.stats.fallbacks:
+            publish(self.stats.payload(self.node_id))
+        self.cache.clear()
+        self.stats.reset()
+        self._reset_run_state()
+
+    def _reset_run_state(self) -> None:
+        self._forward_options: Optional[dict] = None
+        self._phase: Optional[Phase] = None
+        self._calls_in_forward: Counter = Counter()
+        self._window_closed = False
+
+    def _enter_forward(self, transformer_options: Optional[dict]) -> None:
+        """Place a new forward pass in the schedule (once per forward, not per call)."""
+        if transformer_options is self._forward_options:
+            return
+        self._forward_options = transformer_options
+        self._calls_in_forward = Counter()
+        sigmas = (transformer_options or {}).get("sigmas")
+        if sigmas is None or self.schedule is None:
+            self._phase = None
+            return
+        sigma = float(torch.as_tensor(sigmas).reshape(-1)[0])
+        self._phase = self.schedule.phase(sigma)
+        if self._phase.active:
+            self.stats.sigmas.add(sigma)
+        if self._phase.active and not self._phase.grouping and not self._window_closed:
+            self._window_closed = True  # nothing warm-starts from here on
+            self.cache.drop_centroids()
+
+    # ------------------------------------------------------------------ one attention call
+    def attend(self, q, k, v, heads, mask, skip_reshape, skip_output_reshape, kwargs, model_attention):
+        reason = O.ineligible(q, k, v, heads, mask, skip_reshape, kwargs)
+        if reason is not None:
+            self.stats.fallback(*reason)
+            return model_attention()
+        transformer_options = kwargs.get("transformer_options")
+        self._enter_forward(transformer_options)
+        if self._phase is None:
+            self.stats.fallback(O.NO_SIGMA, "the call carries no sampling sigma, so its step is unknown")
+            return model_attention()
+        if not self._phase.active:
+            self.stats.fallback(O.OUTSIDE_RANGE)
+            return model_attention()
+
+        qk, layout = O.to_kernel_layout(q, heads, skip_reshape)
+        kk, _ = O.to_kernel_layout(k, heads, skip_reshape)
+        vk, _ = O.to_kernel_layout(v, heads, skip_reshape)
+        config, requested = self.settings.config, self.settings.backend
+        # the emulation only on CPU (the documented demo path) or when asked for by name
+        allow_slow = q.device.type == "cpu"
+        try:
+            chosen = backends.select(qk, config, layout, requested, allow_slow=allow_slow)
+        except backends.NoCapableBackend as err:
+            if requested != "auto":
+                raise
+            self.stats.fallback(O.NO_BACKEND, str(err))
+            return model_attention()
+
+        v_bhnd = vk if layout == "bhnd" else vk.transpose(1, 2)
+        key = self._layer_key(transformer_options or {}, v_bhnd.shape)
+        sm_scale = kwargs.get("scale")
+
+        def run():
+            perm = self._permutation(key, v_bhnd) if config.needs_grouping else None
+            return vc_attention(qk, kk, vk, layout=layout, config=config, perm=perm, sm_scale=sm_scale,
+                                backend=chosen.name)
+
+        out = self.stats.timed_vc_call(tuple(v_bhnd.shape), q.device, run, model_attention)
+        self.stats.backend_calls[chosen.name] += 1
+        return O.to_output_layout(out, layout, skip_output_reshape)
+
+    def _layer_key(self, transformer_options: dict, bhnd: torch.Size) -> tuple:
+        index = transformer_options.get("block_index")
+        if index is None:  # models that report no block index: eligible-call order in this forward
+            block = ("call", sum(self._calls_in_forward.values()))
+        else:
+            block = (transformer_options.get("block_type"), index)
+        nth = self._calls_in_forward[block]
+        self._calls_in_forward[block] += 1
+        branches = tuple(transformer_options.get("cond_or_uncond") or ())
+        return (block, nth, branches, bhnd[2], bhnd[0])
+
+    def _permutation(self, key: tuple, v_bhnd: torch.Tensor) -> torch.Tensor:
+        """Regroup inside the grouping window (warm start from the last grouping), else reuse.
+
+        A layer first seen after the window (e.g. the low-noise model of split sampling, or a
+        start_percent past the window) is grouped once and reused from then on.
+        """
+        cached = self.cache.get(key)
+        if cached is not None and not self._phase.grouping:
+            return cached.perm()
+        warm = cached if cached is not None and cached.centroids is not None else None
+        grouping = group_tokens(v_bhnd, self.settings.clusters, self.settings.kmeans_iters, warm_start=warm)
+        if not self._phase.grouping:
+            grouping.drop_centroids()
+        self.cache.put(key, grouping)
+        self.stats.grouping_calls += 1
+        return grouping.perm()
+
+
+def install(model_patcher, patch: VCPatch):
+    """A clone of `model_patcher` with `patch` on its attention hook; the original is untouched."""
+    from comfy.patcher_extension import CallbacksMP  # ComfyUI's own module (only inside ComfyUI)
+
+    patched = model_patcher.clone()
+    transformer_options = patched.model_options.setdefault("transformer_options", {})
+    previous = transformer_options.get("optimized_attention_override")
+    transformer_options["optimized_attention_override"] = O.make_override(patch.attend, previous)
+    patched.add_callback_with_key(CallbacksMP.ON_PRE_RUN, CALLBACK_KEY, patch.start_run)
+    patched.add_callback_with_key(CallbacksMP.ON_CLEANUP, CALLBACK_KEY, patch.end_run)
+    return patched
