@@ -1,0 +1,58 @@
+// Pure helpers of the VC-Attention front end: preset differences and the status line text.
+// No DOM, no ComfyUI objects, so tests can run them under Node. ComfyUI also imports this file as
+// an extension module; it only exports functions and has no side effects.
+
+export const PRESET_MODES = ["fidelity", "balanced", "speed"];
+
+// Floats typed into a widget come back rounded to its step; compare within half a step's error.
+function sameValue(a, b) {
+  if (typeof a === "number" && typeof b === "number") return Math.abs(a - b) < 1e-6;
+  return a === b;
+}
+
+// The preset a node is measured against: its mode, or for "custom" the preset it started from.
+export function basePreset(mode, lastPreset, table) {
+  if (PRESET_MODES.includes(mode)) return mode;
+  return PRESET_MODES.includes(lastPreset) ? lastPreset : table.default_mode;
+}
+
+// [{name, value, preset}] for each preset-governed widget whose value differs from the preset.
+export function presetDifferences(values, preset) {
+  return Object.keys(preset)
+    .filter((name) => name in values && !sameValue(values[name], preset[name]))
+    .map((name) => ({ name, value: values[name], preset: preset[name] }));
+}
+
+function shown(value) {
+  if (typeof value === "boolean") return value ? "on" : "off";
+  return String(value);
+}
+
+// One line saying which widgets differ from which preset (empty when none do).
+export function differenceLine(base, diffs) {
+  if (!diffs.length) return `${base} preset: all widgets as the preset sets them`;
+  const items = diffs.map((d) => `${d.name} ${shown(d.value)} (preset ${shown(d.preset)})`);
+  return `custom - differs from ${base}: ${items.join(", ")}`;
+}
+
+function counts(map) {
+  return Object.entries(map || {})
+    .sort((a, b) => b[1] - a[1])
+    .map(([name, n]) => `${name} x${n}`)
+    .join(", ");
+}
+
+// The status line after a run, from the node's "vc_attention.stats" payload (nodes/stats.py).
+export function statusLines(stats) {
+  const backends = counts(stats.backend_calls) || "no VC-Attention calls";
+  const timing = stats.sampled_calls
+    ? `${stats.attention_ms.toFixed(3)} ms per call (${stats.sampled_calls} timed)`
+    : "not timed";
+  const speedup = stats.est_speedup == null ? "n/a" : `${stats.est_speedup.toFixed(2)}x`;
+  const fallbacks = counts(stats.fallbacks) || "none";
+  return [
+    `backend: ${backends} | attention ${timing} | est. speed-up ${speedup}`,
+    `fallbacks to the model's attention: ${fallbacks}`,
+    `grouping: ${stats.grouping_calls} calls over ${stats.steps} steps`,
+  ];
+}
