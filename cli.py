@@ -13,6 +13,7 @@ import sys
 # subcommand -> module in .commands (kept in the order `--help` shows them)
 SUBCOMMANDS = {
     "fidelity": "fidelity",
+    "demo": "demo",
 }
 
 

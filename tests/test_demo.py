@@ -1,0 +1,35 @@
+"""CPU test of `vc-attention demo`: the tiny sample runs every preset mode and writes the PNG."""
+import argparse
+
+import pytest
+
+from vc_attention import cli
+from vc_attention.commands import demo
+from vc_attention.nodes import presets
+
+
+def run_demo(argv):
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    return demo.run(parser.parse_args(argv))
+
+
+def test_demo_is_a_registered_subcommand():
+    assert cli.SUBCOMMANDS["demo"] == "demo"
+
+
+def test_tiny_cpu_demo_writes_png_and_tables_every_mode(tmp_path, capsys):
+    out = tmp_path / "plots" / "demo.png"
+    assert run_demo(["--device", "cpu", "--size", "tiny", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"Plot written to {out}" in printed
+    assert "EMULATION" in printed  # the CPU run says plainly what it is
+    table_rows = {line.split()[0] for line in printed.splitlines() if "reference" in line.split()[1:2]}
+    assert table_rows == set(presets.PRESETS) | {"plain-8bit"}
+
+
+def test_cuda_request_without_gpu_is_a_readable_error(monkeypatch):
+    monkeypatch.setattr(demo.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="no CUDA GPU"):
+        run_demo(["--device", "cuda", "--size", "tiny"])
