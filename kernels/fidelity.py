@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from . import reference as ref
+from . import reference_fp4
+from .config import FIDELITY, PLAIN_8BIT, SPEED
 
 
 @dataclass
@@ -100,3 +102,85 @@ def block_mean_energy_removal(v: torch.Tensor, perm: torch.Tensor | None = None,
     resid = x - means.repeat_interleave(block, dim=2)[:, :, :n]
     energy = x.pow(2).sum(dim=(2, 3))
     return (1 - resid.pow(2).sum(dim=(2, 3)) / energy.clamp(min=1e-300)).mean().item()
+
+
+# ----------------------------------------------------------------------------------------------
+# the method table of `vc-attention fidelity`
+FP8_QK_VSMOOTH = FIDELITY.with_(qk="fp8")
+
+# method name -> (emulation, V-Smooth grouping needed?)
+METHODS = {
+    "BF16 (inputs rounded)": ("bf16", False),
+    "SageAttention2-style 8-bit": (PLAIN_8BIT, False),
+    "V-Smooth 8-bit": (FIDELITY, True),
+    "V-Smooth + ExpCast": (SPEED, True),
+    "FP8-QK V-Smooth": (FP8_QK_VSMOOTH, True),
+    "SageAttention3-style 4-bit": ("fp4:per_channel", False),
+    "V-Smooth 4-bit": ("fp4:vsmooth", True),
+}
+
+
+def bf16_parts(q, k, v, sm_scale: float | None = None, query_chunk: int = 1024) -> ref.ReferenceParts:
+    """Exact fp64 attention of bf16-rounded inputs, split like the quantized methods.
+
+    P_q is the softmax of the rounded q, k; "V exact" means the unrounded v.
+    """
+    qr, kr, vr = (t.to(torch.bfloat16).double() for t in (q, k, v))
+    qd, kd, vd = (t.double() for t in (q, k, v))
+    scale = qd.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+    outs, outs_v, tvs = [], [], []
+    for start in range(0, qd.shape[-2], query_chunk):
+        stop = min(start + query_chunk, qd.shape[-2])
+        p = torch.softmax(qr[:, :, start:stop] @ kr.transpose(-1, -2) * scale, dim=-1)
+        exact = torch.softmax(qd[:, :, start:stop] @ kd.transpose(-1, -2) * scale, dim=-1)
+        outs.append(p @ vr)
+        outs_v.append(p @ vd)
+        tvs.append(0.5 * (p - exact).abs().sum(-1))
+    return ref.ReferenceParts(torch.cat(outs, 2), torch.cat(outs_v, 2), torch.cat(tvs, 2))
+
+
+def method_parts(method: str, q, k, v, perm, sm_scale: float | None = None) -> ref.ReferenceParts:
+    """Emulate one METHODS entry on (B,H,N,D) q, k, v; perm is used by the V-Smooth methods only."""
+    emulation, grouped = METHODS[method]
+    perm = perm if grouped else None
+    if emulation == "bf16":
+        return bf16_parts(q, k, v, sm_scale)
+    if isinstance(emulation, str):
+        v_format = emulation.split(":", 1)[1]
+        return reference_fp4.fp4_attention_reference(q, k, v, v_format, perm=perm, sm_scale=sm_scale, parts=True)
+    return ref.vc_attention_reference(q, k, v, emulation, perm=perm, sm_scale=sm_scale, parts=True)
+
+
+def grouping_permutation(v: torch.Tensor, clusters: int, iters: int, seed: int = 0) -> torch.Tensor:
+    """V-Smooth token order of the reference semantics: k-means labels -> stable sort."""
+    labels, _ = ref.kmeans_labels(v, clusters, iters, seed)
+    return ref.labels_to_permutation(labels)
+
+
+def fidelity_table(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    clusters: int,
+    iters: int,
+    seed: int = 0,
+    sm_scale: float | None = None,
+    methods=tuple(METHODS),
+    progress=None,
+) -> list[FidelityRow]:
+    """One FidelityRow per method on (B,H,N,D) q, k, v against fp64 exact attention.
+
+    progress(method) is called before each method (the CLI prints it; the table takes seconds).
+    """
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown methods {unknown}; choose from {list(METHODS)}.")
+    exact = ref.exact_attention(q, k, v, sm_scale)
+    perm = grouping_permutation(v, clusters, iters, seed) if any(METHODS[m][1] for m in methods) else None
+    rows = []
+    for method in methods:
+        if progress is not None:
+            progress(method)
+        rows.append(fidelity_row(method, method_parts(method, q, k, v, perm, sm_scale), exact))
+    return rows
