@@ -89,11 +89,12 @@ class QKVRecorder:
             self._levels.append(sigma)
         return self._levels.index(sigma), index
 
-    def observe(self, q, k, v, heads, mask, skip_reshape, skip_output_reshape, kwargs, model_attention):
-        reason = O.ineligible(q, k, v, heads, mask, skip_reshape, kwargs)
+    def observe(self, call: O.AttentionCall) -> torch.Tensor:
+        reason = O.ineligible(call.q, call.k, call.v, call.heads, call.mask, call.skip_reshape, call.kwargs)
         if reason is None or reason[0] == O.DTYPE:
-            self._record(q, k, v, heads, skip_reshape, kwargs.get("transformer_options") or {})
-        return model_attention()
+            self._record(call.q, call.k, call.v, call.heads, call.skip_reshape,
+                         call.kwargs.get("transformer_options") or {})
+        return call.model_attention()
 
     def _record(self, q, k, v, heads, skip_reshape, transformer_options: dict) -> None:
         step, block = self._step_and_block(transformer_options)

@@ -12,6 +12,7 @@ containers before calling it, and `func` is then called with plain tensors as we
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -74,25 +75,45 @@ def to_output_layout(out: torch.Tensor, layout: str, skip_output_reshape: bool) 
     return bhnd.transpose(1, 2).reshape(b, n, h * d)
 
 
-def make_override(attend: Callable, previous: Optional[Callable]) -> Callable:
-    """An override for the transformer_options hook that hands every call to `attend`.
+@dataclass
+class AttentionCall:
+    """One attention call as ComfyUI made it, plus the two ways to run it without VC-Attention."""
 
-    attend(q, k, v, heads, mask, skip_reshape, skip_output_reshape, kwargs, model_attention) runs
-    VC-Attention or calls `model_attention()`: the override that was on the hook before ours
-    (`previous`, chained) or else the model's own `func`, with the call's arguments unchanged.
+    func: Callable
+    previous: Optional[Callable]
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    heads: int
+    mask: Optional[torch.Tensor]
+    skip_reshape: bool
+    skip_output_reshape: bool
+    kwargs: dict  # everything else ComfyUI passed (transformer_options, scale, attn_precision, ...)
+
+    def _arguments(self) -> dict:
+        return dict(mask=self.mask, skip_reshape=self.skip_reshape, skip_output_reshape=self.skip_output_reshape,
+                    **self.kwargs)
+
+    def model_attention(self) -> torch.Tensor:
+        """What would run without us: the override that was on the hook before ours, else `func`."""
+        if self.previous is None:
+            return self.func(self.q, self.k, self.v, self.heads, **self._arguments())
+        return self.previous(self.func, self.q, self.k, self.v, self.heads, **self._arguments())
+
+    def own_attention(self) -> torch.Tensor:
+        """The model's attention function alone (the timing baseline: no other override's side effects)."""
+        return self.func(self.q, self.k, self.v, self.heads, **self._arguments())
+
+
+def make_override(handler: Callable[[AttentionCall], torch.Tensor], previous: Optional[Callable]) -> Callable:
+    """An override for the transformer_options hook that hands every call to `handler`.
+
+    handler(call) runs VC-Attention or returns call.model_attention(): the previous override on the
+    hook (chained) or else the model's own `func`, with the call's arguments unchanged.
     """
 
-    def vc_attention_override(func, q, k, v, heads, mask=None, attn_precision=None,
-                              skip_reshape=False, skip_output_reshape=False, **kwargs):
-        call = dict(mask=mask, attn_precision=attn_precision, skip_reshape=skip_reshape,
-                    skip_output_reshape=skip_output_reshape, **kwargs)
+    def vc_attention_override(func, q, k, v, heads, mask=None, skip_reshape=False, skip_output_reshape=False, **kwargs):
+        return handler(AttentionCall(func, previous, q, k, v, heads, mask, skip_reshape, skip_output_reshape, kwargs))
 
-        def model_attention():
-            if previous is None:
-                return func(q, k, v, heads, **call)
-            return previous(func, q, k, v, heads, **call)
-
-        return attend(q, k, v, heads, mask, skip_reshape, skip_output_reshape, kwargs, model_attention)
-
-    vc_attention_override.handler = attend  # lets tests and tools find the patch behind a hook
+    vc_attention_override.handler = handler  # lets tests and tools find the patch behind a hook
     return vc_attention_override

@@ -94,46 +94,46 @@ class VCPatch:
             self.cache.drop_centroids()
 
     # ------------------------------------------------------------------ one attention call
-    def attend(self, q, k, v, heads, mask, skip_reshape, skip_output_reshape, kwargs, model_attention):
-        reason = O.ineligible(q, k, v, heads, mask, skip_reshape, kwargs)
+    def attend(self, call: O.AttentionCall) -> torch.Tensor:
+        reason = O.ineligible(call.q, call.k, call.v, call.heads, call.mask, call.skip_reshape, call.kwargs)
         if reason is not None:
             self.stats.fallback(*reason)
-            return model_attention()
-        transformer_options = kwargs.get("transformer_options")
+            return call.model_attention()
+        transformer_options = call.kwargs.get("transformer_options")
         self._enter_forward(transformer_options)
         if self._phase is None:
             self.stats.fallback(O.NO_SIGMA, "the call carries no sampling sigma, so its step is unknown")
-            return model_attention()
+            return call.model_attention()
         if not self._phase.active:
             self.stats.fallback(O.OUTSIDE_RANGE)
-            return model_attention()
+            return call.model_attention()
 
-        qk, layout = O.to_kernel_layout(q, heads, skip_reshape)
-        kk, _ = O.to_kernel_layout(k, heads, skip_reshape)
-        vk, _ = O.to_kernel_layout(v, heads, skip_reshape)
+        q, layout = O.to_kernel_layout(call.q, call.heads, call.skip_reshape)
+        k, _ = O.to_kernel_layout(call.k, call.heads, call.skip_reshape)
+        v, _ = O.to_kernel_layout(call.v, call.heads, call.skip_reshape)
         config, requested = self.settings.config, self.settings.backend
         # the emulation only on CPU (the documented demo path) or when asked for by name
         allow_slow = q.device.type == "cpu"
         try:
-            chosen = backends.select(qk, config, layout, requested, allow_slow=allow_slow)
+            chosen = backends.select(q, config, layout, requested, allow_slow=allow_slow)
         except backends.NoCapableBackend as err:
             if requested != "auto":
                 raise
             self.stats.fallback(O.NO_BACKEND, str(err))
-            return model_attention()
+            return call.model_attention()
 
-        v_bhnd = vk if layout == "bhnd" else vk.transpose(1, 2)
+        v_bhnd = v if layout == "bhnd" else v.transpose(1, 2)
         key = self._layer_key(transformer_options or {}, v_bhnd.shape)
-        sm_scale = kwargs.get("scale")
+        sm_scale = call.kwargs.get("scale")
 
         def run():
             perm = self._permutation(key, v_bhnd) if config.needs_grouping else None
-            return vc_attention(qk, kk, vk, layout=layout, config=config, perm=perm, sm_scale=sm_scale,
+            return vc_attention(q, k, v, layout=layout, config=config, perm=perm, sm_scale=sm_scale,
                                 backend=chosen.name)
 
-        out = self.stats.timed_vc_call(tuple(v_bhnd.shape), q.device, run, model_attention)
+        out = self.stats.timed_vc_call(tuple(v_bhnd.shape), q.device, run, call.own_attention)
         self.stats.backend_calls[chosen.name] += 1
-        return O.to_output_layout(out, layout, skip_output_reshape)
+        return O.to_output_layout(out, layout, call.skip_output_reshape)
 
     def _layer_key(self, transformer_options: dict, bhnd: torch.Size) -> tuple:
         index = transformer_options.get("block_index")

@@ -1,0 +1,163 @@
+"""The override through ComfyUI's dispatch (stand-in wrap_attn): what goes to VC, what to `func`, layouts."""
+import pytest
+import torch
+
+pytestmark = pytest.mark.usefixtures("comfy_standin")
+
+B, H, N, D = 2, 2, 200, 64
+# 8-bit attention on Gaussian random q/k/v (near-uniform attention): about 4% relative L2 from SDPA
+TOLERANCE = 0.06
+
+
+def make_patch(**changes):
+    from toy_dit import toy_model
+    from vc_attention.kernels.config import FIDELITY
+    from vc_attention.nodes.patch import Settings, VCPatch
+
+    settings = Settings(config=FIDELITY, clusters=16, kmeans_iters=2, grouping_window=0.25,
+                        start_percent=0.0, end_percent=1.0, backend="reference")
+    patch = VCPatch(Settings(**(settings.__dict__ | changes)), node_id="1")
+    patch.start_run(toy_model())
+    return patch
+
+
+def options(patch, previous=None, sigma=0.9, **extra):
+    from vc_attention.nodes.override import make_override
+
+    override = make_override(patch.attend, previous)
+    return {"optimized_attention_override": override, "sigmas": torch.tensor([sigma]),
+            "cond_or_uncond": [0, 1], "block_type": "double", "block_index": 0} | extra
+
+
+def qkv(shape, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*shape, generator=g).to(dtype) for _ in range(3)]
+
+
+def rel_l2(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.parametrize("skip_reshape, skip_output_reshape", [(False, False), (True, True), (False, True), (True, False)])
+def test_self_attention_runs_vc_in_both_layouts_and_matches_the_kernel_api(skip_reshape, skip_output_reshape):
+    from comfy.ldm.modules.attention import attention_pytorch
+    from vc_attention.kernels.api import vc_attention
+    from vc_attention.kernels.config import FIDELITY
+
+    patch = make_patch()
+    q, k, v = qkv((B, H, N, D))
+    args = (q, k, v) if skip_reshape else tuple(t.transpose(1, 2).reshape(B, N, H * D) for t in (q, k, v))
+    out = attention_pytorch(*args, heads=H, skip_reshape=skip_reshape, skip_output_reshape=skip_output_reshape,
+                            transformer_options=options(patch))
+    sdpa = attention_pytorch(*args, heads=H, skip_reshape=skip_reshape, skip_output_reshape=skip_output_reshape)
+    assert out.shape == sdpa.shape and out.dtype == sdpa.dtype
+    assert patch.stats.backend_calls == {"reference": 1} and not patch.stats.fallbacks
+    # same grouping -> bit-identical to the public op in (B,H,N,D); close to exact attention
+    (grouping,) = patch.cache._entries.values()
+    expected = vc_attention(q, k, v, layout="bhnd", config=FIDELITY, perm=grouping.perm(), backend="reference")
+    out_bhnd = out if skip_output_reshape else out.view(B, N, H, D).transpose(1, 2)
+    assert torch.equal(out_bhnd, expected)
+    assert rel_l2(out, sdpa) < TOLERANCE
+
+
+def test_the_scale_kwarg_is_honoured():
+    from comfy.ldm.modules.attention import attention_pytorch
+
+    patch = make_patch()
+    q, k, v = qkv((B, H, N, D))
+    out = attention_pytorch(q, k, v, H, skip_reshape=True, skip_output_reshape=True, scale=0.05,
+                            transformer_options=options(patch))
+    sdpa = attention_pytorch(q, k, v, H, skip_reshape=True, skip_output_reshape=True, scale=0.05)
+    default = attention_pytorch(q, k, v, H, skip_reshape=True, skip_output_reshape=True)
+    assert rel_l2(out, sdpa) < TOLERANCE < rel_l2(default, sdpa)
+
+
+def _fallback_cases():
+    q, k, v = qkv((B, N, H * D))
+    _, short_k, short_v = qkv((B, 16, H * D), seed=1)
+    gq, gk, gv = qkv((B, 4, N, D)), qkv((B, 2, N, D), seed=2), qkv((B, 2, N, D), seed=3)
+    mask = torch.zeros(B, 1, N, N, dtype=torch.bfloat16)
+    return {
+        "mask": (dict(q=q, k=k, v=v, mask=mask), {}),
+        "cross_attention": (dict(q=q, k=short_k, v=short_v), {}),
+        "low_precision_attention_off": (dict(q=q, k=k, v=v, low_precision_attention=False), {}),
+        "gqa_or_mqa": (dict(q=gq[0], k=gk[0], v=gv[0], skip_reshape=True, enable_gqa=True), {}),
+        "dtype": (dict(q=q.float(), k=k.float(), v=v.float()), {}),
+        "outside_start_end": (dict(q=q, k=k, v=v), {"sigmas": torch.tensor([0.9])}),
+        "no_sigma": (dict(q=q, k=k, v=v), {"sigmas": None}),
+    }
+
+
+@pytest.mark.parametrize("reason", list(_fallback_cases()))
+def test_every_other_call_goes_to_func_unchanged_with_its_reason(reason):
+    from comfy.ldm.modules.attention import attention_pytorch
+
+    patch = make_patch(start_percent=0.5) if reason == "outside_start_end" else make_patch()
+    call, extra = _fallback_cases()[reason]
+    q, k, v = call.pop("q"), call.pop("k"), call.pop("v")
+    to = {key: val for key, val in (options(patch) | extra).items() if val is not None}
+    out = attention_pytorch(q, k, v, heads=call.pop("heads", 4 if reason == "gqa_or_mqa" else H),
+                            transformer_options=to, **call)
+    expected = attention_pytorch(q, k, v, heads=4 if reason == "gqa_or_mqa" else H, **call)
+    assert torch.equal(out, expected)
+    assert patch.stats.fallbacks == {reason: 1} and not patch.stats.backend_calls
+
+
+def test_no_capable_backend_falls_back_under_auto_and_stops_a_named_backend(monkeypatch):
+    from comfy.ldm.modules.attention import attention_pytorch
+    from vc_attention.kernels import backends
+
+    def refuse(*args, **kwargs):
+        raise backends.NoCapableBackend("no VC-Attention backend can run this call (test).")
+
+    monkeypatch.setattr(backends, "select", refuse)
+    q, k, v = qkv((B, N, H * D))
+    patch = make_patch(backend="auto")
+    out = attention_pytorch(q, k, v, heads=H, transformer_options=options(patch))
+    assert torch.equal(out, attention_pytorch(q, k, v, heads=H))
+    assert patch.stats.fallbacks == {"no_capable_backend": 1}
+    with pytest.raises(backends.NoCapableBackend):
+        attention_pytorch(q, k, v, heads=H, transformer_options=options(make_patch(backend="reference")))
+
+
+def test_previous_override_is_chained_for_fallbacks_only():
+    from comfy.ldm.modules.attention import attention_pytorch
+
+    seen = []
+
+    def previous(func, *args, **kwargs):
+        seen.append(args[1].shape[1])
+        return func(*args, **kwargs)
+
+    patch = make_patch()
+    q, k, v = qkv((B, N, H * D))
+    _, ck, cv = qkv((B, 16, H * D), seed=4)
+    attention_pytorch(q, k, v, heads=H, transformer_options=options(patch, previous))
+    attention_pytorch(q, ck, cv, heads=H, transformer_options=options(patch, previous))
+    assert seen == [16]  # only the cross-attention call reached the previous override (not the timing baseline)
+    assert patch.stats.backend_calls == {"reference": 1}
+
+
+def test_tensor_containers_and_unknown_kwargs_are_handled():
+    from comfy.ldm.modules.attention import AttentionTensorContainer, attention_pytorch
+
+    patch = make_patch()
+    q, k, v = qkv((B, N, H * D))
+    boxed = [AttentionTensorContainer(t) for t in (q, k, v)]
+    out = attention_pytorch(*boxed, heads=H, transformer_options=options(patch), some_future_option=3)
+    assert out.shape == q.shape and patch.stats.backend_calls == {"reference": 1}
+
+
+def test_joint_attention_groups_text_and_video_tokens_together():
+    """HunyuanVideo-style joint attention: text tokens then video tokens, one permutation over all."""
+    from comfy.samplers import cfg_denoise
+    from toy_dit import TEXT, toy_inputs, toy_model
+
+    model = toy_model(layout="heads", text_tokens=TEXT)
+    patch = make_patch()
+    model.model_options["transformer_options"] = options(patch)
+    x, context = toy_inputs()
+    cfg_denoise(model, x, torch.tensor(0.9), context, 5.0, None)
+    labels = [g.labels for g in patch.cache._entries.values()]
+    assert len(labels) == 2 and all(tuple(l.shape) == (2, 2, TEXT + x.shape[1]) for l in labels)
+    assert patch.stats.backend_calls == {"reference": 2}
