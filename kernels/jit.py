@@ -40,9 +40,9 @@ MIN_NVCC = (12, 4)
 MIN_NVCC_FOR_ARCH = {"12.0a": (12, 8), "10.0a": (12, 8)}
 MIN_CAPABILITY = (8, 9)
 
-# Flags every extension is built with; the JIT hash covers them.
-BASE_CUDA_FLAGS = ("-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo", "-DNDEBUG")
-BASE_CXX_FLAGS = ("-O3", "-std=c++17")
+# Flags every extension is built with (torch adds its own -std); the JIT hash covers them.
+BASE_CUDA_FLAGS = ("-O3", "--expt-relaxed-constexpr", "-lineinfo", "-DNDEBUG")
+BASE_CXX_FLAGS = ("-O3",)
 
 
 class JitError(RuntimeError):
@@ -275,4 +275,4 @@ def load_extension(name: str, sources, extra_cuda_cflags=(), extra_cflags=(), ar
 
 def nvcc_compile_only_command(source: Path, arch: str, output: Path, nvcc: str | None = None) -> list[str]:
     """nvcc command that compiles one torch-free .cu to a cubin with the build's flags (for tests)."""
-    return [nvcc or find_nvcc(), "--cubin", *BASE_CUDA_FLAGS, *gencode_flags(arch), f"-I{CSRC_DIR}", "-o", str(output), str(source)]
+    return [nvcc or find_nvcc(), "--cubin", "-std=c++17", *BASE_CUDA_FLAGS, *gencode_flags(arch), f"-I{CSRC_DIR}", "-o", str(output), str(source)]

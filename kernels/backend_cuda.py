@@ -1,0 +1,83 @@
+"""The `mma` backend: fused CUDA prepare + the portable mma.sync attention kernel (sm_89 and newer).
+
+The extension is JIT-built on first use (kernels/jit.py); selecting the backend never builds it,
+so `vc-attention doctor` and the registry stay cheap.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+
+from . import jit, reference
+from .backends import Backend, register
+from .config import VCConfig
+from .prepare import PreparedOperands, prepare_cuda
+
+EXTENSION_NAME = "vc_attention_mma"
+SOURCES = ("bindings.cpp", "prepare.cu", "attn_mma.cu", "attn_mma_d64.cu", "attn_mma_d128.cu")
+HEAD_DIMS = (64, 128)
+DTYPES = (torch.float16, torch.bfloat16)
+
+
+@functools.cache
+def extension():
+    """The compiled module (built once per process, cached on disk across processes)."""
+    return jit.load_extension(EXTENSION_NAME, SOURCES)
+
+
+def _available_reason() -> Optional[str]:
+    if torch.version.cuda is None:
+        return f"PyTorch {torch.__version__} has no CUDA"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is visible"
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) < jit.MIN_CAPABILITY:
+        return f"GPU is sm_{major}{minor}; FP8 tensor cores need sm_89 or newer"
+    if jit.env_flag("DISABLE_JIT"):
+        return None  # a cached build may exist; load_extension says so precisely if not
+    try:
+        jit.find_nvcc()
+    except jit.JitError as err:
+        return str(err)
+    return None
+
+
+def _unsupported_reason(q: torch.Tensor, config: VCConfig, layout: str) -> Optional[str]:
+    if not q.is_cuda:
+        return f"inputs are on {q.device}, not a CUDA GPU"
+    if q.dtype not in DTYPES:
+        return f"dtype {q.dtype} (needs float16 or bfloat16)"
+    if q.shape[-1] not in HEAD_DIMS:
+        return f"head dim {q.shape[-1]} (supported: {HEAD_DIMS})"
+    if torch.cuda.get_device_capability(q.device) < jit.MIN_CAPABILITY:
+        return "GPU below sm_89"
+    if q.stride(-1) != 1 or any(s % 8 for s in q.stride()[:-1]) or q.data_ptr() % 16:
+        return "q, k, v need a contiguous last dim and 16-byte aligned rows"
+    return None
+
+
+def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.Tensor, layout: str,
+                            lse: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Run the attention kernel on prepared operands into `out` (q's shape in `layout`); lse (B,H,N)
+    float32, if given, receives the natural-log log-sum-exp of each row."""
+    extension().attention(
+        ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean,
+        reference.to_bhnd(out, layout), lse, ops.n_tokens, config.qk == "fp8", config.p == "expcast",
+        config.v == "vsmooth", torch.cuda.current_stream(out.device).cuda_stream,
+    )
+    return out
+
+
+def _run(q, k, v, perm, config: VCConfig, layout: str, sm_scale):
+    for name, t in (("k", k), ("v", v)):
+        if t.stride(-1) != 1 or any(s % 8 for s in t.stride()[:-1]) or t.data_ptr() % 16:
+            raise ValueError(f"{name} needs a contiguous last dim and 16-byte aligned rows for the mma backend.")
+    with torch.cuda.device(q.device):
+        ops = prepare_cuda(q, k, v, perm, config, layout, sm_scale)
+        return attention_from_operands(ops, config, torch.empty(q.shape, dtype=q.dtype, device=q.device), layout)
+
+
+register(Backend(name="mma", priority=50, run=_run, unsupported_reason=_unsupported_reason,
+                 available_reason=_available_reason))

@@ -1,0 +1,12 @@
+// Entry point of the portable attention kernel: head-dim dispatch and error reporting.
+#include "attn_mma_launch.cuh"
+
+namespace vc {
+
+const char* launch_attn_mma(const AttnParams& p, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  const cudaError_t err = p.head_dim == 64 ? launch_attn_mma_d64(p, s) : launch_attn_mma_d128(p, s);
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+}  // namespace vc

@@ -1,0 +1,314 @@
+// Portable VC-Attention forward kernel (mma.sync; sm_89 Ada, sm_90 Hopper, sm_120 Blackwell).
+//
+// One CTA = 64 query rows (one Q scale block) x all keys, 4 warps of 16 rows. Per 128-key tile
+// (one K scale, one V-Smooth mean): S = Q K^T with m16n8k32 s8 (or e4m3) MMAs, online softmax in
+// log2 units with the INTEGER running offset M = ceil(running max) so that P codes equal the
+// two-pass reference exactly, P packed to E4M3 in registers (exp2 + cast, or ExpCast codes), and
+// O += P R with m16n8k32 e4m3 MMAs into a fresh per-tile accumulator that is then added to the
+// float32 total (two-level accumulation). Row sums come from the same P through a ones column;
+// V-Smooth adds l_tile * mu_tile / v_scale, and the epilogue multiplies by v_scale / l.
+//
+// Key order trick: in the QK MMA, lane rows of K are fetched so that S's accumulator layout IS the
+// A-operand layout of the PV MMA (thread (g, t) holds keys 4t..4t+3 of every 16-key group), so P
+// needs no shuffles: column c of n-tile 2j+h of a 16-key group holds key 4(c/2) + 2h + c%2.
+#pragma once
+#include "common.cuh"
+#include "vc_params.h"
+
+namespace vc {
+
+constexpr int kAttnWarps = 4;
+constexpr int kAttnThreads = kAttnWarps * 32;
+constexpr int kRowsPerWarp = 16;
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile whose rows are kRowBytes
+// long: XOR-ing the chunk with the row makes the 8 rows read by one ldmatrix hit 8 distinct banks.
+template <int kRowBytes>
+__device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
+  static_assert(kRowBytes == 64 || kRowBytes == 128, "rows of 64 or 128 bytes");
+  const int mixed = kRowBytes == 128 ? chunk ^ (row & 7) : chunk ^ ((row >> 1) & 3);
+  return uint32_t(row * kRowBytes + mixed * 16);
+}
+
+// Copies a [rows x kRowBytes] tile (global rows `src_stride` bytes apart) into swizzled smem.
+template <int kRowBytes, int kRows>
+__device__ __forceinline__ void load_tile_async(uint32_t dst, const uint8_t* src, int64_t src_stride) {
+  constexpr int kChunksPerRow = kRowBytes / 16;
+#pragma unroll
+  for (int idx = threadIdx.x; idx < kRows * kChunksPerRow; idx += kAttnThreads) {
+    const int row = idx / kChunksPerRow, chunk = idx % kChunksPerRow;
+    cp_async_16(dst + swizzled<kRowBytes>(row, chunk), src + row * src_stride + chunk * 16);
+  }
+}
+
+template <int D>
+struct AttnSmem {
+  static constexpr int kQ = kQBlock * D;          // Q tile, bytes
+  static constexpr int kK = kKBlock * D;          // one K tile
+  static constexpr int kV = D * kKBlock;          // one transposed V tile
+  static constexpr int kMean = D * 2;             // one fp16 mean row
+  static constexpr int kOffK = kQ;
+  static constexpr int kOffV = kOffK + 2 * kK;
+  static constexpr int kOffMean = kOffV + 2 * kV;
+  static constexpr int kOffInvScale = kOffMean + 2 * kMean;
+  static constexpr int kBytes = kOffInvScale + D * 4;
+};
+
+template <int D, bool kQkFp8, bool kExpCast, bool kVSmooth>
+struct AttnMma {
+  static constexpr int kKSteps = D / 32;        // MMA k-steps over the head dim (QK)
+  static constexpr int kKeyTiles = kKBlock / 8;  // n-tiles of S per key tile
+  static constexpr int kDimTiles = D / 8;        // n-tiles of O
+  static constexpr int kPSteps = kKBlock / 32;   // MMA k-steps over keys (PV)
+  using Smem = AttnSmem<D>;
+  using SAcc = std::conditional_t<kQkFp8, float, int>;
+
+  // per-thread state of the online softmax for rows g and g+8 of the warp
+  float acc[kDimTiles][4];
+  float row_offset[2];  // M, an integer-valued float (-inf before the first tile)
+  float row_sum[2];
+  uint32_t q_frag[kKSteps][4];
+
+  __device__ __forceinline__ void run(const AttnParams& p, uint8_t* smem) {
+    const int bh = blockIdx.y;
+    const int q_row0 = blockIdx.x * kQBlock;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n_tiles = p.n_pad / kKBlock;
+    const uint32_t sbase = smem_addr(smem);
+    const uint8_t* q_src = static_cast<const uint8_t*>(p.q_q) + (int64_t(bh) * p.n_pad + q_row0) * D;
+    const uint8_t* k_src = static_cast<const uint8_t*>(p.k_q) + int64_t(bh) * p.n_pad * D;
+    const uint8_t* v_src = p.v_t + int64_t(bh) * D * p.n_pad;
+    const uint8_t* mean_src = reinterpret_cast<const uint8_t*>(p.v_mean) + int64_t(bh) * n_tiles * D * 2;
+    float* inv_scale = reinterpret_cast<float*>(smem + Smem::kOffInvScale);
+
+    auto load_kv = [&](int tile) {
+      const int buf = tile & 1;
+      load_tile_async<D, kKBlock>(sbase + Smem::kOffK + buf * Smem::kK, k_src + int64_t(tile) * kKBlock * D, D);
+      load_tile_async<kKBlock, D>(sbase + Smem::kOffV + buf * Smem::kV, v_src + tile * kKBlock, p.n_pad);
+      if constexpr (kVSmooth) {
+        if (threadIdx.x < Smem::kMean / 16)
+          cp_async_16(sbase + Smem::kOffMean + buf * Smem::kMean + threadIdx.x * 16, mean_src + int64_t(tile) * Smem::kMean + threadIdx.x * 16);
+      }
+    };
+
+    load_tile_async<D, kQBlock>(sbase, q_src, D);
+    load_kv(0);
+    cp_async_commit();
+    if constexpr (kVSmooth) {
+      for (int c = threadIdx.x; c < D; c += kAttnThreads) inv_scale[c] = 1.0f / p.v_scale[int64_t(bh) * D + c];
+    }
+#pragma unroll
+    for (int i = 0; i < kDimTiles; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    row_offset[0] = row_offset[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.0f;
+    const float q_scale = p.q_scale[int64_t(bh) * ((p.n + kQBlock - 1) / kQBlock) + blockIdx.x];
+    const int tail = p.n - (n_tiles - 1) * kKBlock;  // valid keys in the last tile
+
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      if (tile + 1 < n_tiles) {
+        load_kv(tile + 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();
+      if (tile == 0) load_q_fragments(sbase, warp, lane);
+      const int buf = tile & 1;
+      const float scale = q_scale * p.k_scale[int64_t(bh) * n_tiles + tile];
+      if (tile + 1 == n_tiles && tail < kKBlock) {
+        process_tile<true>(sbase, buf, scale, tail, lane, smem);
+      } else {
+        process_tile<false>(sbase, buf, scale, kKBlock, lane, smem);
+      }
+      __syncthreads();
+    }
+    store_output(p, bh, q_row0 + warp * kRowsPerWarp, lane);
+  }
+
+  __device__ __forceinline__ void load_q_fragments(uint32_t sbase, int warp, int lane) {
+    const int matrix = lane >> 3, r = lane & 7;
+    const int row = warp * kRowsPerWarp + (matrix & 1) * 8 + r;
+#pragma unroll
+    for (int s = 0; s < kKSteps; ++s) ldmatrix_x4(q_frag[s], sbase + swizzled<D>(row, 2 * s + (matrix >> 1)));
+  }
+
+  template <bool kMask>
+  __device__ __forceinline__ void process_tile(uint32_t sbase, int buf, float scale, int valid, int lane, uint8_t* smem) {
+    const int t = lane & 3;
+    // ---- S = Q K^T (scores before scaling), key order as described at the top
+    SAcc s[kKeyTiles][4];
+#pragma unroll
+    for (int i = 0; i < kKeyTiles; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = SAcc(0);
+    {
+      const int matrix = lane >> 3, r = lane & 7;
+      const uint32_t k_base = sbase + Smem::kOffK + buf * Smem::kK;
+#pragma unroll
+      for (int pair = 0; pair < kKeyTiles / 2; ++pair) {
+        const int key = 16 * pair + 4 * (r >> 1) + 2 * (matrix >> 1) + (r & 1);
+#pragma unroll
+        for (int ks = 0; ks < kKSteps; ++ks) {
+          uint32_t b[4];
+          ldmatrix_x4(b, k_base + swizzled<D>(key, 2 * ks + (matrix & 1)));
+          if constexpr (kQkFp8) {
+            mma_e4m3(s[2 * pair], q_frag[ks], b[0], b[1]);
+            mma_e4m3(s[2 * pair + 1], q_frag[ks], b[2], b[3]);
+          } else {
+            mma_s8(s[2 * pair], q_frag[ks], b[0], b[1]);
+            mma_s8(s[2 * pair + 1], q_frag[ks], b[2], b[3]);
+          }
+        }
+      }
+    }
+    // key index (within the tile) of accumulator element e of n-tile i for this thread
+    auto key_of = [&](int i, int e) { return 16 * (i >> 1) + 4 * t + 2 * (i & 1) + (e & 1); };
+
+    // ---- row max -> new integer offset (max of raw scores: scaling by scale > 0 is monotone)
+    float tile_max[2];
+    if constexpr (kQkFp8) {
+      float m[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int i = 0; i < kKeyTiles; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (!kMask || key_of(i, e) < valid) m[e >> 1] = fmaxf(m[e >> 1], s[i][e]);
+      tile_max[0] = m[0];
+      tile_max[1] = m[1];
+    } else {
+      int m[2] = {INT_MIN, INT_MIN};
+#pragma unroll
+      for (int i = 0; i < kKeyTiles; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (!kMask || key_of(i, e) < valid) m[e >> 1] = max(m[e >> 1], s[i][e]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        m[h] = max(m[h], __shfl_xor_sync(0xffffffffu, m[h], 1));
+        m[h] = max(m[h], __shfl_xor_sync(0xffffffffu, m[h], 2));
+        tile_max[h] = small_int_to_float(m[h]);
+      }
+    }
+    float alpha[2], offset[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if constexpr (kQkFp8) {
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+      }
+      offset[h] = fmaxf(row_offset[h], ceilf(tile_max[h] * scale));
+      alpha[h] = exp2_of_integer(row_offset[h] - offset[h]);
+      row_offset[h] = offset[h];
+    }
+
+    // ---- P in E4M3, directly in the A-operand layout of the PV MMA
+    uint32_t p_frag[kPSteps][4];
+#pragma unroll
+    for (int ks = 0; ks < kPSteps; ++ks) {
+#pragma unroll
+      for (int reg = 0; reg < 4; ++reg) {
+        // reg 0/1: rows g/g+8 of keys 32ks+4t..; reg 2/3: the same 16 keys later
+        const int i0 = 4 * ks + 2 * (reg >> 1);
+        const int e0 = 2 * (reg & 1);
+        float u[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int i = i0 + (j >> 1), e = e0 + (j & 1);
+          const float raw = kQkFp8 ? float(s[i][e]) : small_int_to_float(int(s[i][e]));
+          u[j] = (kMask && key_of(i, e) >= valid) ? -INFINITY : raw * scale - offset[reg & 1];
+        }
+        p_frag[ks][reg] = encode_p(u);
+      }
+    }
+
+    // ---- O = alpha O + P R (+ l mu / v_scale), per-tile accumulator added into the total
+    float l_tile[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int ks = 0; ks < kPSteps; ++ks) mma_e4m3(l_tile, p_frag[ks], kE4m3OnesX4, kE4m3OnesX4);
+    row_sum[0] = row_sum[0] * alpha[0] + l_tile[0];
+    row_sum[1] = row_sum[1] * alpha[1] + l_tile[2];
+
+    const int matrix = lane >> 3, r = lane & 7;
+    const uint32_t v_base = sbase + Smem::kOffV + buf * Smem::kV;
+    const __half* mean = reinterpret_cast<const __half*>(smem + Smem::kOffMean + buf * Smem::kMean);
+    const float* inv_scale = reinterpret_cast<const float*>(smem + Smem::kOffInvScale);
+#pragma unroll
+    for (int pair = 0; pair < kDimTiles / 2; ++pair) {
+      float part[2][4] = {};
+      const int dim = 16 * pair + (matrix >> 1) * 8 + r;
+#pragma unroll
+      for (int ks = 0; ks < kPSteps; ++ks) {
+        uint32_t b[4];
+        ldmatrix_x4(b, v_base + swizzled<kKBlock>(dim, 2 * ks + (matrix & 1)));
+        mma_e4m3(part[0], p_frag[ks], b[0], b[1]);
+        mma_e4m3(part[1], p_frag[ks], b[2], b[3]);
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = 2 * pair + half;
+        float mu[2] = {0.0f, 0.0f};
+        if constexpr (kVSmooth) {
+          const int col = 8 * i + 2 * t;
+          const float2 m = __half22float2(*reinterpret_cast<const __half2*>(mean + col));
+          const float2 inv = *reinterpret_cast<const float2*>(inv_scale + col);
+          mu[0] = m.x * inv.x;
+          mu[1] = m.y * inv.y;
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float restore = kVSmooth ? l_tile[e & 2] * mu[e & 1] : 0.0f;
+          acc[i][e] = fmaf(acc[i][e], alpha[e >> 1], part[half][e] + restore);
+        }
+      }
+    }
+  }
+
+  // four u = s - M (<= 0, -inf for masked keys) -> four E4M3 bytes, first in the lowest byte
+  __device__ __forceinline__ uint32_t encode_p(const float (&u)[4]) const {
+    if constexpr (kExpCast) {
+      // code = clip[0,120](rint(8u + 119.65)): the bias goes in BEFORE the rounding magic, whose
+      // spacing of 1.0 would otherwise drop the fractional beta; rint by the magic, no F2I
+      uint32_t code[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) code[j] = __float_as_uint(fmaxf(fmaf(u[j], 8.0f, kExpCastBias), 0.0f) + kRoundMagic);
+      return __byte_perm(__byte_perm(code[0], code[1], 0x0040), __byte_perm(code[2], code[3], 0x0040), 0x5410);
+    } else {
+      float v[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[j] = fast_exp2(u[j] + 8.0f);
+      return e4m3x4(v[0], v[1], v[2], v[3]);
+    }
+  }
+
+  __device__ __forceinline__ void store_output(const AttnParams& p, int bh, int warp_row0, int lane) const {
+    const int g = lane >> 2, t = lane & 3;
+    const int b = bh / p.heads, h = bh % p.heads;
+    const float* v_scale = p.v_scale + int64_t(bh) * D;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = warp_row0 + g + 8 * half;
+      if (row >= p.n) continue;
+      const float inv_l = 1.0f / row_sum[half];
+      uint16_t* dst = static_cast<uint16_t*>(p.out) + b * p.o_stride[0] + h * p.o_stride[1] + int64_t(row) * p.o_stride[2];
+#pragma unroll
+      for (int i = 0; i < kDimTiles; ++i) {
+        const int col = 8 * i + 2 * t;
+        const float2 sc = *reinterpret_cast<const float2*>(v_scale + col);
+        const float lo = acc[i][2 * half] * sc.x * inv_l, hi = acc[i][2 * half + 1] * sc.y * inv_l;
+        *reinterpret_cast<uint32_t*>(dst + col) = p.out_bf16 ? pack2<__nv_bfloat16>(lo, hi) : pack2<__half>(lo, hi);
+      }
+      if (p.lse != nullptr && t == 0) {
+        // sum_j 2^s_ij = l * 2^(M - 8); natural-log units for the caller
+        p.lse[int64_t(bh) * p.n + row] = (row_offset[half] - 8.0f + log2f(row_sum[half])) * kLn2;
+      }
+    }
+  }
+};
+
+template <int D, bool kQkFp8, bool kExpCast, bool kVSmooth>
+__global__ __launch_bounds__(kAttnThreads) void attn_mma_kernel(const AttnParams p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  AttnMma<D, kQkFp8, kExpCast, kVSmooth> kernel;
+  kernel.run(p, smem);
+}
+
+}  // namespace vc

@@ -1,0 +1,119 @@
+// Torch bindings of the VC-Attention CUDA kernels: tensor checks, raw pointers, launch.
+// The kernels themselves are torch-free (vc_params.h); the stream comes from Python as an integer
+// (torch.cuda.current_stream().cuda_stream), so this file needs no CUDA headers.
+#include <torch/extension.h>
+
+#include <optional>
+
+#include "vc_params.h"
+
+namespace {
+
+void check_cuda_contiguous(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK_VALUE(t.is_cuda(), name, " must be a CUDA tensor.");
+  TORCH_CHECK_VALUE(t.is_contiguous(), name, " must be contiguous.");
+}
+
+void check_input(const torch::Tensor& t, const char* name, const torch::Tensor& q) {
+  TORCH_CHECK_VALUE(t.is_cuda() && t.dim() == 4, name, " must be a 4-D CUDA tensor (B, H, N, D view).");
+  TORCH_CHECK_VALUE(t.scalar_type() == q.scalar_type(), name, " must have q's dtype.");
+  TORCH_CHECK_VALUE(t.sizes() == q.sizes(), name, " must have q's shape.");
+  TORCH_CHECK_VALUE(t.stride(3) == 1, name, " must have a contiguous last dimension.");
+  TORCH_CHECK_VALUE(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(2) % 8 == 0 && t.stride(1) % 8 == 0 &&
+                        t.stride(0) % 8 == 0,
+                    name, " rows must be 16-byte aligned.");
+}
+
+void fill_strides(int64_t (&dst)[3], const torch::Tensor& t) {
+  for (int i = 0; i < 3; ++i) dst[i] = t.stride(i);
+}
+
+void raise_on_error(const char* err, const char* what) { TORCH_CHECK(err == nullptr, what, " launch failed: ", err); }
+
+void prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const std::optional<torch::Tensor>& perm,
+             torch::Tensor q_q, torch::Tensor q_scale, torch::Tensor k_q, torch::Tensor k_scale, torch::Tensor v_t,
+             torch::Tensor v_scale, torch::Tensor v_mean, double qk_scale, bool qk_fp8, bool vsmooth, bool smooth_k,
+             int64_t stream) {
+  TORCH_CHECK_VALUE(q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16, "q must be float16 or bfloat16.");
+  check_input(q, "q", q);
+  check_input(k, "k", q);
+  check_input(v, "v", q);
+  const int64_t head_dim = q.size(3);
+  TORCH_CHECK_VALUE(head_dim == 64 || head_dim == 128, "head dim must be 64 or 128, got ", head_dim, ".");
+  for (const auto* t : {&q_q, &q_scale, &k_q, &k_scale, &v_t, &v_scale, &v_mean}) check_cuda_contiguous(*t, "prepared operand");
+  vc::PrepareParams p{};
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  fill_strides(p.q_stride, q);
+  fill_strides(p.k_stride, k);
+  fill_strides(p.v_stride, v);
+  if (perm.has_value()) {
+    check_cuda_contiguous(*perm, "perm");
+    TORCH_CHECK_VALUE(perm->scalar_type() == torch::kInt32, "perm must be int32 here.");
+    p.perm = perm->data_ptr<int32_t>();
+  }
+  auto workspace = torch::zeros({2, q.size(0), q.size(1), head_dim}, q.options().dtype(torch::kFloat32));
+  p.q_q = q_q.data_ptr();
+  p.q_scale = q_scale.data_ptr<float>();
+  p.k_q = k_q.data_ptr();
+  p.k_scale = k_scale.data_ptr<float>();
+  p.v_t = static_cast<uint8_t*>(v_t.data_ptr());
+  p.v_scale = v_scale.data_ptr<float>();
+  p.v_mean = static_cast<uint16_t*>(v_mean.data_ptr());
+  p.k_sum = workspace[0].data_ptr<float>();
+  p.v_amax = workspace[1].data_ptr<float>();
+  p.batch = q.size(0);
+  p.heads = q.size(1);
+  p.n = q.size(2);
+  p.n_pad = q_q.size(2);
+  p.head_dim = head_dim;
+  p.qk_scale = static_cast<float>(qk_scale);
+  p.input_bf16 = q.scalar_type() == torch::kBFloat16;
+  p.qk_fp8 = qk_fp8;
+  p.vsmooth = vsmooth;
+  p.smooth_k = smooth_k;
+  raise_on_error(vc::launch_prepare(p, reinterpret_cast<void*>(stream)), "prepare");
+}
+
+void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const torch::Tensor& k_q, const torch::Tensor& k_scale,
+               const torch::Tensor& v_t, const torch::Tensor& v_scale, const torch::Tensor& v_mean, torch::Tensor out,
+               const std::optional<torch::Tensor>& lse, int64_t n, bool qk_fp8, bool expcast, bool vsmooth, int64_t stream) {
+  for (const auto* t : {&q_q, &q_scale, &k_q, &k_scale, &v_t, &v_scale, &v_mean}) check_cuda_contiguous(*t, "prepared operand");
+  TORCH_CHECK_VALUE(out.is_cuda() && out.dim() == 4 && out.stride(3) == 1, "out must be a 4-D CUDA (B, H, N, D) view with a contiguous last dim.");
+  TORCH_CHECK_VALUE(out.scalar_type() == torch::kHalf || out.scalar_type() == torch::kBFloat16, "out must be float16 or bfloat16.");
+  const int64_t head_dim = q_q.size(3);
+  TORCH_CHECK_VALUE(head_dim == 64 || head_dim == 128, "head dim must be 64 or 128, got ", head_dim, ".");
+  vc::AttnParams p{};
+  p.q_q = q_q.data_ptr();
+  p.q_scale = q_scale.data_ptr<float>();
+  p.k_q = k_q.data_ptr();
+  p.k_scale = k_scale.data_ptr<float>();
+  p.v_t = static_cast<const uint8_t*>(v_t.data_ptr());
+  p.v_scale = v_scale.data_ptr<float>();
+  p.v_mean = static_cast<const uint16_t*>(v_mean.data_ptr());
+  p.out = out.data_ptr();
+  fill_strides(p.o_stride, out);
+  if (lse.has_value()) {
+    check_cuda_contiguous(*lse, "lse");
+    p.lse = lse->data_ptr<float>();
+  }
+  p.batch = q_q.size(0);
+  p.heads = q_q.size(1);
+  p.n = n;
+  p.n_pad = q_q.size(2);
+  p.head_dim = head_dim;
+  p.out_bf16 = out.scalar_type() == torch::kBFloat16;
+  p.qk_fp8 = qk_fp8;
+  p.expcast = expcast;
+  p.vsmooth = vsmooth;
+  raise_on_error(vc::launch_attn_mma(p, reinterpret_cast<void*>(stream)), "attention");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "VC-Attention CUDA kernels: fused prepare and the portable mma.sync attention.";
+  m.def("prepare", &prepare, "q, k, v (+perm) -> quantized operands, written into the given tensors");
+  m.def("attention", &attention, "prepared operands -> out (B,H,N,D view), optional lse (B,H,N)");
+}

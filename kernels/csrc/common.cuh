@@ -1,0 +1,154 @@
+// Device helpers shared by the VC-Attention kernels: 16-bit input loads, E4M3 casts, exact
+// float<->int tricks, and thin wrappers around the PTX we use (cp.async, ldmatrix, mma.sync).
+// Torch-free; needs sm_89+ for the FP8 instructions.
+#pragma once
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace vc {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kE4m3Max = 448.0f;
+constexpr float kInt8Max = 127.0f;
+constexpr int kQBlock = 64;   // query rows per scale (reference.Q_BLOCK) = rows per attention CTA
+constexpr int kKBlock = 128;  // key rows per scale and per V-Smooth mean (reference.K_BLOCK)
+// Adding 1.5*2^23 to a float in [-2^22, 2^22] leaves round-to-nearest-even(x) in the low mantissa
+// bits: rint without F2I (which runs on the slow MUFU-class pipe), and the exact inverse for ints.
+constexpr float kRoundMagic = 12582912.0f;
+constexpr int kRoundMagicBits = 0x4B400000;
+constexpr float kExpCastBias = 119.65f;  // 8*8 + 56 + beta (reference.expcast_code)
+constexpr uint32_t kE4m3OnesX4 = 0x38383838u;  // four E4M3 1.0 bytes
+
+// ---------------------------------------------------------------------------------------------
+// 16-bit inputs: 8 consecutive elements (one 16-byte load) to float
+template <typename T>
+__device__ __forceinline__ void load8_as_float(const T* src, float (&out)[8]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(src);
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      const __nv_bfloat162 pair = *reinterpret_cast<const __nv_bfloat162*>(&words[i]);
+      out[2 * i] = __low2float(pair);
+      out[2 * i + 1] = __high2float(pair);
+    } else {
+      const __half2 pair = *reinterpret_cast<const __half2*>(&words[i]);
+      out[2 * i] = __low2float(pair);
+      out[2 * i + 1] = __high2float(pair);
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// quantizers (bit-exact with reference.py)
+
+// Two floats -> two E4M3 bytes (RNE, saturating to +-448): `lo` in bits 0-7, `hi` in bits 8-15.
+__device__ __forceinline__ uint16_t e4m3x2(float lo, float hi) {
+  uint16_t out;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(out) : "f"(hi), "f"(lo));
+  return out;
+}
+
+__device__ __forceinline__ uint32_t e4m3x4(float a0, float a1, float a2, float a3) {
+  return uint32_t(e4m3x2(a0, a1)) | (uint32_t(e4m3x2(a2, a3)) << 16);
+}
+
+// clamp(rint(x), -127, 127) as a byte
+__device__ __forceinline__ uint32_t int8_code(float x) {
+  const int r = max(-127, min(127, __float2int_rn(x)));
+  return uint32_t(r) & 0xFFu;
+}
+
+// Exact int32 -> float for |v| < 2^22 without I2F: the magic constant's mantissa holds v.
+__device__ __forceinline__ float small_int_to_float(int v) {
+  return __int_as_float(v + kRoundMagicBits) - kRoundMagic;
+}
+
+// 2^k for an integer-valued k (exact; 0 below the normal range), no MUFU.
+__device__ __forceinline__ float exp2_of_integer(float k) {
+  return k < -126.0f ? 0.0f : __int_as_float((int(k) + 127) << 23);
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers
+__device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// D = A(16x32 s8, row) * B(32x8 s8, col) + C, int32 accumulate
+__device__ __forceinline__ void mma_s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// D = A(16x32 e4m3, row) * B(32x8 e4m3, col) + C, float accumulate
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ---------------------------------------------------------------------------------------------
+// block-wide reductions (blockDim.x a multiple of 32, at most 1024)
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Max over the block; `scratch` holds at least blockDim.x/32 floats. Ends with a barrier.
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  v = warp_max(v);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float r = lane < int(blockDim.x >> 5) ? scratch[lane] : 0.0f;
+  r = warp_max(r);
+  return r;
+}
+
+}  // namespace vc

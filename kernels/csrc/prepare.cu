@@ -1,0 +1,37 @@
+// Launcher of the fused preprocessing kernels (prepare.cuh): dtype / head-dim / QK-format dispatch.
+#include "prepare.cuh"
+
+namespace vc {
+
+template <typename T, int D>
+static void launch_prepare_typed(const PrepareParams& p, cudaStream_t stream) {
+  const dim3 grid(p.n_pad / kKBlock, p.batch * p.heads);
+  prepare_stats_kernel<T, D><<<grid, kPrepThreads, 0, stream>>>(p);
+  if (p.qk_fp8) {
+    prepare_quantize_kernel<T, D, true><<<grid, kPrepThreads, 0, stream>>>(p);
+  } else {
+    prepare_quantize_kernel<T, D, false><<<grid, kPrepThreads, 0, stream>>>(p);
+  }
+}
+
+template <typename T>
+static void launch_prepare_dim(const PrepareParams& p, cudaStream_t stream) {
+  if (p.head_dim == 64) {
+    launch_prepare_typed<T, 64>(p, stream);
+  } else {
+    launch_prepare_typed<T, 128>(p, stream);
+  }
+}
+
+const char* launch_prepare(const PrepareParams& p, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (p.input_bf16) {
+    launch_prepare_dim<__nv_bfloat16>(p, s);
+  } else {
+    launch_prepare_dim<__half>(p, s);
+  }
+  const cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+}  // namespace vc

@@ -1,0 +1,199 @@
+// Fused preprocessing (see kernels/prepare.py for the operand contract), two passes:
+//   stats:    per 128-token block of the permuted order: K column sums (for the K mean), V-Smooth
+//             block means (fp16) and the per-channel amax of the V residual (or of V itself).
+//   quantize: per 128-token block: Q (two 64-row scale blocks), smoothed + permuted K, and the
+//             E4M3 V residual written transposed (D, n_pad) for the PV MMA.
+// Every thread owns 8 consecutive channels of a row (one 16-byte load); D/8 threads cover a row.
+#pragma once
+#include "common.cuh"
+#include "vc_params.h"
+
+namespace vc {
+
+constexpr int kPrepThreads = 256;
+
+__device__ __forceinline__ int64_t source_token(const PrepareParams& p, int bh, int slot) {
+  return p.perm ? int64_t(p.perm[int64_t(bh) * p.n + slot]) : int64_t(slot);
+}
+
+template <typename T>
+__device__ __forceinline__ const T* row_ptr(const void* base, const int64_t (&stride)[3], int b, int h, int64_t tok) {
+  return static_cast<const T*>(base) + b * stride[0] + h * stride[1] + tok * stride[2];
+}
+
+// Sums (or maxes) each channel's 8-value partials over the rows the block covers: partial is
+// [rows_per_pass][D]; thread c < D gets channel c's total. Ends with a barrier.
+template <int D, bool kMax>
+__device__ __forceinline__ float reduce_channels(const float (&mine)[8], float (*partial)[D], int row_sub, int c0) {
+  constexpr int kRowsPerPass = kPrepThreads / (D / 8);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) partial[row_sub][c0 + i] = mine[i];
+  __syncthreads();
+  float total = 0.0f;
+  if (threadIdx.x < D) {
+    for (int r = 0; r < kRowsPerPass; ++r) total = kMax ? fmaxf(total, partial[r][threadIdx.x]) : total + partial[r][threadIdx.x];
+  }
+  __syncthreads();
+  return total;
+}
+
+template <typename T, int D>
+__global__ __launch_bounds__(kPrepThreads) void prepare_stats_kernel(const PrepareParams p) {
+  constexpr int kLanesPerRow = D / 8;
+  constexpr int kRowsPerPass = kPrepThreads / kLanesPerRow;
+  __shared__ float partial[kRowsPerPass][D];
+  __shared__ float block_mean[D];
+
+  const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
+  const int row0 = blockIdx.x * kKBlock;
+  const int valid = min(kKBlock, p.n - row0);
+  const int c0 = (threadIdx.x % kLanesPerRow) * 8, row_sub = threadIdx.x / kLanesPerRow;
+
+  float ksum[8] = {}, vacc[8] = {};
+  for (int r = row_sub; r < valid; r += kRowsPerPass) {
+    const int64_t tok = source_token(p, bh, row0 + r);
+    float x[8];
+    if (p.smooth_k) {
+      load8_as_float(row_ptr<T>(p.k, p.k_stride, b, h, tok) + c0, x);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ksum[i] += x[i];
+    }
+    load8_as_float(row_ptr<T>(p.v, p.v_stride, b, h, tok) + c0, x);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) vacc[i] = p.vsmooth ? vacc[i] + x[i] : fmaxf(vacc[i], fabsf(x[i]));
+  }
+  if (p.smooth_k) {
+    const float total = reduce_channels<D, false>(ksum, partial, row_sub, c0);
+    if (threadIdx.x < D) atomicAdd(p.k_sum + int64_t(bh) * D + threadIdx.x, total);
+  }
+  if (p.vsmooth) {
+    const float total = reduce_channels<D, false>(vacc, partial, row_sub, c0);
+    if (threadIdx.x < D) {
+      const __half mean = __float2half_rn(total / float(valid));
+      p.v_mean[(int64_t(bh) * gridDim.x + blockIdx.x) * D + threadIdx.x] = __half_as_ushort(mean);
+      block_mean[threadIdx.x] = __half2float(mean);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 8; ++i) vacc[i] = 0.0f;
+    for (int r = row_sub; r < valid; r += kRowsPerPass) {
+      float x[8];
+      load8_as_float(row_ptr<T>(p.v, p.v_stride, b, h, source_token(p, bh, row0 + r)) + c0, x);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) vacc[i] = fmaxf(vacc[i], fabsf(x[i] - block_mean[c0 + i]));
+    }
+  }
+  const float amax = reduce_channels<D, true>(vacc, partial, row_sub, c0);
+  // non-negative floats order like their bit patterns, so an integer max is a float max
+  if (threadIdx.x < D) atomicMax(reinterpret_cast<int*>(p.v_amax) + int64_t(bh) * D + threadIdx.x, __float_as_int(amax));
+}
+
+// Quantizes `rows` rows starting at slot row0 as one scale block: pass 1 finds the block amax,
+// pass 2 writes the codes (zeros for padded rows) to dst (contiguous rows of D bytes).
+// load(slot, x) fills the 8 transformed floats of this thread's channels. Returns the scale.
+template <int D, bool kFp8, typename Load>
+__device__ __forceinline__ float quantize_row_block(int row0, int rows, int valid, uint8_t* dst, float* scratch, Load load) {
+  constexpr int kLanesPerRow = D / 8;
+  constexpr int kRowsPerPass = kPrepThreads / kLanesPerRow;
+  const int c0 = (threadIdx.x % kLanesPerRow) * 8, row_sub = threadIdx.x / kLanesPerRow;
+  float amax = 0.0f;
+  for (int r = row_sub; r < valid; r += kRowsPerPass) {
+    float x[8];
+    load(row0 + r, x);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(x[i]));
+  }
+  amax = block_max(amax, scratch);
+  const float limit = kFp8 ? kE4m3Max : kInt8Max;
+  const float inv = amax > 0.0f ? limit / amax : 0.0f;
+  for (int r = row_sub; r < rows; r += kRowsPerPass) {
+    uint2 codes = make_uint2(0u, 0u);
+    if (r < valid) {
+      float x[8];
+      load(row0 + r, x);
+      if constexpr (kFp8) {
+        codes.x = e4m3x4(x[0] * inv, x[1] * inv, x[2] * inv, x[3] * inv);
+        codes.y = e4m3x4(x[4] * inv, x[5] * inv, x[6] * inv, x[7] * inv);
+      } else {
+        codes.x = int8_code(x[0] * inv) | int8_code(x[1] * inv) << 8 | int8_code(x[2] * inv) << 16 | int8_code(x[3] * inv) << 24;
+        codes.y = int8_code(x[4] * inv) | int8_code(x[5] * inv) << 8 | int8_code(x[6] * inv) << 16 | int8_code(x[7] * inv) << 24;
+      }
+    }
+    *reinterpret_cast<uint2*>(dst + int64_t(r) * D + c0) = codes;
+  }
+  return amax / limit;
+}
+
+template <typename T, int D, bool kQkFp8>
+__global__ __launch_bounds__(kPrepThreads) void prepare_quantize_kernel(const PrepareParams p) {
+  constexpr int kLanesPerRow = D / 8;
+  constexpr int kRowsPerPass = kPrepThreads / kLanesPerRow;
+  __shared__ float scratch[32];
+  __shared__ __align__(16) uint8_t v_tile[D][kKBlock + 16];  // transposed codes; rows stay 16-byte aligned
+
+  const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
+  const int row0 = blockIdx.x * kKBlock;
+  const int valid = min(kKBlock, p.n - row0);
+  const int c0 = (threadIdx.x % kLanesPerRow) * 8, row_sub = threadIdx.x / kLanesPerRow;
+  const int64_t bh_rows = int64_t(bh) * p.n_pad;
+
+  // Q: two scale blocks of 64 rows, token order unchanged, scores pre-scaled into log2 units
+  auto load_q = [&](int slot, float (&x)[8]) {
+    load8_as_float(row_ptr<T>(p.q, p.q_stride, b, h, slot) + c0, x);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] *= p.qk_scale;
+  };
+  const int q_blocks = (p.n + kQBlock - 1) / kQBlock;
+  for (int half = 0; half < kKBlock / kQBlock; ++half) {
+    const int q0 = row0 + half * kQBlock;
+    const float scale = quantize_row_block<D, kQkFp8>(q0, kQBlock, max(0, min(kQBlock, p.n - q0)),
+                                                     static_cast<uint8_t*>(p.q_q) + (bh_rows + q0) * D, scratch, load_q);
+    if (threadIdx.x == 0 && q0 / kQBlock < q_blocks) p.q_scale[int64_t(bh) * q_blocks + q0 / kQBlock] = scale;
+  }
+
+  // K: smoothed by the mean over all tokens, gathered in permuted order
+  float k_mean[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) k_mean[i] = p.smooth_k ? p.k_sum[int64_t(bh) * D + c0 + i] / float(p.n) : 0.0f;
+  auto load_k = [&](int slot, float (&x)[8]) {
+    load8_as_float(row_ptr<T>(p.k, p.k_stride, b, h, source_token(p, bh, slot)) + c0, x);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] -= k_mean[i];
+  };
+  const float k_scale = quantize_row_block<D, kQkFp8>(row0, kKBlock, valid, static_cast<uint8_t*>(p.k_q) + (bh_rows + row0) * D,
+                                                      scratch, load_k);
+  if (threadIdx.x == 0) p.k_scale[int64_t(bh) * gridDim.x + blockIdx.x] = k_scale;
+
+  // V: residual against the fp16 block mean (V-Smooth) or V itself, per-channel E4M3, transposed
+  float v_mean[8], v_inv[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int c = c0 + i;
+    v_mean[i] = p.vsmooth ? __half2float(__ushort_as_half(p.v_mean[(int64_t(bh) * gridDim.x + blockIdx.x) * D + c])) : 0.0f;
+    const float amax = p.v_amax[int64_t(bh) * D + c];
+    v_inv[i] = amax > 0.0f ? kE4m3Max / amax : 0.0f;
+  }
+  if (blockIdx.x == 0 && threadIdx.x < D) {
+    const float amax = p.v_amax[int64_t(bh) * D + threadIdx.x];
+    p.v_scale[int64_t(bh) * D + threadIdx.x] = amax > 0.0f ? amax / kE4m3Max : 1.0f;
+  }
+  for (int r = row_sub; r < kKBlock; r += kRowsPerPass) {
+    float x[8] = {};
+    if (r < valid) load8_as_float(row_ptr<T>(p.v, p.v_stride, b, h, source_token(p, bh, row0 + r)) + c0, x);
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) {
+      const uint16_t two = r < valid ? e4m3x2((x[i] - v_mean[i]) * v_inv[i], (x[i + 1] - v_mean[i + 1]) * v_inv[i + 1]) : 0;
+      v_tile[c0 + i][r] = uint8_t(two & 0xFF);
+      v_tile[c0 + i + 1][r] = uint8_t(two >> 8);
+    }
+  }
+  __syncthreads();
+  constexpr int kChunksPerRow = kKBlock / 16;
+  for (int idx = threadIdx.x; idx < D * kChunksPerRow; idx += kPrepThreads) {
+    const int d = idx / kChunksPerRow, chunk = idx % kChunksPerRow;
+    *reinterpret_cast<uint4*>(p.v_t + (int64_t(bh) * D + d) * p.n_pad + row0 + chunk * 16) =
+        *reinterpret_cast<const uint4*>(&v_tile[d][chunk * 16]);
+  }
+}
+
+}  // namespace vc

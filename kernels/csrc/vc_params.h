@@ -1,0 +1,52 @@
+// Plain C++ parameter blocks shared by the torch bindings (host compiler) and the CUDA launchers.
+// Torch-free and CUDA-free so both sides can include it.
+#pragma once
+#include <cstdint>
+
+namespace vc {
+
+// Fused preprocessing: q, k, v (B,H,N,D) fp16/bf16 views with any (b,h,n) strides and a contiguous
+// last dim -> the operand contract of kernels/prepare.py (PreparedOperands).
+struct PrepareParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  int64_t q_stride[3];  // elements, for b, h, n
+  int64_t k_stride[3];
+  int64_t v_stride[3];
+  const int32_t* perm;  // (B,H,N) contiguous slot -> source token, or nullptr for the identity
+  void* q_q;            // (B,H,n_pad,D) int8 or e4m3
+  float* q_scale;       // (B,H,ceil(N/64))
+  void* k_q;            // (B,H,n_pad,D)
+  float* k_scale;       // (B,H,n_pad/128)
+  uint8_t* v_t;         // (B,H,D,n_pad) e4m3
+  float* v_scale;       // (B,H,D)
+  uint16_t* v_mean;     // (B,H,n_pad/128,D) fp16 (written only for vsmooth)
+  float* k_sum;         // workspace (B,H,D), zeroed by the caller
+  float* v_amax;        // workspace (B,H,D), zeroed by the caller
+  int batch, heads, n, n_pad, head_dim;
+  float qk_scale;       // sm_scale * log2(e)
+  bool input_bf16, qk_fp8, vsmooth, smooth_k;
+};
+
+// Attention on prepared operands; out is (B,H,N,D) addressed through strides (either layout).
+struct AttnParams {
+  const void* q_q;
+  const float* q_scale;
+  const void* k_q;
+  const float* k_scale;
+  const uint8_t* v_t;
+  const float* v_scale;
+  const uint16_t* v_mean;
+  void* out;
+  int64_t o_stride[3];  // elements, for b, h, n
+  float* lse;           // (B,H,N) natural-log log-sum-exp, or nullptr
+  int batch, heads, n, n_pad, head_dim;
+  bool out_bf16, qk_fp8, expcast, vsmooth;
+};
+
+// Launchers (prepare.cu, attn_mma.cu). Return a CUDA error string or nullptr on success.
+const char* launch_prepare(const PrepareParams& p, void* stream);
+const char* launch_attn_mma(const AttnParams& p, void* stream);
+
+}  // namespace vc
