@@ -50,12 +50,13 @@ def vc_sdpa(config: VCConfig, groupings: LayerGroupings | None):
     """Route self-attention SDPA calls (B,H,N,D) to vc_attention while the context is open."""
     original = torch.nn.functional.scaled_dot_product_attention
 
-    def patched(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        if attn_mask is None and not is_causal and dropout_p == 0.0 and q.shape == k.shape == v.shape:
-            perm = groupings.perm_for(v) if (groupings is not None and config.needs_grouping) else None
-            return vc_attention(q, k, v, layout="bhnd", config=config, perm=perm, sm_scale=scale)
-        return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                        enable_gqa=enable_gqa)
+    # diffusers passes query/key/value by keyword: keep torch's parameter names
+    def patched(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if attn_mask is None and not is_causal and dropout_p == 0.0 and query.shape == key.shape == value.shape:
+            perm = groupings.perm_for(value) if (groupings is not None and config.needs_grouping) else None
+            return vc_attention(query, key, value, layout="bhnd", config=config, perm=perm, sm_scale=scale)
+        return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                        scale=scale, enable_gqa=enable_gqa)
 
     torch.nn.functional.scaled_dot_product_attention = patched
     try:
@@ -68,9 +69,9 @@ def build_model(layers: int, device: str = "cuda", dtype=torch.bfloat16):
     from diffusers import WanTransformer3DModel  # optional dependency, imported only here
 
     cfg = dict(WAN_14B, num_layers=layers)
-    with torch.device("meta"):
+    with torch.device(device):  # built in place: buffers such as the RoPE tables get real values
         model = WanTransformer3DModel(**cfg)
-    model = model.to_empty(device=device).to(dtype)
+    model = model.to(dtype)
     gen = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
