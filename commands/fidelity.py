@@ -89,7 +89,11 @@ def run(args) -> int:
     from ..kernels import fidelity, grouping
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    q, k, v, source = _load(args)
+    try:
+        q, k, v, source = _load(args)
+    except ValueError as err:
+        print(f"vc-attention fidelity: {err}", file=sys.stderr)
+        return 2
     q, k, v = (t.to(device) for t in (q, k, v))
     clusters = args.clusters or grouping.DEFAULT_CLUSTERS
     iters = args.iters or grouping.DEFAULT_ITERS
