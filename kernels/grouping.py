@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from . import reference
+from .grouping_order import chain_ranks
 
 # Chosen by measurement on video-like data (bench/grouping_sweep.py, docs/grouping.md).
 DEFAULT_CLUSTERS = 64
@@ -254,11 +255,15 @@ def group_tokens(
     iters: int,
     seed: int = 0,
     warm_start: CompactGrouping | None = None,
+    order_clusters: bool = True,
 ) -> CompactGrouping:
     """k-means grouping of V's tokens into a CompactGrouping (centroids kept for the next step).
 
     warm_start: a previous grouping of the same layer (same B, H, clusters, D); its centroids replace
     the seeded init, so fewer iterations reach the same quality on slowly changing V.
+    order_clusters: renumber the clusters along a nearest-neighbour chain of their centroids
+    (grouping_order.chain_ranks) so that 128-row blocks straddling two clusters mix similar ones;
+    False keeps kmeans' ids (the reference's permutation exactly).
     """
     init = None
     if warm_start is not None:
@@ -269,11 +274,16 @@ def group_tokens(
             )
         init = warm_start.centroids
     labels, centroids = kmeans(v_bhnd, clusters, iters, seed=seed, init_centroids=init)
-    c = centroids.shape[-2]
-    # the count is over the capped cluster number; the label dtype follows the requested one
-    compact = labels.to(label_dtype(clusters))
+    b, h, c, d = centroids.shape
+    counts = _cluster_counts(labels, c)
+    if order_clusters:
+        rank = chain_ranks(centroids.view(b * h, c, d), counts.view(b * h, c)).view(b, h, c)
+        labels = torch.gather(rank, -1, labels)
+        counts = torch.empty_like(counts).scatter_(-1, rank, counts)
+        centroids = torch.empty_like(centroids).scatter_(2, rank.unsqueeze(-1).expand(b, h, c, d), centroids)
+    # labels count the capped cluster number; their dtype follows the requested one
     return CompactGrouping(
-        labels=compact,
-        counts=_cluster_counts(labels, c),
+        labels=labels.to(label_dtype(clusters)),
+        counts=counts,
         centroids=centroids.clamp(-FP16_MAX, FP16_MAX).to(torch.float16),
     )

@@ -101,8 +101,24 @@ def test_group_tokens_compact_dtypes_counts_and_perm():
     assert torch.equal(small.counts, torch.nn.functional.one_hot(small.labels.long(), 16).sum(2).int())
     assert small.centroids.dtype == torch.float16 and small.centroids.shape == (1, 2, 16, 32)
     ref_labels, _ = ref.kmeans_labels(v, 16, 2)
-    assert torch.equal(small.labels.long(), ref_labels)
-    assert torch.equal(small.perm().long(), ref.labels_to_permutation(ref_labels))
+    unordered = grouping.group_tokens(v, 16, 2, order_clusters=False)
+    assert torch.equal(unordered.labels.long(), ref_labels)
+    assert torch.equal(unordered.perm().long(), ref.labels_to_permutation(ref_labels))
+
+
+def test_cluster_ordering_only_renames_clusters():
+    v = clustered_v(h=2, n=900, centres=12)
+    plain = grouping.group_tokens(v, 24, 3, order_clusters=False)
+    ordered = grouping.group_tokens(v, 24, 3)
+    # one new id per old id, one-to-one: a renaming
+    pairs = torch.stack([plain.labels.long(), ordered.labels.long()], -1).view(2, -1, 2)
+    for head in range(2):
+        mapping = dict(map(tuple, pairs[head].unique(dim=0).tolist()))
+        assert len(mapping) == len(set(mapping.values())) == len(pairs[head].unique(dim=0))
+        for old, new in mapping.items():
+            assert ordered.counts[0, head, new] == plain.counts[0, head, old]
+            assert torch.equal(ordered.centroids[0, head, new], plain.centroids[0, head, old])
+    assert torch.equal(ordered.perm().long(), ref.labels_to_permutation(ordered.labels.long()))
 
 
 def test_nbytes_and_drop_centroids():
@@ -119,12 +135,12 @@ def test_warm_start_uses_previous_centroids():
     v0 = clustered_v(h=2, n=500, seed=0)
     v1 = v0 + 0.1 * torch.randn(v0.shape, generator=torch.Generator().manual_seed(9))
     first = grouping.group_tokens(v0, 12, 4)
-    warm = grouping.group_tokens(v1, 12, 2, warm_start=first)
+    warm = grouping.group_tokens(v1, 12, 2, warm_start=first, order_clusters=False)
     ref_labels, ref_centroids = ref.kmeans_labels(v1, 12, 2, init_centroids=first.centroids.float())
     assert agreement(warm.labels.long(), ref_labels) >= 0.995
     torch.testing.assert_close(warm.centroids.float(), ref_centroids, rtol=2e-3, atol=2e-3)
     # zero iterations: the labels are the assignment to the previous centroids
-    zero = grouping.group_tokens(v1, 12, 0, warm_start=first)
+    zero = grouping.group_tokens(v1, 12, 0, warm_start=first, order_clusters=False)
     assert torch.equal(zero.labels.long(), ref.kmeans_assign(v1, first.centroids.float()))
 
 
