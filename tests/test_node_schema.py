@@ -100,21 +100,28 @@ def test_invalid_inputs_raise_readable_errors():
         run_node(VCAttention, model=toy_model(), mode="balanced", **(widgets() | {"start_percent": 0.9, "end_percent": 0.1}))
 
 
-def test_root_package_exposes_the_v3_entry_point_inside_comfyui():
-    """Load the checkout the way ComfyUI loads a custom node folder (by path, under another name)."""
-    import importlib.util
+def test_root_package_exposes_the_v3_entry_point_inside_comfyui(comfy_standin):
+    """Load the checkout the way ComfyUI loads a custom node folder (by path, under its folder name).
+
+    In a subprocess: a second copy of the package in this process would re-register the kernels'
+    torch custom op under the same name.
+    """
+    import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location(
-        "custom_nodes_vc_attention", root / "__init__.py", submodule_search_locations=[str(root)]
+    script = (
+        "import importlib.util, sys\n"
+        f"sys.path.insert(0, {str(comfy_standin)!r})\n"
+        f"spec = importlib.util.spec_from_file_location('custom_pack', {str(root / '__init__.py')!r}, "
+        f"submodule_search_locations=[{str(root)!r}])\n"
+        "module = importlib.util.module_from_spec(spec)\n"
+        "sys.modules['custom_pack'] = module\n"
+        "spec.loader.exec_module(module)\n"
+        "print(callable(module.comfy_entrypoint), module.WEB_DIRECTORY, hasattr(module, 'NODE_CLASS_MAPPINGS'))\n"
     )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
-        assert callable(module.comfy_entrypoint) and module.WEB_DIRECTORY == "./web"
-        assert not hasattr(module, "NODE_CLASS_MAPPINGS")  # ComfyUI would ignore comfy_entrypoint then
-    finally:
-        del sys.modules[spec.name]
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    # NODE_CLASS_MAPPINGS must be absent: ComfyUI ignores comfy_entrypoint when a module has it
+    assert result.stdout.split() == ["True", "./web", "False"]

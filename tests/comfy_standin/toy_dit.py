@@ -14,7 +14,7 @@ from comfy.model_base import BaseModel
 from comfy.model_patcher import ModelPatcher
 from comfy.model_sampling import ModelSamplingDiscreteFlow
 
-TOKENS, TEXT, DIM = 200, 16, 128  # 200 tokens: not a multiple of the kernels' 64/128-row blocks
+TOKENS, TEXT, DIM = 100, 16, 128  # 100 tokens: not a multiple of the kernels' 64/128-row blocks
 
 
 class ToyBlock(torch.nn.Module):

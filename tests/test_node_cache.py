@@ -1,0 +1,83 @@
+"""The per-layer grouping cache: keys, reuse after the window, compact storage, memory, reset."""
+import pytest
+import torch
+
+pytestmark = pytest.mark.usefixtures("comfy_standin")
+
+
+def start(model, clusters=16, **settings):
+    from vc_attention.kernels.config import FIDELITY
+    from vc_attention.nodes.override import make_override
+    from vc_attention.nodes.patch import Settings, VCPatch
+
+    patch = VCPatch(Settings(config=FIDELITY, clusters=clusters, kmeans_iters=2, grouping_window=0.25,
+                             start_percent=0.0, end_percent=1.0, backend="reference", **settings))
+    model.model_options["transformer_options"]["optimized_attention_override"] = make_override(patch.attend, None)
+    patch.start_run(model)
+    return patch
+
+
+def evaluate(model, sigma, batch_cfg=True):
+    from comfy.samplers import cfg_denoise
+    from toy_dit import toy_inputs
+
+    x, context = toy_inputs()
+    cfg_denoise(model, x, torch.tensor(sigma), context, 5.0, None, batch_cfg=batch_cfg)
+
+
+def test_inside_the_window_regroup_with_warm_start_after_it_reuse():
+    from toy_dit import toy_model
+
+    model = toy_model()
+    patch = start(model)
+    evaluate(model, 0.99)  # inside the first 25%
+    first = {k: g.labels.clone() for k, g in patch.cache._entries.items()}
+    assert patch.stats.grouping_calls == 2 and all(g.centroids is not None for g in patch.cache._entries.values())
+    evaluate(model, 0.98)
+    assert patch.stats.grouping_calls == 4
+    evaluate(model, 0.3)  # past the window: reuse, and the centroids are freed
+    evaluate(model, 0.2)
+    assert patch.stats.grouping_calls == 4
+    assert all(g.centroids is None for g in patch.cache._entries.values())
+    assert set(first) == set(patch.cache._entries)
+    keys = sorted(patch.cache._entries)
+    assert keys == [(("double", 0), 0, (0, 1), 100, 2), (("double", 1), 0, (0, 1), 100, 2)]
+    assert all(g.labels.dtype == torch.uint8 for g in patch.cache._entries.values())
+    patch.end_run()
+    assert len(patch.cache) == 0
+
+
+def test_models_without_block_index_are_keyed_by_call_order_and_branches_separately():
+    from toy_dit import toy_model
+
+    model = toy_model(report_block_index=False)
+    patch = start(model)
+    evaluate(model, 0.99, batch_cfg=False)
+    evaluate(model, 0.98, batch_cfg=False)
+    keys = sorted(patch.cache._entries)
+    assert keys == [(("call", i), 0, (branch,), 100, 1) for i in (0, 1) for branch in (0, 1)]
+    assert patch.stats.grouping_calls == 8
+
+
+def test_cache_bytes_match_the_stated_formula():
+    from toy_dit import toy_model
+    from vc_attention.nodes.cache import estimated_bytes
+
+    model = toy_model()
+    patch = start(model, clusters=16)
+    evaluate(model, 0.99)
+    shape = dict(blocks=2, branches=2, heads=2, tokens=100, head_dim=64, clusters=16)
+    assert patch.cache.nbytes == estimated_bytes(**shape, with_centroids=True)
+    evaluate(model, 0.2)
+    assert patch.cache.nbytes == estimated_bytes(**shape, with_centroids=False)
+
+
+def test_wan22_14b_720p_with_cfg_stays_under_300_mb_with_every_preset():
+    from vc_attention.nodes import presets
+    from vc_attention.nodes.cache import WAN22_14B_720P_CFG, estimated_bytes
+
+    for mode, values in presets.PRESETS.items():
+        total = estimated_bytes(**WAN22_14B_720P_CFG, clusters=values["clusters"], with_centroids=True)
+        assert total <= 300e6, (mode, total)
+    # the figure the docs quote
+    assert round(estimated_bytes(**WAN22_14B_720P_CFG, clusters=64, with_centroids=True) / 1e6) == 295

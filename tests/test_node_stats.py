@@ -1,0 +1,46 @@
+"""Per-run stats: one event and one log line per run, counts that add up, sampled timing."""
+import logging
+
+import pytest
+
+pytestmark = pytest.mark.usefixtures("comfy_standin")
+
+KEYS = {"node_id", "backend_calls", "fallbacks", "grouping_calls", "attention_ms", "sampled_calls", "steps", "est_speedup"}
+
+
+def test_one_event_and_one_log_line_per_run(caplog):
+    from comfy.samplers import sample, simple_scheduler
+    from server import PromptServer
+    from toy_dit import toy_inputs, toy_model
+    from vc_attention.nodes import presets, stats
+    from vc_attention.nodes.node_attention import VCAttention
+
+    server = PromptServer()
+    model = toy_model()
+    widgets = {k: s["default"] for k, s in presets.WIDGETS.items() if k != "mode"} | {"backend": "reference"}
+    patched = VCAttention.PREPARE_CLASS_CLONE({"UNIQUE_ID": "42"}).execute(model, "balanced", **widgets).result[0]
+    x, context = toy_inputs()
+    steps = 3
+    with caplog.at_level(logging.INFO):
+        sample(patched, x, simple_scheduler(model.model.model_sampling, steps), context)
+    (event, payload, _), = server.messages
+    assert event == stats.EVENT_NAME and set(payload) == KEYS and payload["node_id"] == "42"
+    blocks = 2
+    assert payload["backend_calls"] == {"reference": steps * blocks}
+    assert payload["fallbacks"] == {"cross_attention": steps * blocks}
+    assert payload["steps"] == steps and payload["grouping_calls"] == blocks  # step 0 of 3 is in the window
+    # the first call of the shape and then every SAMPLE_EVERY-th one are timed
+    assert payload["sampled_calls"] == 1 + (steps * blocks - 1) // stats.SAMPLE_EVERY
+    assert payload["attention_ms"] > 0 and payload["est_speedup"] > 0
+    lines = [r.getMessage() for r in caplog.records if "(node 42)" in r.getMessage()]
+    assert len(lines) == 1 and "6 on reference" in lines[0] and "6 cross_attention" in lines[0]
+
+
+def test_a_run_without_calls_publishes_nothing():
+    from server import PromptServer
+    from vc_attention.kernels.config import FIDELITY
+    from vc_attention.nodes.patch import Settings, VCPatch
+
+    server = PromptServer()
+    VCPatch(Settings(FIDELITY, 16, 2, 0.25, 0.0, 1.0)).end_run()
+    assert server.messages == []
