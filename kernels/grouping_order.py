@@ -9,11 +9,14 @@ clusters along a nearest-neighbour chain of their centroids makes a straddling b
 clusters. It renames labels only: the labels stay a k-means partition, equal to the reference's up
 to cluster-id renaming, and the permutation is still the stable sort by (renamed) label.
 
-Batched over all (batch, head) groups, C small steps, no host synchronization.
+Batched over all (batch, head) groups: C steps of five small kernels each, no host synchronization
+(capturable in a CUDA graph, where the launch cost disappears).
 """
 from __future__ import annotations
 
 import torch
+
+_UNREACHED = 3.0e38  # "distance" to an empty cluster: below inf, above any real distance
 
 
 def chain_ranks(centroids: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -29,23 +32,18 @@ def chain_ranks(centroids: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     weights = counts.float().unsqueeze(-1)
     mean = (centroids * weights).sum(1, keepdim=True) / weights.sum(1, keepdim=True).clamp(min=1.0)
     spread = (centroids - mean).square().sum(-1).masked_fill(~present, -1.0)
-    inf = torch.tensor(float("inf"), device=centroids.device)
-    # squared distances by products (C is small); empty clusters are never nearest
+    # squared distances by products (C is small); an empty cluster is farther than any real one but
+    # finite, so the walk reaches it only when no non-empty cluster is left
     norms = centroids.square().sum(-1)
     dist = norms.unsqueeze(-1) + norms.unsqueeze(-2) - 2.0 * centroids @ centroids.transpose(1, 2)
-    dist = torch.where(present.unsqueeze(-2), dist, inf)
+    dist = dist.masked_fill(~present.unsqueeze(-2), _UNREACHED)
 
-    visited = torch.zeros(g, c, dtype=torch.bool, device=centroids.device)
-    rank = torch.zeros(g, c, dtype=torch.int64, device=centroids.device)
+    visited = torch.zeros(g, c, dtype=torch.float32, device=centroids.device)  # 0 or +inf
+    rank = torch.zeros(g, c, dtype=torch.int64, device=centroids.device)  # the start keeps rank 0
     current = spread.argmax(-1, keepdim=True)  # (G,1)
-    for step in range(c):
-        visited.scatter_(1, current, True)
-        rank.scatter_(1, current, step)
+    for step in range(1, c):
+        visited.scatter_(1, current, float("inf"))
         row = torch.gather(dist, 1, current.unsqueeze(-1).expand(g, 1, c)).squeeze(1)
-        current = row.masked_fill(visited, inf).argmin(-1, keepdim=True)
-        # when only empty clusters remain every candidate is inf and argmin may name a visited
-        # cluster: take the first unvisited one instead
-        current = torch.where(
-            torch.gather(visited, 1, current), (~visited).to(torch.int8).argmax(-1, keepdim=True), current
-        )
+        current = (row + visited).argmin(-1, keepdim=True)
+        rank.scatter_(1, current, step)
     return rank

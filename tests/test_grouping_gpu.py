@@ -70,7 +70,8 @@ def test_group_tokens_on_gpu_and_warm_start():
     assert torch.equal(perm.sort(-1).values, torch.arange(5000, device="cuda").expand(1, 2, 5000))
 
 
-def test_kmeans_and_permutation_capture_in_a_cuda_graph():
+def test_grouping_capture_in_a_cuda_graph():
+    """k-means, cluster ordering and permutation replay from a CUDA graph with new V."""
     static_v = clustered_v(1, 4, 4097, 128, seed=0, dtype=torch.bfloat16)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -95,7 +96,7 @@ def test_kmeans_and_permutation_capture_in_a_cuda_graph():
 def test_wan_720p_head_count_chunks_and_stays_consistent():
     """A full-length Wan2.2 720p sequence (N = 75600) on a few heads: chunked temporaries."""
     v = clustered_v(1, 4, 75600, 128, dtype=torch.bfloat16)
-    g = grouping.group_tokens(v, grouping.DEFAULT_CLUSTERS, grouping.DEFAULT_ITERS)
+    g = grouping.group_tokens(v, grouping.DEFAULT_CLUSTERS, grouping.DEFAULT_ITERS, order_clusters=False)
     ref_labels, _ = ref.kmeans_labels(v.float(), grouping.DEFAULT_CLUSTERS, grouping.DEFAULT_ITERS)
     assert (g.labels.long() == ref_labels).float().mean().item() >= 0.9
     assert torch.equal(g.perm().long(), ref.labels_to_permutation(g.labels.long()))
