@@ -32,6 +32,19 @@ def _median_ms(fn, repeats: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
+def _graph_median_ms(v: torch.Tensor, clusters: int, iters: int, repeats: int) -> float:
+    """group_tokens + perm captured once in a CUDA graph, median replay time."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        grouping.group_tokens(v, clusters, iters).perm()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grouping.group_tokens(v, clusters, iters).perm()
+    return _median_ms(graph.replay, repeats)
+
+
 def labels_cache_bytes(layers: int, branches: int, B: int, H: int, N: int, clusters: int, D: int, centroids: bool) -> int:
     """Bytes of CompactGrouping for every layer and CFG branch (labels + counts [+ fp16 centroids])."""
     per_head = N * grouping.label_dtype(clusters).itemsize + clusters * 4 + (clusters * D * 2 if centroids else 0)
@@ -62,9 +75,11 @@ def time_grouping(
 ) -> dict:
     """Median milliseconds of one grouping step on the current CUDA device.
 
-    Returns {"kmeans_ms": cold k-means (seeded init), "warm_kmeans_ms": k-means from the previous
+    Returns {"kmeans_ms": cold k-means (seeded init), "warm_kmeans_ms": group_tokens from the previous
     centroids (same iters), "perm_ms": labels -> int32 perm, "group_ms": group_tokens + perm (what a
-    grouping step costs), "cache_bytes_per_layer": CompactGrouping.nbytes, ...}; with
+    grouping step costs, eager), "group_unordered_ms": the same without the cluster ordering,
+    "graph_group_ms": group_tokens + perm replayed from a CUDA graph (no launch overhead),
+    "cache_bytes_per_layer": CompactGrouping.nbytes, ...}; with
     compare_permutations also "argsort_int64_ms" and "onehot_cumsum_ms" for the other candidates.
     """
     if not torch.cuda.is_available():
@@ -86,6 +101,10 @@ def time_grouping(
         "warm_kmeans_ms": _median_ms(lambda: grouping.group_tokens(v, clusters, iters, warm_start=previous), repeats),
         "perm_ms": _median_ms(lambda: grouping.permutation_from_labels(labels, clusters), repeats),
         "group_ms": _median_ms(lambda: grouping.group_tokens(v, clusters, iters).perm(), repeats),
+        "group_unordered_ms": _median_ms(
+            lambda: grouping.group_tokens(v, clusters, iters, order_clusters=False).perm(), repeats
+        ),
+        "graph_group_ms": _graph_median_ms(v, clusters, iters, repeats),
         "cache_bytes_per_layer": previous.nbytes,
         "cache_bytes_per_layer_no_centroids": previous.nbytes - previous.centroids.numel() * 2,
     }

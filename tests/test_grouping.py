@@ -45,6 +45,14 @@ def test_kmeans_accepts_bnhd_views_and_16bit_input():
     assert agreement(labels, ref_labels) >= 0.995
 
 
+def test_chunked_heads_give_the_same_result(monkeypatch):
+    v = clustered_v(b=2, h=3, n=300)
+    whole = grouping.kmeans(v, 16, 3)
+    monkeypatch.setattr(grouping, "_TEMP_BYTES", 1)  # one (batch, head) group per chunk
+    chunked = grouping.kmeans(v, 16, 3)
+    assert torch.equal(whole[0], chunked[0]) and torch.equal(whole[1], chunked[1])
+
+
 def test_onehot_sums_equal_scatter_sums():
     """The CUDA update path (one-hot product) computes what the CPU path (scatter-add) does,
     including the cluster counts carried by the norm column."""
