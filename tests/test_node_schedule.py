@@ -84,7 +84,7 @@ def _patched(model, unique_id, **widgets):
     from vc_attention.nodes.node_attention import VCAttention
 
     values = {k: s["default"] for k, s in presets.WIDGETS.items() if k != "mode"} | {"backend": "reference"} | widgets
-    return VCAttention.PREPARE_CLASS_CLONE({"UNIQUE_ID": unique_id}).execute(model, "custom", **values).result[0]
+    return VCAttention.PREPARE_CLASS_CLONE({"hidden_inputs": {"UNIQUE_ID": unique_id}}).execute(model, "custom", **values).result[0]
 
 
 def test_split_sampling_with_two_patched_models_and_queued_runs():

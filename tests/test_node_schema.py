@@ -20,7 +20,7 @@ def widgets():
 
 
 def run_node(node_cls, unique_id="5", **inputs):
-    return node_cls.PREPARE_CLASS_CLONE({"UNIQUE_ID": unique_id}).execute(**inputs)
+    return node_cls.PREPARE_CLASS_CLONE({"hidden_inputs": {"UNIQUE_ID": unique_id}}).execute(**inputs)
 
 
 def test_the_extension_lists_the_three_frozen_nodes():

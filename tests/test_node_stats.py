@@ -18,7 +18,7 @@ def test_one_event_and_one_log_line_per_run(caplog):
     server = PromptServer()
     model = toy_model()
     widgets = {k: s["default"] for k, s in presets.WIDGETS.items() if k != "mode"} | {"backend": "reference"}
-    patched = VCAttention.PREPARE_CLASS_CLONE({"UNIQUE_ID": "42"}).execute(model, "balanced", **widgets).result[0]
+    patched = VCAttention.PREPARE_CLASS_CLONE({"hidden_inputs": {"UNIQUE_ID": "42"}}).execute(model, "balanced", **widgets).result[0]
     x, context = toy_inputs()
     steps = 3
     with caplog.at_level(logging.INFO):

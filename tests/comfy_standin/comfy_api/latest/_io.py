@@ -95,7 +95,8 @@ class ComfyNode:
         return schema
 
     @classmethod
-    def PREPARE_CLASS_CLONE(cls, hidden_inputs: dict):
+    def PREPARE_CLASS_CLONE(cls, v3_data):
+        """v3_data = {"hidden_inputs": {Hidden.unique_id: ..., ...}} or None, as ComfyUI passes it."""
         clone = type(f"{cls.__name__}Clone", (cls,), {})
-        clone.hidden = HiddenHolder(hidden_inputs)
+        clone.hidden = HiddenHolder(v3_data["hidden_inputs"] if v3_data else {})
         return clone

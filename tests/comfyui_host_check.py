@@ -1,0 +1,112 @@
+"""Runs inside a real ComfyUI (see tests/test_real_comfyui.py): usage `python comfyui_host_check.py COMFYUI_PATH OUT.json`.
+
+Loads this checkout with ComfyUI's own custom-node loader, samples a tiny random-weight Wan2.1 model
+built from ComfyUI's classes with and without the VC-Attention node, and writes what it saw as JSON.
+Kept free of pytest so it runs in ComfyUI's own environment.
+"""
+import json
+import sys
+from pathlib import Path
+
+PACK = Path(__file__).resolve().parent.parent
+FROZEN_IDS = ("VCAttention", "VCAttentionFidelityCheck", "VCAttentionCapture")
+BLOCKS, STEPS, LATENT = 2, 4, (1, 16, 3, 14, 16)  # 3 x 7 x 8 = 168 video tokens after 1x2x2 patches
+
+
+def _tiny_wan(comfy):
+    import torch
+
+    config = comfy.supported_models.WAN21_T2V({
+        "image_model": "wan2.1", "model_type": "t2v", "patch_size": (1, 2, 2), "in_dim": 16, "out_dim": 16,
+        "dim": 128, "ffn_dim": 256, "freq_dim": 64, "text_dim": 64, "text_len": 16, "num_heads": 2,
+        "num_layers": BLOCKS,
+    })
+    config.set_inference_dtype(torch.bfloat16, None)
+    model = config.get_model({}, device="cpu")
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.diffusion_model.parameters():
+            p.copy_((torch.randn(p.shape, generator=generator) * 0.05).to(p.dtype))
+    return comfy.model_patcher.ModelPatcher(model, load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
+
+
+def _host_check(comfyui_path: str, out_path: str) -> None:
+    sys.argv = ["main.py", "--cpu"]
+    sys.path.insert(0, comfyui_path)
+    import asyncio
+
+    import comfy.options
+
+    comfy.options.enable_args_parsing()
+    import comfy.model_patcher
+    import comfy.sample
+    import comfy.supported_models
+    import nodes
+    import server
+    import torch
+
+    loaded = asyncio.run(nodes.load_custom_node(str(PACK)))
+    found = [i for i in FROZEN_IDS if i in nodes.NODE_CLASS_MAPPINGS]
+    node_cls = nodes.NODE_CLASS_MAPPINGS["VCAttention"]
+    info = node_cls.GET_NODE_INFO_V1()
+    inputs = {**info["input"]["required"], **info["input"].get("optional", {})}
+
+    class EventRecorder:  # what the running server's PromptServer.instance receives
+        messages = []
+
+        def send_sync(self, event, data, sid=None):
+            self.messages.append((event, data))
+
+    server.PromptServer.instance = EventRecorder()
+
+    model = _tiny_wan(comfy)
+    options_before = repr(model.model_options)
+    widgets = {name: spec[1]["default"] for name, spec in inputs.items() if name not in ("model", "mode")}
+    widgets["backend"] = "reference"
+    patched = node_cls.PREPARE_CLASS_CLONE({"hidden_inputs": {"UNIQUE_ID": "9"}}).execute(model=model, mode="balanced", **widgets).args[0]
+
+    transformer_options = patched.model_options["transformer_options"]
+    override = transformer_options["optimized_attention_override"]
+    calls = {"override": 0, "forwards": 0, "last_options": None}
+
+    def counting_override(func, *args, **kwargs):
+        calls["override"] += 1
+        if kwargs["transformer_options"] is not calls["last_options"]:  # a new forward pass
+            calls["forwards"] += 1
+            calls["last_options"] = kwargs["transformer_options"]
+        return override(func, *args, **kwargs)
+
+    transformer_options["optimized_attention_override"] = counting_override
+
+    generator = torch.Generator().manual_seed(1)
+    noise = torch.randn(LATENT, generator=generator)
+    latent = torch.zeros(LATENT)
+    positive = [[torch.randn(1, 16, 64, generator=generator), {}]]
+    negative = [[torch.randn(1, 16, 64, generator=generator), {}]]
+
+    def run(m):
+        return comfy.sample.sample(m, noise, STEPS, 5.0, "euler", "simple", positive, negative, latent, seed=1,
+                                   disable_pbar=True)
+
+    plain = run(model)
+    plain_calls = calls["override"]
+    vc = run(patched)
+    events = [data for event, data in EventRecorder.messages if event == "vc_attention.stats"]
+    result = {
+        "loaded": bool(loaded),
+        "node_ids": found,
+        "display_names": [nodes.NODE_DISPLAY_NAME_MAPPINGS.get(i) for i in found],
+        "mode_default": inputs["mode"][1]["default"],
+        "backend_options": inputs["backend"][0] if isinstance(inputs["backend"][0], list) else inputs["backend"][1].get("options"),
+        "original_untouched": repr(model.model_options) == options_before,
+        "plain_override_calls": plain_calls,
+        "override_calls": calls["override"],
+        "forwards": calls["forwards"],
+        "stats": events[0] if len(events) == 1 else {"events": len(events)},
+        "rel_l2": float((vc.double() - plain.double()).norm() / plain.double().norm()),
+    }
+    Path(out_path).write_text(json.dumps(result, default=str))
+
+
+if __name__ == "__main__":
+    _host_check(sys.argv[1], sys.argv[2])
