@@ -28,10 +28,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--head-dim", type=int, default=EMBEDDED_SIZE["D"], choices=(64, 96, 128))
     data.add_argument("--text-tokens", type=int, default=EMBEDDED_SIZE["text_tokens"], help="text tokens first")
     data.add_argument("--seed", type=int, default=EMBEDDED_SIZE["seed"], help="synthetic data seed")
+    data.add_argument(
+        "--knob", action="append", default=[], metavar="NAME=VALUE", help="override a VideoDataKnobs field (repeatable)"
+    )
     parser.add_argument("--clusters", type=int, help="V-Smooth k-means clusters (default: grouping default)")
     parser.add_argument("--iters", type=int, help="V-Smooth k-means iterations (default: grouping default)")
     parser.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+    parser.add_argument(
+        "--calibration",
+        action="store_true",
+        help="print the calibration statistics of the data (docs/videodata.md) instead of the table",
+    )
+
+
+def parse_knobs(pairs: list[str]) -> dict:
+    """['regions=8', 'centre_energy=0.7'] -> {'regions': 8, 'centre_energy': 0.7}, typed by the field."""
+    from ..kernels.videodata import DEFAULT_KNOBS
+
+    knobs = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not hasattr(DEFAULT_KNOBS, name):
+            raise ValueError(f"--knob takes NAME=VALUE with NAME a VideoDataKnobs field, got {pair!r}.")
+        knobs[name] = type(getattr(DEFAULT_KNOBS, name))(value)
+    return knobs
 
 
 def _load(args):
@@ -42,6 +63,8 @@ def _load(args):
 
     if args.qkv:
         q, k, v = videodata.load_captured_qkv(args.qkv, args.entry)
+        if args.knob:
+            raise ValueError("--knob applies to synthetic data only, not to --qkv.")
         if args.heads is not None:
             q, k, v = (t[:, : args.heads] for t in (q, k, v))
         source = f"captured: {args.qkv}" + (f" [{args.entry}]" if args.entry else "")
@@ -56,8 +79,9 @@ def _load(args):
         text_tokens=args.text_tokens,
         seed=args.seed,
     )
-    q, k, v = videodata.video_like_qkv(**size, dtype=torch.float32)
-    kind = "embedded sample" if size == videodata.EMBEDDED_SIZE else "video-like"
+    knobs = parse_knobs(args.knob)
+    q, k, v = videodata.video_like_qkv(**size, **knobs, dtype=torch.float32)
+    kind = "embedded sample" if size == videodata.EMBEDDED_SIZE and not knobs else "video-like"
     return q, k, v, f"{kind} (synthetic, calibrated data; kernels/videodata.py)"
 
 
@@ -111,6 +135,15 @@ def run(args) -> int:
     def progress(method):
         print(f"  {method} ...", file=sys.stderr, flush=True)
 
+    if args.calibration:
+        stats = fidelity.calibration_stats(q, k, v, clusters=clusters, iters=iters)
+        if args.json:
+            print(json.dumps(dict(info, calibration=stats), indent=2))
+        else:
+            print(f"data: {source}, (B,H,N,D) = {tuple(q.shape)}; k-means {clusters} clusters, {iters} iterations")
+            for name, value in stats.items():
+                print(f"{name:22s} {value:.4f}")
+        return 0
     rows = fidelity.fidelity_table(q, k, v, clusters=clusters, iters=iters, progress=progress)
     if args.json:
         out = dict(info, rows=[{key: _finite_or_none(val) for key, val in r.as_dict().items()} for r in rows])

@@ -184,3 +184,25 @@ def fidelity_table(
             progress(method)
         rows.append(fidelity_row(method, method_parts(method, q, k, v, perm, sm_scale), exact))
     return rows
+
+
+def calibration_stats(q, k, v, *, clusters: int, iters: int, seed: int = 0, query_chunk: int = 1024) -> dict:
+    """The statistics docs/videodata.md calibrates against the paper's Wan2.2 figures.
+
+    removal_token_order / removal_kmeans_order: block_mean_energy_removal without / with the k-means
+    order; v_share: error_split(...)["v_share"] of PLAIN_8BIT (SageAttention2-style, K smoothed);
+    effective_keys: exp(entropy) of the exact softmax rows, averaged (how local attention is).
+    """
+    perm = grouping_permutation(v, clusters, iters, seed)
+    parts = ref.vc_attention_reference(q, k, v, PLAIN_8BIT, parts=True)
+    qd, kd = q.double(), k.double()
+    entropies = []
+    for start in range(0, qd.shape[-2], query_chunk):
+        logits = qd[:, :, start : start + query_chunk] @ kd.transpose(-1, -2) * qd.shape[-1] ** -0.5
+        entropies.append(-(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1))
+    return {
+        "removal_token_order": block_mean_energy_removal(v),
+        "removal_kmeans_order": block_mean_energy_removal(v, perm),
+        "v_share": error_split(parts, ref.exact_attention(q, k, v))["v_share"],
+        "effective_keys": torch.exp(torch.cat(entropies, 2)).mean().item(),
+    }

@@ -109,3 +109,12 @@ def test_cli_rejects_a_file_that_is_not_a_capture(tmp_path, capsys):
     path.write_bytes(b"nothing")
     assert cli.main(["fidelity", "--qkv", str(path)]) == 2
     assert "not a readable safetensors file" in capsys.readouterr().err
+
+
+def test_cli_calibration_with_knobs(capsys):
+    assert cli.main(["fidelity", *TINY, "--calibration", "--json", "--knob", "regions=4", "--knob", "pos_strength=9"]) == 0
+    stats = json.loads(capsys.readouterr().out)["calibration"]
+    assert set(stats) == {"removal_token_order", "removal_kmeans_order", "v_share", "effective_keys"}
+    assert 0 <= stats["removal_token_order"] <= 1 and stats["effective_keys"] >= 1
+    assert cli.main(["fidelity", *TINY, "--knob", "regions"]) == 2
+    assert "NAME=VALUE" in capsys.readouterr().err
