@@ -112,6 +112,9 @@ def make_override(handler: Callable[[AttentionCall], torch.Tensor], previous: Op
     hook (chained) or else the model's own `func`, with the call's arguments unchanged.
     """
 
+    # torch.compile (e.g. ComfyUI's TorchCompileModel) must not trace this: the schedule reads the
+    # sigma on the host and the cache is Python state. Dynamo runs it eagerly between graphs.
+    @torch.compiler.disable
     def vc_attention_override(func, q, k, v, heads, mask=None, skip_reshape=False, skip_output_reshape=False, **kwargs):
         return handler(AttentionCall(func, previous, q, k, v, heads, mask, skip_reshape, skip_output_reshape, kwargs))
 

@@ -1,8 +1,9 @@
 """The VC-Attention node's widgets: presets, defaults, ranges and tooltips in ONE table.
 
 The node schema (nodes/node_attention.py), the web extension (web/presets.json, written from this
-module by `python -m vc_attention.nodes.presets`) and the README's widget table all read this file,
-so a default can never differ between them.
+module by `python -m vc_attention.nodes.presets`) and the README's widget table
+(`python -m vc_attention.nodes.presets --markdown`) all come from this file, so a default can never
+differ between them.
 
 Why each preset value (sources: /work/shared/docs/PAPER_NOTES.md, FINDINGS.md):
 - precision "int8-qk/fp8-pv" everywhere: INT8 Q/K with FP8 P/V is the paper's 8-bit datacenter
@@ -195,6 +196,25 @@ def web_table() -> dict[str, object]:
     return {"modes": list(MODES), "default_mode": DEFAULT_MODE, "presets": PRESETS, "widgets": WIDGETS}
 
 
+def widgets_markdown() -> str:
+    """The README's widget table, generated from this table (so the docs cannot drift)."""
+    rows = ["| widget | default | range / options | " + " | ".join(PRESETS) + " | what it does |",
+            "|---|---|---|" + "---|" * len(PRESETS) + "---|"]
+    for name, spec in WIDGETS.items():
+        if "options" in spec:
+            span = ", ".join(map(str, spec["options"]))
+        elif spec["kind"] == "combo":
+            span = "auto + the registered backends"
+        elif spec["kind"] == "boolean":
+            span = "on / off"
+        else:
+            span = f"{spec['min']} - {spec['max']}"
+        per_mode = " | ".join(str(PRESETS[m].get(name, "")) for m in PRESETS)
+        advanced = " (advanced)" if spec.get("advanced") else ""
+        rows.append(f"| `{name}`{advanced} | {spec['default']} | {span} | {per_mode} | {spec['tooltip']} |")
+    return "\n".join(rows) + "\n"
+
+
 WEB_PRESETS_PATH = Path(__file__).resolve().parent.parent / "web" / "presets.json"
 
 
@@ -208,4 +228,9 @@ def write_web_presets(path: Path = WEB_PRESETS_PATH) -> Path:
 
 
 if __name__ == "__main__":
-    print(f"wrote {write_web_presets()}")
+    import sys
+
+    if "--markdown" in sys.argv:
+        print(widgets_markdown(), end="")
+    else:
+        print(f"wrote {write_web_presets()}")

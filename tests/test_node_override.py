@@ -161,3 +161,18 @@ def test_joint_attention_groups_text_and_video_tokens_together():
     labels = [g.labels for g in patch.cache._entries.values()]
     assert len(labels) == 2 and all(tuple(l.shape) == (2, 2, TEXT + x.shape[1]) for l in labels)
     assert patch.stats.backend_calls == {"reference": 2}
+
+
+def test_the_override_runs_eagerly_inside_a_torch_compiled_model():
+    from comfy.ldm.modules.attention import attention_pytorch
+
+    patch = make_patch()
+    q, k, v = qkv((B, N, H * D))
+    to = options(patch)
+
+    @torch.compile(backend="eager", fullgraph=False)
+    def block(q, k, v):
+        return attention_pytorch(q * 1.0, k, v, heads=H, transformer_options=to) + 0.0
+
+    out = block(q, k, v)
+    assert out.shape == q.shape and patch.stats.backend_calls == {"reference": 1}

@@ -55,3 +55,10 @@ def test_invalid_values_raise_a_sentence(name, value, words):
 def test_start_must_be_below_end():
     with pytest.raises(ValueError, match="start_percent"):
         P.resolve("balanced", _defaults() | {"start_percent": 0.6, "end_percent": 0.5})
+
+
+def test_the_readme_widget_table_has_one_row_per_widget_with_its_default():
+    table = P.widgets_markdown().splitlines()
+    assert len(table) == 2 + len(P.WIDGETS)
+    for row, (name, spec) in zip(table[2:], P.WIDGETS.items()):
+        assert row.startswith(f"| `{name}`") and f"| {spec['default']} |" in row
