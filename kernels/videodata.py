@@ -41,7 +41,7 @@ class VideoDataKnobs:
     field_rank: int = 32  # smooth fields mixed into every head's V channels (a low-rank field)
     outlier_rate: float = 0.01  # fraction of tokens with outliers
     outlier_channels: int = 2  # channels hit per outlier token
-    outlier_gain: float = 12.0  # outlier size in units of the typical |v| per channel
+    outlier_gain: float = 12.0  # outlier size in units of V's per-channel rms (1 before outliers)
     pos_strength: float = 14.0  # log2-score advantage of a token on itself over a far one (locality)
     pos_focus: float = 1.0  # rotary pair energy ~ theta^pos_focus: higher = shorter attention range
     content_strength: float = 5.0  # log2-score bonus for a key in the query's region
@@ -151,9 +151,7 @@ def _values(
     for _ in range(knobs.outlier_channels):
         channel = torch.randint(0, dim, (heads, n), generator=gen)
         sign = torch.randint(0, 2, (heads, n), generator=gen).double() * 2 - 1
-        bump = torch.zeros(heads, n, dim, dtype=torch.float64)
-        bump.scatter_(2, channel.unsqueeze(-1), (sign * knobs.outlier_gain * hit).unsqueeze(-1))
-        v = v + bump
+        v.scatter_add_(2, channel.unsqueeze(-1), (sign * knobs.outlier_gain * hit).unsqueeze(-1))
     return v
 
 
