@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "sm90_ptx.cuh"
@@ -16,8 +17,13 @@ namespace vc_sm90 {
 constexpr int kBlockM = 128;  // query rows per CTA: two consumer warpgroups of 64 rows
 constexpr int kBlockN = 128;  // keys per KV tile = K scale block = V-Smooth block
 constexpr int kThreads = 384;  // warpgroup 0: producer (one active warp); 1 and 2: consumers
-constexpr int kProducerRegs = 40;
-constexpr int kConsumerRegs = 232;
+#ifndef VC_SM90_CONSUMER_REGS
+#define VC_SM90_CONSUMER_REGS 232
+#endif
+constexpr int kConsumerRegs = VC_SM90_CONSUMER_REGS;
+constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;  // 168: the per-thread pool at launch
+constexpr int kProducerRegs = (kLaunchRegs * kThreads - 256 * kConsumerRegs) / 128 / 8 * 8;  // the rest
+static_assert(kProducerRegs >= 24, "setmaxnreg needs at least 24 registers per producer thread");
 
 struct Params {
   const float* q_scale;  // (BH, n_qblocks): one scale per 64 query rows, sm_scale*log2(e) folded in
@@ -48,9 +54,11 @@ struct SmemLayout {
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
-// 2^d for an integer-valued d <= 0 (or -inf), exactly: the online-softmax rescale factor.
+// 2^d for an integer-valued d <= 0 (or -inf), exactly: the online-softmax rescale factor. The
+// float-bias trick reads int(d) without F2I (the slow conversion pipe stays out of the loop).
 __device__ __forceinline__ float exp2_of_int(float d) {
-  return d < -126.f ? 0.f : __int_as_float((127 + static_cast<int>(d)) << 23);
+  const int e = __float_as_int(d + 12582912.f) - 0x4B400000;
+  return d < -126.f ? 0.f : __int_as_float((127 + e) << 23);
 }
 
 __device__ __forceinline__ float ex2_approx(float x) {
@@ -59,10 +67,18 @@ __device__ __forceinline__ float ex2_approx(float x) {
   return y;
 }
 
-// Fidelity encoding: P = E4M3(exp2(s - M + 8)), four values packed low byte first.
-__device__ __forceinline__ uint32_t encode_exp2(float s0, float s1, float s2, float s3, float m) {
-  const float x0 = ex2_approx((s0 - m) + 8.f), x1 = ex2_approx((s1 - m) + 8.f);
-  const float x2 = ex2_approx((s2 - m) + 8.f), x3 = ex2_approx((s3 - m) + 8.f);
+// Scores arrive as exact int32 dot products (|acc| <= 128*127*127 < 2^22: every conversion is exact).
+__device__ __forceinline__ float int_to_float_exact(int32_t acc) { return static_cast<float>(acc); }  // I2FP
+
+__device__ __forceinline__ float fma_sat(float a, float b, float c) {
+  float d;
+  asm("fma.rn.sat.f32 %0, %1, %2, %3;" : "=f"(d) : "f"(a), "f"(b), "f"(c));
+  return d;
+}
+
+// Fidelity encoding: P = E4M3(exp2(s - M + 8)); `arg` = s - M + 8, four values packed low byte first.
+__device__ __forceinline__ uint32_t encode_exp2(float a0, float a1, float a2, float a3) {
+  const float x0 = ex2_approx(a0), x1 = ex2_approx(a1), x2 = ex2_approx(a2), x3 = ex2_approx(a3);
   uint32_t packed;
   asm("{\n.reg .b16 lo, hi;\n"
       "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
@@ -73,16 +89,14 @@ __device__ __forceinline__ uint32_t encode_exp2(float s0, float s1, float s2, fl
   return packed;
 }
 
-// ExpCast code clip[0,120](rint(8u + 119.65)), u = s - M, with no F2I and no MUFU: the float sum
-// t + 1.5*2^23 rounds t to the nearest integer (ties to even) into the low mantissa bits.
-__device__ __forceinline__ uint32_t expcast_bits(float s, float m) {
-  const float t = fmaxf(fmaf(s - m, 8.f, 119.65f), 0.f);
-  return __float_as_uint(t + 12582912.f);
-}
+// ExpCast code clip[0,120](rint(8u + 119.65)), u = s - M, with no F2I and no MUFU. `arg` is
+// (8u + 119.65) / 256 already clamped to [0, 1] by the saturating FMA that produced it; the float
+// sum 256*arg + 1.5*2^23 rounds to the nearest integer (ties to even) into the low mantissa byte.
+__device__ __forceinline__ uint32_t expcast_bits(float arg) { return __float_as_uint(fmaf(arg, 256.f, 12582912.f)); }
 
-__device__ __forceinline__ uint32_t encode_expcast(float s0, float s1, float s2, float s3, float m) {
-  const uint32_t lo = __byte_perm(expcast_bits(s0, m), expcast_bits(s1, m), 0x0040);
-  const uint32_t hi = __byte_perm(expcast_bits(s2, m), expcast_bits(s3, m), 0x0040);
+__device__ __forceinline__ uint32_t encode_expcast(float a0, float a1, float a2, float a3) {
+  const uint32_t lo = __byte_perm(expcast_bits(a0), expcast_bits(a1), 0x0040);
+  const uint32_t hi = __byte_perm(expcast_bits(a2), expcast_bits(a3), 0x0040);
   return __byte_perm(lo, hi, 0x5410);
 }
 
@@ -104,7 +118,7 @@ __device__ __forceinline__ int key_of_column(int chunk, int t, int e) {
   return 16 * (chunk >> 1) + 4 * t + 2 * (chunk & 1) + e;
 }
 
-template <int D, int STAGES>
+template <int D, bool VSMOOTH, int STAGES>
 __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                               const CUtensorMap* tm_vt, const Params& p, uint8_t* smem,
                                               uint64_t* bar_q, uint64_t* bar_full, uint64_t* bar_empty) {
@@ -112,14 +126,11 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUt
   const int lane = threadIdx.x % 32;
   const int bh = blockIdx.y;
   const int n_kv = p.n_pad / kBlockN;
-  // The mean is restored as l_blk * (mu / v_scale) inside the scaled accumulator. A channel with
-  // v_scale == 0 has an all-zero residual, so any non-zero stand-in (1) gives the exact result.
+  // The mean is restored as l_blk * (mu / v_scale) inside the scaled accumulator; the prepare
+  // contract makes v_scale non-zero (1.0 for an all-zero residual channel).
   float inv_vs[D / 32];
 #pragma unroll
-  for (int c = 0; c < D / 32; ++c) {
-    const float vs = p.v_scale[static_cast<int64_t>(bh) * D + lane + 32 * c];
-    inv_vs[c] = vs > 0.f ? 1.f / vs : 1.f;
-  }
+  for (int c = 0; c < D / 32; ++c) inv_vs[c] = VSMOOTH ? 1.f / p.v_scale[static_cast<int64_t>(bh) * D + lane + 32 * c] : 0.f;
   if (lane == 0) {
     mbar_arrive_expect_tx(bar_q, L::kQBytes);
     tma_load_2d(smem + L::kQOff, tm_q, bar_q, 0, bh * p.n_pad + blockIdx.x * kBlockM);
@@ -130,8 +141,10 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUt
     const int s = j % STAGES;
     mbar_wait(&bar_empty[s], ((j / STAGES) & 1) ^ 1);
     const __half* mean = p.v_mean + (static_cast<int64_t>(bh) * n_kv + j) * D;
+    if (VSMOOTH) {
 #pragma unroll
-    for (int c = 0; c < D / 32; ++c) mu_smem[s * D + lane + 32 * c] = __half2float(mean[lane + 32 * c]) * inv_vs[c];
+      for (int c = 0; c < D / 32; ++c) mu_smem[s * D + lane + 32 * c] = __half2float(mean[lane + 32 * c]) * inv_vs[c];
+    }
     if (lane == 0) ksc_smem[s] = p.k_scale[static_cast<int64_t>(bh) * n_kv + j];
     __syncwarp();
     if (lane == 0) {
@@ -143,11 +156,110 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUt
   }
 }
 
-template <int D, bool EXPCAST, typename OutT, int STAGES>
+#ifndef VC_SM90_PINGPONG
+#define VC_SM90_PINGPONG 1  // the two consumer warpgroups take turns issuing their wgmma batches
+#endif
+
+// One 64x128 score tile -> quantized P as FP8 A fragments. Updates the integer running offset and
+// returns the exact rescale factor alpha = 2^(M_old - M_new) of each of the thread's two rows.
+// MASK: only the first `valid` keys of the tile exist (the tail tile).
+template <bool EXPCAST, bool MASK>
+__device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], float sc, int valid, int t, float (&row_off)[2],
+                                             float (&alpha)[2], uint32_t (&pa)[4][4]) {
+  // row max on the exact integers: float(acc) * sc is monotone in acc (sc >= 0), so the float max is
+  // float(max acc) * sc, rounded exactly as the reference rounds it
+  int mx[2] = {INT_MIN, INT_MIN};
+#pragma unroll
+  for (int c = 0; c < 16; ++c)
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      if (!MASK || key_of_column(c, t, e) < valid) {
+        mx[0] = max(mx[0], s[4 * c + e]);
+        mx[1] = max(mx[1], s[4 * c + 2 + e]);
+      }
+  float base[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = max(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
+    mx[r] = max(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
+    const float m_new = fmaxf(row_off[r], ceilf(static_cast<float>(mx[r]) * sc));
+    alpha[r] = exp2_of_int(row_off[r] - m_new);
+    row_off[r] = m_new;
+    // fidelity: arg = s - M + 8;  speed: arg = (8(s - M) + 119.65) / 256, saturated to [0, 1]
+    base[r] = EXPCAST ? (119.65f - 8.f * m_new) * (1.f / 256.f) : 8.f - m_new;
+  }
+  const float mul = EXPCAST ? sc * (1.f / 32.f) : sc;
+  // register r of k-step kk holds row g (r even) or g+8 (r odd) at keys 32kk + 16(r/2) + 4t + 0..3,
+  // which are the columns (c0, e=0), (c0, e=1), (c0+1, e=0), (c0+1, e=1) (see key_of_column)
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int c0 = 4 * kk + 2 * (r >> 1), row = r & 1;
+      float a[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int chunk = c0 + (q >> 1), e = q & 1;
+        const float x = int_to_float_exact(s[4 * chunk + 2 * row + e]);
+        a[q] = EXPCAST ? fma_sat(x, mul, base[row]) : fmaf(x, mul, base[row]);
+        if (MASK && key_of_column(chunk, t, e) >= valid) a[q] = EXPCAST ? 0.f : neg_inf();
+      }
+      pa[kk][r] = EXPCAST ? encode_expcast(a[0], a[1], a[2], a[3]) : encode_exp2(a[0], a[1], a[2], a[3]);
+    }
+}
+
+// O = alpha O + (P R + l_blk mu/v_scale);  l = alpha l + l_blk. The tile's P R comes from a fresh
+// wgmma accumulator (FP8 wgmma accumulates at reduced precision), so this is the float32 level of
+// the two-level sum. Columns D..D+7 of the tile accumulator are the row sums of the same P.
+template <int D, bool VSMOOTH>
+__device__ __forceinline__ void fold_tile(float (&o)[D / 2], float (&row_sum)[2], const float (&pv)[D / 2 + 4],
+                                          const float (&alpha)[2], const float* mu, int t) {
+  const float l_blk[2] = {pv[D / 2], pv[D / 2 + 2]};
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) {
+    float2 m2 = make_float2(0.f, 0.f);
+    if constexpr (VSMOOTH) m2 = *reinterpret_cast<const float2*>(mu + 8 * i + 2 * t);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if constexpr (VSMOOTH) {
+        o[4 * i + 2 * r] = fmaf(o[4 * i + 2 * r], alpha[r], fmaf(l_blk[r], m2.x, pv[4 * i + 2 * r]));
+        o[4 * i + 2 * r + 1] = fmaf(o[4 * i + 2 * r + 1], alpha[r], fmaf(l_blk[r], m2.y, pv[4 * i + 2 * r + 1]));
+      } else {
+        o[4 * i + 2 * r] = fmaf(o[4 * i + 2 * r], alpha[r], pv[4 * i + 2 * r]);
+        o[4 * i + 2 * r + 1] = fmaf(o[4 * i + 2 * r + 1], alpha[r], pv[4 * i + 2 * r + 1]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) row_sum[r] = fmaf(row_sum[r], alpha[r], l_blk[r]);
+}
+
+template <int D>
+__device__ __forceinline__ void issue_qk(int32_t (&s_acc)[64], const uint8_t* q_tile, const uint8_t* k_tile) {
+#pragma unroll
+  for (int kk = 0; kk < D / 32; ++kk)
+    wgmma_s8_m64n128k32(s_acc, smem_desc(q_tile + kk * 32, D), smem_desc(k_tile + kk * 32, D), kk > 0);
+}
+
+template <int D>
+__device__ __forceinline__ void issue_pv(float (&pv)[D / 2 + 4], const uint32_t (&pa)[4][4], const uint8_t* vt_tile) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    if constexpr (D == 128)
+      wgmma_e4m3_m64n136k32(pv, pa[kk], smem_desc(vt_tile + kk * 32, 128), kk > 0);
+    else
+      wgmma_e4m3_m64n72k32(pv, pa[kk], smem_desc(vt_tile + kk * 32, 128), kk > 0);
+  }
+}
+
+// Software pipeline per warpgroup: the wgmma batch of step j is [PV(j-1), QK(j)]; PV(j-1) is folded
+// into O while QK(j) runs, then the softmax of tile j runs while the other warpgroup's batch runs.
+// (Issuing [QK(j), PV(j-1)] so that the softmax also overlaps the own PV needs a second P fragment
+// set live; at head dim 128 that spills under 240 registers and measured slower: kernel-notes.md.)
+template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES>
 __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, uint64_t* bar_q, uint64_t* bar_full,
                                               uint64_t* bar_empty) {
   using L = SmemLayout<D, STAGES>;
-  constexpr int kChunksO = D / 8;  // n8 chunks of the output accumulator
   const int wg = threadIdx.x / 128 - 1;
   const int tid = threadIdx.x % 128;
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -159,103 +271,91 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   const uint8_t* q_tile = smem + L::kQOff + wg * 64 * D;
   const float* mu_smem = reinterpret_cast<const float*>(smem + L::kMuOff);
   const float* ksc_smem = reinterpret_cast<const float*>(smem + L::kKscOff);
+  auto k_tile = [&](int s) { return smem + L::kKOff + s * L::kKBytes; };
+  auto vt_tile = [&](int s) { return smem + L::kVOff + s * L::kVBytes; };
+  auto turn_begin = [&]() {
+    if (VC_SM90_PINGPONG) named_sync(1 + wg, 256);
+  };
+  auto turn_end = [&]() {
+    if (VC_SM90_PINGPONG) named_arrive(2 - wg, 256);
+  };
+  auto release = [&](int s) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&bar_empty[s]);
+  };
+  auto softmax = [&](const int32_t(&s_acc)[64], float sc, bool tail, float(&row_off)[2], float(&alpha)[2],
+                     uint32_t(&pa)[4][4]) {
+    if (tail)
+      softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
+    else
+      softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa);
+  };
 
   float o[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
   float row_sum[2] = {0.f, 0.f};
   float row_off[2] = {neg_inf(), neg_inf()};  // integer running offset M = ceil(running max)
+  float alpha[2];
   int32_t s_acc[64];
   float pv[D / 2 + 4];
+  uint32_t pa[4][4];
+  const bool has_tail = valid_last < kBlockN;
 
   mbar_wait(bar_q, 0);
-  for (int j = 0; j < n_kv; ++j) {
-    const int s = j % STAGES;
-    mbar_wait(&bar_full[s], (j / STAGES) & 1);
-    const uint8_t* k_tile = smem + L::kKOff + s * L::kKBytes;
-    const uint8_t* vt_tile = smem + L::kVOff + s * L::kVBytes;
+  if (VC_SM90_PINGPONG && wg == 1) named_arrive(1, 256);  // warpgroup 0 takes the first turn
 
-    // S = Q K^T in exact int32
+  mbar_wait(&bar_full[0], 0);
+  turn_begin();
+  reg_fence(s_acc);
+  wgmma_fence();
+  issue_qk<D>(s_acc, q_tile, k_tile(0));
+  wgmma_commit();
+  turn_end();
+  wgmma_wait<0>();
+  reg_fence(s_acc);
+  softmax(s_acc, q_sc * ksc_smem[0], has_tail && n_kv == 1, row_off, alpha, pa);
+
+  // the last tile's PV, then its fold
+  auto finish = [&](uint32_t(&pa_x)[4][4], float(&alpha_x)[2]) {
+    const int sl = (n_kv - 1) % STAGES;
+    turn_begin();
+    reg_fence(pa_x);
+    reg_fence(pv);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 32; ++kk)
-      wgmma_s8_m64n128k32(s_acc, smem_desc(q_tile + kk * 32, D), smem_desc(k_tile + kk * 32, D), kk > 0);
+    issue_pv<D>(pv, pa_x, vt_tile(sl));
     wgmma_commit();
+    if (VC_SM90_PINGPONG && wg == 0) named_arrive(2, 256);  // the other warpgroup's last turn
     wgmma_wait<0>();
+    reg_fence(pv);
+    fold_tile<D, VSMOOTH>(o, row_sum, pv, alpha_x, mu_smem + sl * D, t);
+    release(sl);
+  };
 
-    // scores in log2 units: float(acc) * (q_scale * k_scale), as the reference rounds them
-    const float sc = q_sc * ksc_smem[s];
-    float sf[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) sf[i] = static_cast<float>(s_acc[i]) * sc;
-    if (j == n_kv - 1 && valid_last < kBlockN) {
-#pragma unroll
-      for (int c = 0; c < 16; ++c)
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-          if (key_of_column(c, t, e) >= valid_last) sf[4 * c + e] = sf[4 * c + 2 + e] = neg_inf();
-    }
-
-    // integer running offset per row (rows g and g+8 of this warp's 16)
-    float mx[2] = {neg_inf(), neg_inf()};
-#pragma unroll
-    for (int c = 0; c < 16; ++c) {
-      mx[0] = fmaxf(mx[0], fmaxf(sf[4 * c], sf[4 * c + 1]));
-      mx[1] = fmaxf(mx[1], fmaxf(sf[4 * c + 2], sf[4 * c + 3]));
-    }
-    float alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
-      const float m_new = fmaxf(row_off[r], ceilf(mx[r]));
-      alpha[r] = exp2_of_int(row_off[r] - m_new);
-      row_off[r] = m_new;
-    }
-
-    // quantized P straight into the FP8 A fragments: register r of k-step kk holds row g (r even)
-    // or g+8 (r odd) at keys 32kk + 16(r/2) + 4t + 0..3 = columns of chunks c0, c0+1 (see key_of_column)
-    uint32_t pa[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int c0 = 4 * kk + 2 * (r >> 1), row = r & 1;
-        const float a0 = sf[4 * c0 + 2 * row], a1 = sf[4 * c0 + 2 * row + 1];
-        const float a2 = sf[4 * (c0 + 1) + 2 * row], a3 = sf[4 * (c0 + 1) + 2 * row + 1];
-        pa[kk][r] = EXPCAST ? encode_expcast(a0, a1, a2, a3, row_off[row]) : encode_exp2(a0, a1, a2, a3, row_off[row]);
-      }
-
-    // this tile's P V (fresh accumulator: FP8 wgmma accumulates at reduced precision, so each
-    // tile's sum is added to the float32 total below); columns D..D+7 are the row sums of P
+  for (int j = 1; j < n_kv; ++j) {
+    const int sj = j % STAGES, sp = (j - 1) % STAGES;
+    mbar_wait(&bar_full[sj], (j / STAGES) & 1);
+    turn_begin();
+    reg_fence(pa);
+    reg_fence(pv);
+    reg_fence(s_acc);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      if constexpr (D == 128)
-        wgmma_e4m3_m64n136k32(pv, pa[kk], smem_desc(vt_tile + kk * 32, 128), kk > 0);
-      else
-        wgmma_e4m3_m64n72k32(pv, pa[kk], smem_desc(vt_tile + kk * 32, 128), kk > 0);
-    }
+    // [PV(j-1), QK(j)]: PV(j-1) is folded into O while QK(j) runs
+    issue_pv<D>(pv, pa, vt_tile(sp));
     wgmma_commit();
+    issue_qk<D>(s_acc, q_tile, k_tile(sj));
+    wgmma_commit();
+    turn_end();
+    wgmma_wait<1>();
+    reg_fence(pv);
+    fold_tile<D, VSMOOTH>(o, row_sum, pv, alpha, mu_smem + sp * D, t);
+    release(sp);
     wgmma_wait<0>();
-
-    // O = alpha O + (P R + l_blk mu/v_scale);  l = alpha l + l_blk
-    const float l_blk[2] = {pv[4 * kChunksO], pv[4 * kChunksO + 2]};
-    const float* mu = mu_smem + s * D;
-#pragma unroll
-    for (int i = 0; i < kChunksO; ++i) {
-      const float2 m2 = *reinterpret_cast<const float2*>(mu + 8 * i + 2 * t);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        o[4 * i + 2 * r] = fmaf(o[4 * i + 2 * r], alpha[r], fmaf(l_blk[r], m2.x, pv[4 * i + 2 * r]));
-        o[4 * i + 2 * r + 1] = fmaf(o[4 * i + 2 * r + 1], alpha[r], fmaf(l_blk[r], m2.y, pv[4 * i + 2 * r + 1]));
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) row_sum[r] = fmaf(row_sum[r], alpha[r], l_blk[r]);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&bar_empty[s]);
+    reg_fence(s_acc);
+    reg_fence(pa);
+    softmax(s_acc, q_sc * ksc_smem[sj], has_tail && j == n_kv - 1, row_off, alpha, pa);
   }
+  finish(pa, alpha);
 
   // out = v_scale * O / l in the caller's layout
   const int b = bh / p.heads, h = bh % p.heads;
@@ -268,22 +368,23 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     const float inv_l = 1.f / row_sum[r];
     OutT* dst = out + static_cast<int64_t>(row) * p.out_stride_n;
 #pragma unroll
-    for (int i = 0; i < kChunksO; ++i) {
+    for (int i = 0; i < D / 8; ++i) {
       const int col = 8 * i + 2 * t;
-      const float vs0 = vscale[col] > 0.f ? vscale[col] : 1.f;
-      const float vs1 = vscale[col + 1] > 0.f ? vscale[col + 1] : 1.f;
-      store_pair<OutT>(dst + col, o[4 * i + 2 * r] * vs0 * inv_l, o[4 * i + 2 * r + 1] * vs1 * inv_l);
+      const float2 vs = *reinterpret_cast<const float2*>(vscale + col);
+      store_pair<OutT>(dst + col, o[4 * i + 2 * r] * vs.x * inv_l, o[4 * i + 2 * r + 1] * vs.y * inv_l);
     }
   }
 }
 
-template <int D, bool EXPCAST, typename OutT, int STAGES>
+template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES>
 __global__ void __launch_bounds__(kThreads, 1)
     vc_attention_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                              const __grid_constant__ CUtensorMap tm_vt, const Params p) {
   using L = SmemLayout<D, STAGES>;
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  // offset from the __shared__ array itself (not an integer round trip) so that every pointer below
+  // stays provably in shared memory: the compiler then emits LDS/STS, not generic LD/ST
+  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   uint64_t* bar_q = reinterpret_cast<uint64_t*>(smem + L::kBarOff);
   uint64_t* bar_full = bar_q + 1;
   uint64_t* bar_empty = bar_full + STAGES;
@@ -305,10 +406,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (threadIdx.x < 128) {
     regs_dealloc<kProducerRegs>();
-    if (threadIdx.x < 32) producer_loop<D, STAGES>(&tm_q, &tm_k, &tm_vt, p, smem, bar_q, bar_full, bar_empty);
+    if (threadIdx.x < 32) producer_loop<D, VSMOOTH, STAGES>(&tm_q, &tm_k, &tm_vt, p, smem, bar_q, bar_full, bar_empty);
   } else {
     regs_alloc<kConsumerRegs>();
-    consumer_loop<D, EXPCAST, OutT, STAGES>(p, smem, bar_q, bar_full, bar_empty);
+    consumer_loop<D, EXPCAST, VSMOOTH, OutT, STAGES>(p, smem, bar_q, bar_full, bar_empty);
   }
 }
 

@@ -43,7 +43,7 @@ bool byte_map(CUtensorMap* map, const void* base, int rank, const cuuint64_t* di
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int D, bool EXPCAST, typename OutT, int STAGES>
+template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES>
 int launch(const void* q_q, const void* k_q, const void* v_t, const Params& p, int bh, cudaStream_t stream) {
   using L = SmemLayout<D, STAGES>;
   const CUtensorMapSwizzle row_swizzle = D == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
@@ -67,7 +67,7 @@ int launch(const void* q_q, const void* k_q, const void* v_t, const Params& p, i
     if (!byte_map(&tm_vt, v_t, 2, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B))
       return fail("tensor map for V^T failed");
   }
-  auto kernel = vc_attention_sm90_kernel<D, EXPCAST, OutT, STAGES>;
+  auto kernel = vc_attention_sm90_kernel<D, EXPCAST, VSMOOTH, OutT, STAGES>;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kAlloc) != cudaSuccess)
     return fail("cudaFuncSetAttribute(max dynamic shared memory) failed");
   const dim3 grid(p.n_pad / kBlockM, bh);
@@ -77,15 +77,29 @@ int launch(const void* q_q, const void* k_q, const void* v_t, const Params& p, i
   return 0;
 }
 
+#ifndef VC_SM90_STAGES_D128
+#define VC_SM90_STAGES_D128 4
+#endif
+#ifndef VC_SM90_STAGES_D64
+#define VC_SM90_STAGES_D64 6
+#endif
+
+template <int D, bool EXPCAST, bool VSMOOTH>
+int launch_out(const void* q_q, const void* k_q, const void* v_t, const Params& p, int bh, bool out_bf16,
+               cudaStream_t stream) {
+  constexpr int kStages = D == 128 ? VC_SM90_STAGES_D128 : VC_SM90_STAGES_D64;
+  return out_bf16 ? launch<D, EXPCAST, VSMOOTH, __nv_bfloat16, kStages>(q_q, k_q, v_t, p, bh, stream)
+                  : launch<D, EXPCAST, VSMOOTH, __half, kStages>(q_q, k_q, v_t, p, bh, stream);
+}
+
 template <int D>
-int launch_d(const void* q_q, const void* k_q, const void* v_t, const Params& p, int bh, bool expcast,
+int launch_d(const void* q_q, const void* k_q, const void* v_t, const Params& p, int bh, bool expcast, bool vsmooth,
              bool out_bf16, cudaStream_t stream) {
-  constexpr int kStages = D == 128 ? 4 : 6;
   if (expcast)
-    return out_bf16 ? launch<D, true, __nv_bfloat16, kStages>(q_q, k_q, v_t, p, bh, stream)
-                    : launch<D, true, __half, kStages>(q_q, k_q, v_t, p, bh, stream);
-  return out_bf16 ? launch<D, false, __nv_bfloat16, kStages>(q_q, k_q, v_t, p, bh, stream)
-                  : launch<D, false, __half, kStages>(q_q, k_q, v_t, p, bh, stream);
+    return vsmooth ? launch_out<D, true, true>(q_q, k_q, v_t, p, bh, out_bf16, stream)
+                   : launch_out<D, true, false>(q_q, k_q, v_t, p, bh, out_bf16, stream);
+  return vsmooth ? launch_out<D, false, true>(q_q, k_q, v_t, p, bh, out_bf16, stream)
+                 : launch_out<D, false, false>(q_q, k_q, v_t, p, bh, out_bf16, stream);
 }
 
 }  // namespace
@@ -97,7 +111,7 @@ extern "C" {
 int vc_sm90_forward(const void* q_q, const float* q_scale, const void* k_q, const float* k_scale, const void* v_t,
                     const float* v_scale, const void* v_mean, void* out, int batch, int heads, int n, int n_pad,
                     int head_dim, long long out_stride_b, long long out_stride_h, long long out_stride_n,
-                    int expcast, int out_bf16, void* stream) {
+                    int expcast, int vsmooth, int out_bf16, void* stream) {
   using namespace vc_sm90;
   if (n < 1 || n_pad % kBlockN != 0 || n_pad < n || n_pad - n >= kBlockN) return fail("bad sequence length / padding");
   vc_sm90::Params p;
@@ -115,8 +129,8 @@ int vc_sm90_forward(const void* q_q, const float* q_scale, const void* k_q, cons
   p.n_qblocks = (n + 63) / 64;
   const int bh = batch * heads;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (head_dim == 128) return launch_d<128>(q_q, k_q, v_t, p, bh, expcast != 0, out_bf16 != 0, s);
-  if (head_dim == 64) return launch_d<64>(q_q, k_q, v_t, p, bh, expcast != 0, out_bf16 != 0, s);
+  if (head_dim == 128) return launch_d<128>(q_q, k_q, v_t, p, bh, expcast != 0, vsmooth != 0, out_bf16 != 0, s);
+  if (head_dim == 64) return launch_d<64>(q_q, k_q, v_t, p, bh, expcast != 0, vsmooth != 0, out_bf16 != 0, s);
   return fail("head_dim must be 64 or 128");
 }
 

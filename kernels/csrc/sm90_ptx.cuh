@@ -91,13 +91,29 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 
-// Forces the compiler to treat accumulator registers as live across an asynchronous wgmma.
+// Pins accumulator / fragment registers at this point of the program: the wgmma asm statements
+// read and write them asynchronously, so plain code must not be moved across a wait (or an issue).
+__device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void reg_fence(int32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+__device__ __forceinline__ void reg_fence(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 template <typename T, int N>
 __device__ __forceinline__ void reg_fence(T (&r)[N]) {
 #pragma unroll
-  for (int i = 0; i < N; ++i) {
-    if constexpr (sizeof(T) == 4) asm volatile("" : "+r"(*reinterpret_cast<uint32_t*>(&r[i])) :: "memory");
-  }
+  for (int i = 0; i < N; ++i) reg_fence(r[i]);
+}
+template <typename T, int N, int M>
+__device__ __forceinline__ void reg_fence(T (&r)[N][M]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) reg_fence(r[i]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// named barriers (ids 1.. ; 0 is __syncthreads): the two consumer warpgroups take turns issuing
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 }  // namespace vc_sm90

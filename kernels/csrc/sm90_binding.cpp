@@ -1,0 +1,50 @@
+// Torch binding of the Hopper (sm_90a) VC-Attention kernel: checks, raw pointers, launch.
+// The launcher (sm90_launch.cu) is torch-free; the stream comes from Python as an integer.
+#include <torch/extension.h>
+
+extern "C" int vc_sm90_forward(const void* q_q, const float* q_scale, const void* k_q, const float* k_scale,
+                               const void* v_t, const float* v_scale, const void* v_mean, void* out, int batch,
+                               int heads, int n, int n_pad, int head_dim, long long out_stride_b,
+                               long long out_stride_h, long long out_stride_n, int expcast, int vsmooth, int out_bf16,
+                               void* stream);
+extern "C" const char* vc_sm90_last_error();
+
+namespace {
+
+void check_operand(const torch::Tensor& t, const char* name, torch::ScalarType dtype) {
+  TORCH_CHECK_VALUE(t.is_cuda() && t.is_contiguous(), name, " must be a contiguous CUDA tensor.");
+  TORCH_CHECK_VALUE(t.scalar_type() == dtype, name, " has dtype ", t.scalar_type(), ", expected ", dtype, ".");
+}
+
+// out: the (B, H, N, D) view of the caller's output (either layout), channel stride 1.
+void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const torch::Tensor& k_q,
+               const torch::Tensor& k_scale, const torch::Tensor& v_t, const torch::Tensor& v_scale,
+               const torch::Tensor& v_mean, torch::Tensor out, int64_t n_tokens, bool expcast, bool vsmooth,
+               int64_t stream) {
+  check_operand(q_q, "q_q", torch::kChar);
+  check_operand(k_q, "k_q", torch::kChar);
+  check_operand(v_t, "v_t", torch::kFloat8_e4m3fn);
+  check_operand(q_scale, "q_scale", torch::kFloat);
+  check_operand(k_scale, "k_scale", torch::kFloat);
+  check_operand(v_scale, "v_scale", torch::kFloat);
+  check_operand(v_mean, "v_mean", torch::kHalf);
+  TORCH_CHECK_VALUE(out.is_cuda() && out.dim() == 4 && out.stride(3) == 1, "out must be a 4-D CUDA view with unit channel stride.");
+  TORCH_CHECK_VALUE(out.scalar_type() == torch::kHalf || out.scalar_type() == torch::kBFloat16, "out must be float16 or bfloat16.");
+  const int64_t batch = q_q.size(0), heads = q_q.size(1), n_pad = q_q.size(2), head_dim = q_q.size(3);
+  TORCH_CHECK_VALUE(out.size(0) == batch && out.size(1) == heads && out.size(2) == n_tokens && out.size(3) == head_dim,
+                    "out must have shape (B, H, N, D) of the operands.");
+  TORCH_CHECK_VALUE(batch * heads * n_pad < (int64_t(1) << 31), "B*H*N is too large for the TMA coordinates.");
+  const int rc = vc_sm90_forward(q_q.data_ptr(), q_scale.data_ptr<float>(), k_q.data_ptr(), k_scale.data_ptr<float>(),
+                                 v_t.data_ptr(), v_scale.data_ptr<float>(), v_mean.data_ptr(), out.data_ptr(),
+                                 static_cast<int>(batch), static_cast<int>(heads), static_cast<int>(n_tokens),
+                                 static_cast<int>(n_pad), static_cast<int>(head_dim), out.stride(0), out.stride(1),
+                                 out.stride(2), expcast, vsmooth, out.scalar_type() == torch::kBFloat16,
+                                 reinterpret_cast<void*>(stream));
+  TORCH_CHECK(rc == 0, "sm90 attention launch failed: ", vc_sm90_last_error());
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("attention", &attention, "VC-Attention forward on prepared operands (Hopper wgmma kernel)");
+}

@@ -1,0 +1,47 @@
+"""nvcc compile-only of the Hopper (sm_90a) kernel sources (CPU tier: needs nvcc, no GPU).
+
+Beyond "it compiles": ptxas must neither spill, nor serialize the wgmma pipeline (C7513), nor
+ignore the register reallocation (C7508) - each of these compiles fine and silently costs speed.
+"""
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from vc_attention.kernels import jit
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("nvcc") is None and not os.environ.get("CUDA_HOME"), reason="nvcc not installed"),
+]
+
+LAUNCHER = jit.CSRC_DIR / "sm90_launch.cu"
+
+
+@pytest.fixture(scope="module")
+def ptxas_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sm90") / "sm90_launch.cubin"
+    cmd = jit.nvcc_compile_only_command(LAUNCHER, "9.0a", out) + ["-Xptxas=-v"]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, f"nvcc failed for {LAUNCHER.name} sm_90a:\n{result.stderr}"
+    return result.stderr
+
+
+def test_every_kernel_instantiation_is_compiled(ptxas_report):
+    kernels = re.findall(r"Compiling entry function '(\w*vc_attention_sm90_kernel\w*)'", ptxas_report)
+    # head dim {64, 128} x {exp2, ExpCast} x {V-Smooth, per-channel} x {fp16, bf16}
+    assert len(set(kernels)) == 16
+
+
+def test_no_spills_and_no_local_memory(ptxas_report):
+    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", ptxas_report)
+    assert frames, ptxas_report
+    assert all(f == ("0", "0", "0") for f in frames), ptxas_report
+
+
+def test_wgmma_pipeline_and_register_reallocation_are_kept(ptxas_report):
+    assert "C7513" not in ptxas_report, "ptxas serialized the wgmma pipeline:\n" + ptxas_report
+    assert "C7508" not in ptxas_report, "ptxas ignored setmaxnreg:\n" + ptxas_report
+    assert "warning" not in ptxas_report.lower(), ptxas_report
