@@ -16,18 +16,17 @@ HELP = "Fidelity table of every quantization method against fp64 attention (synt
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..kernels.videodata import EMBEDDED_SIZE
-
-    data = parser.add_argument_group("data (default: the embedded video-like sample)")
+    # no package imports here: `vc-attention --help` builds every parser and must not load torch
+    data = parser.add_argument_group("data (default: the embedded video-like sample; unset sizes take its values)")
     data.add_argument("--qkv", metavar="FILE", help="captured Q/K/V (safetensors from the Capture node)")
     data.add_argument("--entry", help="entry in FILE (default: the first one)")
-    data.add_argument("--frames", type=int, default=EMBEDDED_SIZE["T"], help="latent frames of the synthetic grid")
-    data.add_argument("--height", type=int, default=EMBEDDED_SIZE["Hgrid"], help="grid height in tokens")
-    data.add_argument("--width", type=int, default=EMBEDDED_SIZE["Wgrid"], help="grid width in tokens")
-    data.add_argument("--heads", type=int, help=f"heads (synthetic default {EMBEDDED_SIZE['H']}; captured: first N)")
-    data.add_argument("--head-dim", type=int, default=EMBEDDED_SIZE["D"], choices=(64, 96, 128))
-    data.add_argument("--text-tokens", type=int, default=EMBEDDED_SIZE["text_tokens"], help="text tokens first")
-    data.add_argument("--seed", type=int, default=EMBEDDED_SIZE["seed"], help="synthetic data seed")
+    data.add_argument("--frames", type=int, help="latent frames of the synthetic grid")
+    data.add_argument("--height", type=int, help="grid height in tokens")
+    data.add_argument("--width", type=int, help="grid width in tokens")
+    data.add_argument("--heads", type=int, help="heads (captured data: keep the first N)")
+    data.add_argument("--head-dim", type=int, choices=(64, 96, 128))
+    data.add_argument("--text-tokens", type=int, help="text tokens before the video tokens")
+    data.add_argument("--seed", type=int, help="synthetic data seed")
     data.add_argument(
         "--knob", action="append", default=[], metavar="NAME=VALUE", help="override a VideoDataKnobs field (repeatable)"
     )
@@ -69,16 +68,16 @@ def _load(args):
             q, k, v = (t[:, : args.heads] for t in (q, k, v))
         source = f"captured: {args.qkv}" + (f" [{args.entry}]" if args.entry else "")
         return q, k, v, source
-    size = dict(
-        B=1,
-        H=videodata.EMBEDDED_SIZE["H"] if args.heads is None else args.heads,
-        T=args.frames,
-        Hgrid=args.height,
-        Wgrid=args.width,
-        D=args.head_dim,
-        text_tokens=args.text_tokens,
-        seed=args.seed,
-    )
+    chosen = {
+        "H": args.heads,
+        "T": args.frames,
+        "Hgrid": args.height,
+        "Wgrid": args.width,
+        "D": args.head_dim,
+        "text_tokens": args.text_tokens,
+        "seed": args.seed,
+    }
+    size = {**videodata.EMBEDDED_SIZE, **{key: val for key, val in chosen.items() if val is not None}}
     knobs = parse_knobs(args.knob)
     q, k, v = videodata.video_like_qkv(**size, **knobs, dtype=torch.float32)
     kind = "embedded sample" if size == videodata.EMBEDDED_SIZE and not knobs else "video-like"
