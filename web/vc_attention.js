@@ -74,7 +74,7 @@ class VCAttentionPanel {
     this.widget = node.addDOMWidget("vc_attention_panel", "vc_attention_panel", this.element, {
       serialize: false,
       hideOnZoom: false,
-      getMinHeight: () => 74,
+      getMinHeight: () => 120,
     });
     this.widget.serialize = false; // never part of widgets_values: saved workflows keep their layout
     this.onStats = (event) => this.showStats(event.detail);
