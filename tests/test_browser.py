@@ -149,6 +149,17 @@ def test_templates_browser_lists_every_workflow(server):
     assert sorted(listed[PACK]) == sorted(p.stem for p in (REPO / "workflows").glob("*.json"))
 
 
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "workflows").glob("*.json")))
+def test_every_workflow_loads_with_known_node_types(page, name):
+    load_template(page, name)
+    unknown = page.evaluate(
+        """() => window.comfyAPI.app.app.graph._nodes
+              .filter((n) => !window.LiteGraph.registered_node_types[n.type])
+              .map((n) => n.type)"""
+    )
+    assert unknown == []
+
+
 def test_wan22_workflow_has_a_control_on_both_nodes(page):
     ids = load_template(page, "wan2.2_t2v_a14b")
     assert len(ids) == 2
