@@ -1,7 +1,8 @@
-"""Runs inside a real ComfyUI (see tests/test_real_comfyui.py): usage `python comfyui_host_check.py COMFYUI_PATH OUT.json`.
+"""Runs inside a real ComfyUI (see tests/test_real_comfyui.py).
 
-Loads this checkout with ComfyUI's own custom-node loader, samples a tiny random-weight Wan2.1 model
-built from ComfyUI's classes with and without the VC-Attention node, and writes what it saw as JSON.
+Usage: `python comfyui_host_check.py COMFYUI_PATH OUT.json wan|hunyuan`. Loads this checkout with
+ComfyUI's own custom-node loader, samples a tiny random-weight Wan2.1 T2V or HunyuanVideo model built
+from ComfyUI's classes with and without the VC-Attention node, and writes what it saw as JSON.
 Kept free of pytest so it runs in ComfyUI's own environment.
 """
 import json
@@ -10,17 +11,27 @@ from pathlib import Path
 
 PACK = Path(__file__).resolve().parent.parent
 FROZEN_IDS = ("VCAttention", "VCAttentionFidelityCheck", "VCAttentionCapture")
-BLOCKS, STEPS, LATENT = 2, 4, (1, 16, 3, 14, 16)  # 3 x 7 x 8 = 168 video tokens after 1x2x2 patches
+STEPS, LATENT, TEXT_TOKENS = 4, (1, 16, 3, 14, 16), 16  # 3 x 7 x 8 = 168 video tokens after 1x2x2 patches
 
 
-def _tiny_wan(comfy):
+def _tiny_model(comfy, kind):
+    """Random weights, ComfyUI's own model classes: Wan2.1 T2V (2 blocks) or HunyuanVideo (1 double + 1 single)."""
     import torch
 
-    config = comfy.supported_models.WAN21_T2V({
-        "image_model": "wan2.1", "model_type": "t2v", "patch_size": (1, 2, 2), "in_dim": 16, "out_dim": 16,
-        "dim": 128, "ffn_dim": 256, "freq_dim": 64, "text_dim": 64, "text_len": 16, "num_heads": 2,
-        "num_layers": BLOCKS,
-    })
+    if kind == "wan":
+        config = comfy.supported_models.WAN21_T2V({
+            "image_model": "wan2.1", "model_type": "t2v", "patch_size": (1, 2, 2), "in_dim": 16, "out_dim": 16,
+            "dim": 128, "ffn_dim": 256, "freq_dim": 64, "text_dim": 64, "text_len": TEXT_TOKENS, "num_heads": 2,
+            "num_layers": 2,
+        })
+    else:
+        config = comfy.supported_models.HunyuanVideo({
+            "image_model": "hunyuan_video", "in_channels": 16, "out_channels": 16, "vec_in_dim": 32,
+            "context_in_dim": 64, "hidden_size": 128, "mlp_ratio": 2.0, "num_heads": 2, "depth": 1,
+            "depth_single_blocks": 1, "axes_dim": [16, 24, 24], "theta": 256, "patch_size": [1, 2, 2],
+            "qkv_bias": True, "guidance_embed": False, "byt5": False, "meanflow": False,
+            "use_cond_type_embedding": False, "vision_in_dim": None, "meanflow_sum": False,
+        })
     config.set_inference_dtype(torch.bfloat16, None)
     model = config.get_model({}, device="cpu")
     generator = torch.Generator().manual_seed(0)
@@ -30,7 +41,7 @@ def _tiny_wan(comfy):
     return comfy.model_patcher.ModelPatcher(model, load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
 
 
-def _host_check(comfyui_path: str, out_path: str) -> None:
+def _host_check(comfyui_path: str, out_path: str, kind: str) -> None:
     sys.argv = ["main.py", "--cpu"]
     sys.path.insert(0, comfyui_path)
     import asyncio
@@ -59,7 +70,7 @@ def _host_check(comfyui_path: str, out_path: str) -> None:
 
     server.PromptServer.instance = EventRecorder()
 
-    model = _tiny_wan(comfy)
+    model = _tiny_model(comfy, kind)
     options_before = repr(model.model_options)
     widgets = {name: spec[1]["default"] for name, spec in inputs.items() if name not in ("model", "mode")}
     widgets["backend"] = "reference"
@@ -67,10 +78,12 @@ def _host_check(comfyui_path: str, out_path: str) -> None:
 
     transformer_options = patched.model_options["transformer_options"]
     override = transformer_options["optimized_attention_override"]
-    calls = {"override": 0, "forwards": 0, "last_options": None}
+    calls = {"override": 0, "forwards": 0, "last_options": None, "skip_reshape": set(), "tokens": set()}
 
     def counting_override(func, *args, **kwargs):
         calls["override"] += 1
+        calls["skip_reshape"].add(bool(kwargs.get("skip_reshape")))
+        calls["tokens"].add(args[0].shape[2] if kwargs.get("skip_reshape") else args[0].shape[1])
         if kwargs["transformer_options"] is not calls["last_options"]:  # a new forward pass
             calls["forwards"] += 1
             calls["last_options"] = kwargs["transformer_options"]
@@ -81,8 +94,9 @@ def _host_check(comfyui_path: str, out_path: str) -> None:
     generator = torch.Generator().manual_seed(1)
     noise = torch.randn(LATENT, generator=generator)
     latent = torch.zeros(LATENT)
-    positive = [[torch.randn(1, 16, 64, generator=generator), {}]]
-    negative = [[torch.randn(1, 16, 64, generator=generator), {}]]
+    extra = (lambda: {"pooled_output": torch.randn(1, 32, generator=generator)}) if kind == "hunyuan" else dict
+    positive = [[torch.randn(1, TEXT_TOKENS, 64, generator=generator), extra()]]
+    negative = [[torch.randn(1, TEXT_TOKENS, 64, generator=generator), extra()]]
 
     def run(m):
         return comfy.sample.sample(m, noise, STEPS, 5.0, "euler", "simple", positive, negative, latent, seed=1,
@@ -102,6 +116,8 @@ def _host_check(comfyui_path: str, out_path: str) -> None:
         "plain_override_calls": plain_calls,
         "override_calls": calls["override"],
         "forwards": calls["forwards"],
+        "skip_reshape": sorted(calls["skip_reshape"]),
+        "query_tokens": sorted(calls["tokens"]),
         "stats": events[0] if len(events) == 1 else {"events": len(events)},
         "rel_l2": float((vc.double() - plain.double()).norm() / plain.double().norm()),
     }
@@ -109,4 +125,4 @@ def _host_check(comfyui_path: str, out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    _host_check(sys.argv[1], sys.argv[2])
+    _host_check(sys.argv[1], sys.argv[2], sys.argv[3])

@@ -4,8 +4,8 @@ The check (tests/comfyui_host_check.py) runs in a subprocess with the interprete
 (default: this one; e.g. the virtual environment ComfyUI's requirements are installed in), because
 ComfyUI parses its command line and initialises its device at import time. There it:
 - loads this checkout through ComfyUI's own `nodes.load_custom_node`, as the server does at start;
-- builds a tiny random-weight Wan2.1 T2V model from ComfyUI's own classes (supported_models
-  WAN21_T2V -> model_base.WAN21 -> comfy.ldm.wan.model.WanModel) in a real ModelPatcher;
+- builds a tiny random-weight Wan2.1 T2V or HunyuanVideo model from ComfyUI's own classes
+  (supported_models -> model_base -> comfy.ldm.*) in a real ModelPatcher;
 - samples it with comfy.sample.sample (euler, simple, CFG) with and without the VC-Attention node
   (backend "reference", the CPU path), counting every call of the attention override and
   recording the stats event through a stand-in for the running server's PromptServer.instance.
@@ -19,32 +19,47 @@ from pathlib import Path
 import pytest
 
 FROZEN_IDS = ("VCAttention", "VCAttentionFidelityCheck", "VCAttentionCapture")
-BLOCKS, STEPS = 2, 4  # as in comfyui_host_check.py
+WAN_BLOCKS, STEPS = 2, 4  # as in comfyui_host_check.py
+
+
+def _host_check(tmp_path, kind):
+    out = tmp_path / "result.json"
+    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
+    script = Path(__file__).resolve().parent / "comfyui_host_check.py"
+    proc = subprocess.run([python, str(script), os.environ["COMFYUI_PATH"], str(out), kind], capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    result = json.loads(out.read_text())
+    assert result["loaded"] and result["node_ids"] == list(FROZEN_IDS)
+    assert result["display_names"] == ["VC-Attention", "VC-Attention Fidelity Check", "VC-Attention Capture"]
+    assert result["mode_default"] == "balanced" and "reference" in result["backend_options"]
+    assert result["original_untouched"] and result["plain_override_calls"] == 0
+    assert result["forwards"] >= STEPS  # cond and uncond in one forward per step, or one each
+    assert result["stats"]["steps"] == STEPS
+    assert result["rel_l2"] < 0.1, result["rel_l2"]
+    return result
 
 
 @pytest.mark.comfyui
 @pytest.mark.skipif(not os.environ.get("COMFYUI_PATH"), reason="set COMFYUI_PATH to a ComfyUI checkout")
-def test_the_pack_runs_a_tiny_wan_model_in_real_comfyui(tmp_path):
-    out = tmp_path / "result.json"
-    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
-    script = Path(__file__).resolve().parent / "comfyui_host_check.py"
-    proc = subprocess.run([python, str(script), os.environ["COMFYUI_PATH"], str(out)], capture_output=True,
-                          text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    result = json.loads(out.read_text())
+def test_a_tiny_wan_model_runs_self_attention_on_vc_in_real_comfyui(tmp_path):
+    result = _host_check(tmp_path, "wan")
+    forwards, stats = result["forwards"], result["stats"]
+    # (B, N, H*D) layout; a self-attention and a cross-attention per block, VC takes the self-attention
+    assert result["skip_reshape"] == [False] and result["query_tokens"] == [168]
+    assert result["override_calls"] == 2 * WAN_BLOCKS * forwards
+    assert stats["backend_calls"] == {"reference": WAN_BLOCKS * forwards}
+    assert stats["fallbacks"] == {"cross_attention": WAN_BLOCKS * forwards}
+    assert stats["grouping_calls"] >= WAN_BLOCKS
 
-    assert result["loaded"] and result["node_ids"] == list(FROZEN_IDS)
-    assert result["display_names"] == ["VC-Attention", "VC-Attention Fidelity Check", "VC-Attention Capture"]
-    assert result["mode_default"] == "balanced" and "reference" in result["backend_options"]
-    assert result["original_untouched"]
 
-    forwards = result["forwards"]
-    assert forwards >= STEPS  # cond and uncond in one forward per step, or one each
-    # Wan: a self-attention and a cross-attention per block; VC takes exactly the self-attention
-    assert result["override_calls"] == 2 * BLOCKS * forwards
-    stats = result["stats"]
-    assert stats["backend_calls"] == {"reference": BLOCKS * forwards}
-    assert stats["fallbacks"] == {"cross_attention": BLOCKS * forwards}
-    assert stats["steps"] == STEPS and stats["grouping_calls"] >= BLOCKS
-    assert result["rel_l2"] < 0.1, result["rel_l2"]
-    assert result["plain_override_calls"] == 0
+@pytest.mark.comfyui
+@pytest.mark.skipif(not os.environ.get("COMFYUI_PATH"), reason="set COMFYUI_PATH to a ComfyUI checkout")
+def test_a_tiny_hunyuan_video_model_runs_joint_attention_on_vc_in_real_comfyui(tmp_path):
+    result = _host_check(tmp_path, "hunyuan")
+    forwards, stats = result["forwards"], result["stats"]
+    # (B, H, N, D) layout; per forward: 2 token-refiner calls (16 text tokens, no block index), then
+    # joint text + video attention in the double and the single block (16 + 168 tokens)
+    assert result["skip_reshape"] == [True] and result["query_tokens"] == [16, 16 + 168]
+    assert result["override_calls"] == 4 * forwards
+    assert stats["backend_calls"] == {"reference": 4 * forwards} and stats["fallbacks"] == {}
