@@ -38,12 +38,12 @@ def e2m1_rne(x: torch.Tensor) -> torch.Tensor:
     """Round float32 to the nearest E2M1 value, ties to even mantissa, saturating at +-6.
 
     The E2M1 grid has step 0.5 on [0, 2), 1 on [2, 4) and 2 on [4, 6]; on each piece torch.round
-    (half to even) of x / step picks the value with the even mantissa bit at a tie, e.g. 0.25 -> 0,
-    0.75 -> 1, 2.5 -> 2, 3.5 -> 4, 5 -> 4.
+    (half to even) of |x| / step picks the value with the even mantissa bit at a tie, e.g. 0.25 -> 0,
+    0.75 -> 1, 2.5 -> 2, 3.5 -> 4, 5 -> 4. Steps are powers of two, so the scaling is exact.
     """
     a = x.float().abs().clamp(max=E2M1_MAX)
-    rounded = torch.where(a < 2, torch.round(a * 2) / 2, torch.where(a < 4, torch.round(a), torch.round(a / 2) * 2))
-    return torch.copysign(rounded, x.float())
+    inv_step = torch.where(a < 2, 2.0, torch.where(a < 4, 1.0, 0.5))
+    return torch.copysign(torch.round(a * inv_step) / inv_step, x.float())
 
 
 def quantize_nvfp4(x: torch.Tensor, tensor_scale: torch.Tensor | float | None = None) -> torch.Tensor:
