@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
         print("No CUDA GPU in use: running the reference EMULATION on a small sample. It shows the "
               "fidelity of each mode; its run time is not a speed measurement, so no times are shown.")
 
+    print(f"Generating the built-in video-like sample ({size} size) ...", flush=True)
     q, k, v = _sample(size, device)
     b, h, n, d = q.shape
     print(f"Sample: video-like attention, {size} size: B={b} H={h} N={n} D={d}, {q.dtype}, {device}.")
@@ -79,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     results = []
     sdpa = None
     if on_gpu:
+        print("Choosing backends (a first run compiles the CUDA kernels and prints its progress) ...", flush=True)
         sdpa = _measure_sdpa(q, k, v, exact, rows, args.repeats)
     modes = _modes()
     for i, (name, config, clusters, iters) in enumerate(modes, 1):
@@ -133,15 +135,17 @@ def _exact_rows(q, k, v, rows: torch.Tensor) -> torch.Tensor:
 
 
 def _run_mode(name, config, clusters, iters, q, k, v, exact, rows, on_gpu, repeats) -> ModeResult:
-    backend = backends.select(q, config, "bhnd").name
+    chosen = backends.select(q, config, "bhnd")
     grouping_ms = _time_ms(lambda: _grouping(v, config, clusters, iters), 1) if on_gpu else None
     perm = _grouping(v, config, clusters, iters)
     out = vc_attention(q, k, v, config=config, perm=perm)
     rel, psnr = _fidelity(out[:, :, rows], exact)
-    time_ms = _time_ms(lambda: vc_attention(q, k, v, config=config, perm=perm), repeats) if on_gpu else None
-    if on_gpu and backends.get(backend).slow:
-        print(f"  note: no fast backend can run {name} on this GPU; its time is the slow emulation's.")
-    return ModeResult(name, backend, rel, psnr, time_ms, grouping_ms)
+    time_ms = None
+    if on_gpu:
+        if chosen.slow:
+            print(f"  note: no fast backend can run {name} on this GPU; its time is the slow emulation's (timed once).")
+        time_ms = _time_ms(lambda: vc_attention(q, k, v, config=config, perm=perm), 1 if chosen.slow else repeats)
+    return ModeResult(name, chosen.name, rel, psnr, time_ms, grouping_ms)
 
 
 def _measure_sdpa(q, k, v, exact, rows, repeats) -> ModeResult:

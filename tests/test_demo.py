@@ -33,3 +33,17 @@ def test_cuda_request_without_gpu_is_a_readable_error(monkeypatch):
     monkeypatch.setattr(demo.torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="no CUDA GPU"):
         run_demo(["--device", "cuda", "--size", "tiny"])
+
+
+def test_gpu_table_and_plot_formatting(tmp_path, capsys):
+    """The GPU branch's table and plot, fed with made-up timings (no GPU here): every row shows its
+    speed-up over SDPA and the plot file is written."""
+    sdpa = demo.ModeResult("sdpa", "torch", 4e-3, 60.0, time_ms=10.0)
+    rows = [demo.ModeResult("balanced", "sm90", 8e-3, 63.0, time_ms=4.0, grouping_ms=1.5),
+            demo.ModeResult("speed", "sm90", 1e-2, 61.0, time_ms=2.5, grouping_ms=1.5)]
+    demo._print_table(rows, sdpa)
+    printed = capsys.readouterr().out
+    assert "speed-up" in printed and "2.50x" in printed and "4.00x" in printed and "1.00x" in printed
+    out = tmp_path / "gpu.png"
+    demo._plot(rows, sdpa, True, out, "test")
+    assert out.read_bytes()[:4] == b"\x89PNG"
