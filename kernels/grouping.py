@@ -28,7 +28,7 @@ from .grouping_order import chain_ranks
 
 # Chosen by measurement on video-like data (bench/grouping_sweep.py, docs/grouping.md).
 DEFAULT_CLUSTERS = 64
-DEFAULT_ITERS = 4
+DEFAULT_ITERS = 2
 
 MAX_CLUSTERS = 32768  # labels must fit int16
 FP16_MAX = 65504.0
@@ -36,8 +36,18 @@ FP16_MAX = 65504.0
 # Per-chunk budget for the (heads, N, clusters) temporaries: scores and the one-hot matrix.
 _TEMP_BYTES = 1 << 30
 
-# fp16/bf16 x fp16/bf16 -> fp32 batched products (aten::bmm.dtype, CUDA only, torch >= 2.8).
-_HAS_OUT_DTYPE = hasattr(torch.ops.aten.bmm, "dtype")
+
+@functools.lru_cache(maxsize=None)
+def _has_out_dtype(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether 16-bit batched products with a float32 result (aten::bmm.dtype, torch >= 2.8) run on
+    this device; probed once with a tiny product so an older torch falls back to float32."""
+    if not hasattr(torch.ops.aten.bmm, "dtype"):
+        return False
+    probe = torch.ones(1, 8, 8, dtype=dtype, device=device)
+    try:
+        return torch.bmm(probe, probe, out_dtype=torch.float32).dtype == torch.float32
+    except (RuntimeError, NotImplementedError):
+        return False
 
 
 def label_dtype(clusters: int) -> torch.dtype:
@@ -58,7 +68,7 @@ def _check_args(v: torch.Tensor, clusters: int, iters: int) -> None:
 
 def _work_dtype(v: torch.Tensor) -> torch.dtype:
     """The dtype the products read V in (see the module docstring)."""
-    if v.is_cuda and _HAS_OUT_DTYPE and v.dtype in (torch.float16, torch.bfloat16):
+    if v.is_cuda and v.dtype in (torch.float16, torch.bfloat16) and _has_out_dtype(v.device, v.dtype):
         return v.dtype
     return torch.float32
 
@@ -68,7 +78,7 @@ def _bmm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     (tensor cores on CUDA; an exact float32 emulation elsewhere, which the CPU tests use)."""
     if a.dtype == torch.float32:
         return torch.bmm(a, b)
-    if a.is_cuda and _HAS_OUT_DTYPE:
+    if a.is_cuda and _has_out_dtype(a.device, a.dtype):
         return torch.bmm(a, b, out_dtype=torch.float32)
     return torch.bmm(a.float(), b.float())
 
