@@ -14,6 +14,9 @@ import sys
 SUBCOMMANDS = {
     "fidelity": "fidelity",
     "demo": "demo",
+    "build": "build",
+    "doctor": "doctor",
+    "bench": "bench",
 }
 
 

@@ -22,9 +22,14 @@ DTYPES = (torch.float16, torch.bfloat16)
 
 
 @functools.cache
-def extension():
-    """The compiled module (built once per process, cached on disk across processes)."""
-    return jit.load_extension(EXTENSION_NAME, SOURCES)
+def extension(variant_flags: tuple[str, ...] = ()):
+    """The compiled module (built once per process, cached on disk across processes).
+
+    variant_flags: extra -D flags of a build-time kernel variant (bench/gpu_check.py times them,
+    e.g. ("-DVC_MMA_STEP_KEYS=64",)); the default build is what the backend runs.
+    """
+    name = EXTENSION_NAME + ("_" + "_".join(f.lstrip("-D").replace("=", "").lower() for f in variant_flags) if variant_flags else "")
+    return jit.load_extension(name, SOURCES, extra_cuda_cflags=variant_flags)
 
 
 def _available_reason() -> Optional[str]:
@@ -59,10 +64,14 @@ def _unsupported_reason(q: torch.Tensor, config: VCConfig, layout: str) -> Optio
 
 
 def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.Tensor, layout: str,
-                            lse: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Run the attention kernel on prepared operands into `out` (q's shape in `layout`); lse (B,H,N)
-    float32, if given, receives the natural-log log-sum-exp of each row."""
-    extension().attention(
+                            lse: Optional[torch.Tensor] = None, variant_flags: tuple[str, ...] = ()) -> torch.Tensor:
+    """Run the attention kernel on prepared operands into `out` (q's shape in `layout`).
+
+    lse (B,H,N) float32, if given, receives each row's natural-log log-sum-exp of the scores the
+    kernel sees: with config.smooth_k those are shifted by q.mean(K)*sm_scale per row (softmax-
+    invariant, but the LSE moves by that amount).
+    """
+    extension(variant_flags).attention(
         ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean,
         reference.to_bhnd(out, layout), lse, ops.n_tokens, config.qk == "fp8", config.p == "expcast",
         config.v == "vsmooth", torch.cuda.current_stream(out.device).cuda_stream,

@@ -1,7 +1,7 @@
 // Portable VC-Attention forward kernel (mma.sync; sm_89 Ada, sm_90 Hopper, sm_120 Blackwell).
 //
 // One CTA = 64 query rows (one Q scale block) x all keys, 4 warps of 16 rows. Per 128-key tile
-// (one K scale, one V-Smooth mean): S = Q K^T with m16n8k32 s8 (or e4m3) MMAs, online softmax in
+// (one K scale, one V-Smooth mean), in softmax steps of kStepKeys keys: S = Q K^T with m16n8k32 s8 (or e4m3) MMAs, online softmax in
 // log2 units with the INTEGER running offset M = ceil(running max) so that P codes equal the
 // two-pass reference exactly, P packed to E4M3 in registers (exp2 + cast, or ExpCast codes), and
 // O += P R with m16n8k32 e4m3 MMAs into a fresh per-tile accumulator that is then added to the
@@ -17,27 +17,49 @@
 
 namespace vc {
 
+// Keys per softmax step inside a 128-key tile: 64 halves the score registers (more CTAs per SM)
+// at the price of a second rescale per tile. Overridable at build time to time both.
+#ifndef VC_MMA_STEP_KEYS
+#define VC_MMA_STEP_KEYS 128
+#endif
+// VC_MMA_MIN_BLOCKS: optional CTAs-per-SM hint for ptxas (its absence lets ptxas use up to 255
+// registers without spilling; naming even 1 or 2 made it spill in sm_90a builds).
+#ifdef VC_MMA_MIN_BLOCKS
+#define VC_MMA_LAUNCH_BOUNDS __launch_bounds__(kAttnThreads, VC_MMA_MIN_BLOCKS)
+#else
+#define VC_MMA_LAUNCH_BOUNDS __launch_bounds__(kAttnThreads)
+#endif
+constexpr int kStepKeys = VC_MMA_STEP_KEYS;
+static_assert(kStepKeys == 64 || kStepKeys == 128, "VC_MMA_STEP_KEYS must be 64 or 128");
+
 constexpr int kAttnWarps = 4;
 constexpr int kAttnThreads = kAttnWarps * 32;
 constexpr int kRowsPerWarp = 16;
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile whose rows are kRowBytes
-// long: XOR-ing the chunk with the row makes the 8 rows read by one ldmatrix hit 8 distinct banks.
-template <int kRowBytes>
+// long: XOR-ing the chunk with bits of the row makes the 8 rows read by one ldmatrix hit 8
+// distinct bank groups. kKeyRows: the tile is read in the permuted key order described above
+// (rows {0,1,4,5,8,9,12,13} + const), which needs other row bits than 8 consecutive rows.
+template <int kRowBytes, bool kKeyRows = false>
 __device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
   static_assert(kRowBytes == 64 || kRowBytes == 128, "rows of 64 or 128 bytes");
-  const int mixed = kRowBytes == 128 ? chunk ^ (row & 7) : chunk ^ ((row >> 1) & 3);
-  return uint32_t(row * kRowBytes + mixed * 16);
+  int mix;
+  if constexpr (kKeyRows) {
+    mix = kRowBytes == 128 ? (((row >> 2) & 3) << 1) | (row & 1) : (row >> 2) & 3;
+  } else {
+    mix = kRowBytes == 128 ? row & 7 : (row >> 1) & 3;
+  }
+  return uint32_t(row * kRowBytes + (chunk ^ mix) * 16);
 }
 
 // Copies a [rows x kRowBytes] tile (global rows `src_stride` bytes apart) into swizzled smem.
-template <int kRowBytes, int kRows>
+template <int kRowBytes, int kRows, bool kKeyRows = false>
 __device__ __forceinline__ void load_tile_async(uint32_t dst, const uint8_t* src, int64_t src_stride) {
   constexpr int kChunksPerRow = kRowBytes / 16;
 #pragma unroll
   for (int idx = threadIdx.x; idx < kRows * kChunksPerRow; idx += kAttnThreads) {
     const int row = idx / kChunksPerRow, chunk = idx % kChunksPerRow;
-    cp_async_16(dst + swizzled<kRowBytes>(row, chunk), src + row * src_stride + chunk * 16);
+    cp_async_16(dst + swizzled<kRowBytes, kKeyRows>(row, chunk), src + row * src_stride + chunk * 16);
   }
 }
 
@@ -57,9 +79,9 @@ struct AttnSmem {
 template <int D, bool kQkFp8, bool kExpCast, bool kVSmooth>
 struct AttnMma {
   static constexpr int kKSteps = D / 32;        // MMA k-steps over the head dim (QK)
-  static constexpr int kKeyTiles = kKBlock / 8;  // n-tiles of S per key tile
+  static constexpr int kKeyTiles = kStepKeys / 8;  // n-tiles of S per softmax step
   static constexpr int kDimTiles = D / 8;        // n-tiles of O
-  static constexpr int kPSteps = kKBlock / 32;   // MMA k-steps over keys (PV)
+  static constexpr int kPSteps = kStepKeys / 32;  // MMA k-steps over keys (PV) per softmax step
   using Smem = AttnSmem<D>;
   using SAcc = std::conditional_t<kQkFp8, float, int>;
 
@@ -83,7 +105,7 @@ struct AttnMma {
 
     auto load_kv = [&](int tile) {
       const int buf = tile & 1;
-      load_tile_async<D, kKBlock>(sbase + Smem::kOffK + buf * Smem::kK, k_src + int64_t(tile) * kKBlock * D, D);
+      load_tile_async<D, kKBlock, true>(sbase + Smem::kOffK + buf * Smem::kK, k_src + int64_t(tile) * kKBlock * D, D);
       load_tile_async<kKBlock, D>(sbase + Smem::kOffV + buf * Smem::kV, v_src + tile * kKBlock, p.n_pad);
       if constexpr (kVSmooth) {
         if (threadIdx.x < Smem::kMean / 16)
@@ -117,9 +139,11 @@ struct AttnMma {
       const int buf = tile & 1;
       const float scale = q_scale * p.k_scale[int64_t(bh) * n_tiles + tile];
       if (tile + 1 == n_tiles && tail < kKBlock) {
-        process_tile<true>(sbase, buf, scale, tail, lane, smem);
+        process_keys<true>(sbase, buf, 0, scale, tail, lane, smem);
+        if (kStepKeys < kKBlock && tail > kStepKeys) process_keys<true>(sbase, buf, kStepKeys, scale, tail, lane, smem);
       } else {
-        process_tile<false>(sbase, buf, scale, kKBlock, lane, smem);
+        process_keys<false>(sbase, buf, 0, scale, kKBlock, lane, smem);
+        if (kStepKeys < kKBlock) process_keys<false>(sbase, buf, kStepKeys, scale, kKBlock, lane, smem);
       }
       __syncthreads();
     }
@@ -133,8 +157,9 @@ struct AttnMma {
     for (int s = 0; s < kKSteps; ++s) ldmatrix_x4(q_frag[s], sbase + swizzled<D>(row, 2 * s + (matrix >> 1)));
   }
 
+  // keys [key0, key0 + kStepKeys) of the tile in buffer `buf`; `valid` keys of the tile are real
   template <bool kMask>
-  __device__ __forceinline__ void process_tile(uint32_t sbase, int buf, float scale, int valid, int lane, uint8_t* smem) {
+  __device__ __forceinline__ void process_keys(uint32_t sbase, int buf, int key0, float scale, int valid, int lane, uint8_t* smem) {
     const int t = lane & 3;
     // ---- S = Q K^T (scores before scaling), key order as described at the top
     SAcc s[kKeyTiles][4];
@@ -145,11 +170,11 @@ struct AttnMma {
       const uint32_t k_base = sbase + Smem::kOffK + buf * Smem::kK;
 #pragma unroll
       for (int pair = 0; pair < kKeyTiles / 2; ++pair) {
-        const int key = 16 * pair + 4 * (r >> 1) + 2 * (matrix >> 1) + (r & 1);
+        const int key = key0 + 16 * pair + 4 * (r >> 1) + 2 * (matrix >> 1) + (r & 1);
 #pragma unroll
         for (int ks = 0; ks < kKSteps; ++ks) {
           uint32_t b[4];
-          ldmatrix_x4(b, k_base + swizzled<D>(key, 2 * ks + (matrix & 1)));
+          ldmatrix_x4(b, k_base + swizzled<D, true>(key, 2 * ks + (matrix & 1)));
           if constexpr (kQkFp8) {
             mma_e4m3(s[2 * pair], q_frag[ks], b[0], b[1]);
             mma_e4m3(s[2 * pair + 1], q_frag[ks], b[2], b[3]);
@@ -161,7 +186,7 @@ struct AttnMma {
       }
     }
     // key index (within the tile) of accumulator element e of n-tile i for this thread
-    auto key_of = [&](int i, int e) { return 16 * (i >> 1) + 4 * t + 2 * (i & 1) + (e & 1); };
+    auto key_of = [&](int i, int e) { return key0 + 16 * (i >> 1) + 4 * t + 2 * (i & 1) + (e & 1); };
 
     // ---- row max -> new integer offset (max of raw scores: scaling by scale > 0 is monotone)
     float tile_max[2];
@@ -238,7 +263,7 @@ struct AttnMma {
 #pragma unroll
       for (int ks = 0; ks < kPSteps; ++ks) {
         uint32_t b[4];
-        ldmatrix_x4(b, v_base + swizzled<kKBlock>(dim, 2 * ks + (matrix & 1)));
+        ldmatrix_x4(b, v_base + swizzled<kKBlock>(dim, key0 / 16 + 2 * ks + (matrix & 1)));
         mma_e4m3(part[0], p_frag[ks], b[0], b[1]);
         mma_e4m3(part[1], p_frag[ks], b[2], b[3]);
       }
@@ -305,7 +330,7 @@ struct AttnMma {
 };
 
 template <int D, bool kQkFp8, bool kExpCast, bool kVSmooth>
-__global__ __launch_bounds__(kAttnThreads) void attn_mma_kernel(const AttnParams p) {
+__global__ VC_MMA_LAUNCH_BOUNDS void attn_mma_kernel(const AttnParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   AttnMma<D, kQkFp8, kExpCast, kVSmooth> kernel;
   kernel.run(p, smem);

@@ -105,7 +105,7 @@ __device__ __forceinline__ float quantize_row_block(int row0, int rows, int vali
   }
   amax = block_max(amax, scratch);
   const float limit = kFp8 ? kE4m3Max : kInt8Max;
-  const float inv = amax > 0.0f ? limit / amax : 0.0f;
+  const float inv = amax > 0.0f ? (1.0f / amax) * limit : 0.0f;  // torch's `limit / t` is reciprocal(t) * limit
   for (int r = row_sub; r < rows; r += kRowsPerPass) {
     uint2 codes = make_uint2(0u, 0u);
     if (r < valid) {
@@ -171,7 +171,7 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_quantize_kernel(const Pr
     const int c = c0 + i;
     v_mean[i] = p.vsmooth ? __half2float(__ushort_as_half(p.v_mean[(int64_t(bh) * gridDim.x + blockIdx.x) * D + c])) : 0.0f;
     const float amax = p.v_amax[int64_t(bh) * D + c];
-    v_inv[i] = amax > 0.0f ? kE4m3Max / amax : 0.0f;
+    v_inv[i] = amax > 0.0f ? (1.0f / amax) * kE4m3Max : 0.0f;
   }
   if (blockIdx.x == 0 && threadIdx.x < D) {
     const float amax = p.v_amax[int64_t(bh) * D + threadIdx.x];
