@@ -186,3 +186,17 @@ def test_first_build_says_what_where(sources, tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "building demo for sm_89" in err and str(tmp_path / "cache") in err
     assert "-gencode=arch=compute_89,code=sm_89" in seen["extra_cuda_cflags"]
+
+
+def test_doctor_reports_every_backend(capsys):
+    from vc_attention.cli import main
+    from vc_attention.kernels import backends
+
+    assert main(["doctor", "--json"]) == 0
+    import json
+
+    facts = json.loads(capsys.readouterr().out)
+    assert set(facts["backends"]) == {b.name for b in backends.backends()}
+    assert facts["cache_dir"] == str(jit.cache_root())
+    if not torch.cuda.is_available():
+        assert facts["backends"]["mma"] != "available"

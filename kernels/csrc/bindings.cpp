@@ -16,6 +16,7 @@ void check_cuda_contiguous(const torch::Tensor& t, const char* name) {
 
 void check_input(const torch::Tensor& t, const char* name, const torch::Tensor& q) {
   TORCH_CHECK_VALUE(t.is_cuda() && t.dim() == 4, name, " must be a 4-D CUDA tensor (B, H, N, D view).");
+  TORCH_CHECK_VALUE(t.device() == q.device(), name, " must be on q's device (", q.device(), ").");
   TORCH_CHECK_VALUE(t.scalar_type() == q.scalar_type(), name, " must have q's dtype.");
   TORCH_CHECK_VALUE(t.sizes() == q.sizes(), name, " must have q's shape.");
   TORCH_CHECK_VALUE(t.stride(3) == 1, name, " must have a contiguous last dimension.");
