@@ -121,7 +121,37 @@ def _host_check(comfyui_path: str, out_path: str, kind: str) -> None:
         "stats": events[0] if len(events) == 1 else {"events": len(events)},
         "rel_l2": float((vc.double() - plain.double()).norm() / plain.double().norm()),
     }
+    result.update(_other_nodes(nodes, run, model, plain, out_path))
     Path(out_path).write_text(json.dumps(result, default=str))
+
+
+def _other_nodes(nodes, run, model, plain, out_path) -> dict:
+    """Capture (into a scratch output folder) and Fidelity Check through the real node API."""
+    import folder_paths
+    from safetensors import safe_open
+
+    folder_paths.set_output_directory(str(Path(out_path).parent / "output"))
+    capture = nodes.NODE_CLASS_MAPPINGS["VCAttentionCapture"]
+    recording = capture.PREPARE_CLASS_CLONE(None).execute(
+        model=model, blocks="0", steps="0, 3", branches="both", filename_prefix="vc_attention/host").args[0]
+    recorded = run(recording)
+    files = sorted((Path(folder_paths.get_output_directory()) / "vc_attention").glob("host_*.safetensors"))
+    with safe_open(str(files[0]), framework="pt") as f:
+        keys, metadata = sorted(f.keys()), f.metadata()
+        q_shape = list(f.get_tensor(keys[0]).shape)
+
+    fidelity = nodes.NODE_CLASS_MAPPINGS["VCAttentionFidelityCheck"].PREPARE_CLASS_CLONE(None)
+    frames = plain[0, :3].permute(1, 2, 3, 0).float().sigmoid()  # (frames, H, W, 16 channels) in [0, 1]
+    out = fidelity.execute(reference=frames, test=frames.flip(1))
+    return {
+        "capture_unchanged": bool((recorded == plain).all()),
+        "capture_files": len(files),
+        "capture_keys": keys,
+        "capture_metadata": metadata,
+        "capture_q_shape": q_shape,
+        "fidelity_outputs": [type(v).__name__ for v in out.args],
+        "fidelity_ui": out.ui.as_dict()["text"][0].splitlines()[-1],
+    }
 
 
 if __name__ == "__main__":

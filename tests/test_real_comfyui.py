@@ -51,6 +51,14 @@ def test_a_tiny_wan_model_runs_self_attention_on_vc_in_real_comfyui(tmp_path):
     assert stats["backend_calls"] == {"reference": WAN_BLOCKS * forwards}
     assert stats["fallbacks"] == {"cross_attention": WAN_BLOCKS * forwards}
     assert stats["grouping_calls"] >= WAN_BLOCKS
+    # Capture: both branches of block 0 at steps 0 and 3, in the documented format; outputs unchanged
+    assert result["capture_unchanged"] and result["capture_files"] == 1
+    assert result["capture_metadata"] == {"format": "vc_attention_capture", "version": "1"}
+    assert result["capture_keys"] == sorted(f"block0_step{s}_{b}.{p}" for s in (0, 3) for b in ("cond", "uncond") for p in "qkv")
+    assert result["capture_q_shape"] == [1, 2, 168, 64]
+    # Fidelity Check through the real node API: two FLOATs and the report, the mean line on the node
+    assert result["fidelity_outputs"] == ["float", "float", "str"]
+    assert result["fidelity_ui"].startswith("mean") and "(3 frames)" in result["fidelity_ui"]
 
 
 @pytest.mark.comfyui
