@@ -9,8 +9,8 @@ Precision: fp32 inputs (and every CPU input) run in float32, like the reference.
 CUDA stay in their own dtype (so V is read exactly), centroids are rounded to that dtype for the
 distance product, and both products accumulate and return float32 (`out_dtype`), so tensor cores do
 the work. Rounding a centroid to 16 bits moves it by < 2^-8 of its size: one assignment is then
-exact for the rounded centroids, and over several iterations near-tie flips move 1-2% of the labels
-of the float32 reference with the same clustering quality (docs/grouping.md).
+exact for the rounded centroids, and over several iterations near-tie flips move 0.5-2% of the
+labels of the float32 reference with the same clustering quality (docs/grouping.md).
 
 Memory traffic, not arithmetic, is the cost on a GPU: per iteration one (N x C) float32 score matrix
 written and read once (the centroid norms ride inside the product, see _augment), and one 16-bit
@@ -33,7 +33,7 @@ DEFAULT_ITERS = 2
 MAX_CLUSTERS = 32768  # labels must fit int16
 FP16_MAX = 65504.0
 
-# Per-chunk budget for the (heads, N, clusters) temporaries: scores and the one-hot matrix.
+# Per-chunk budget for the per-head temporaries: scores, the one-hot matrix and the augmented V.
 _TEMP_BYTES = 1 << 30
 
 
@@ -94,31 +94,40 @@ def _init_indices(n: int, clusters: int, seed: int, device: torch.device) -> tor
 # c_aug = [-c, t1, t2, t3, 0..] with t1 + t2 + t3 = ||c||^2 / (2a), so x_aug . c_aug =
 # ||c||^2/2 - x.c, whose argmin is kmeans_assign's, in ONE product with no pass over the scores to
 # add the norms. In 16 bits the norm needs three terms to keep float32's 24 bits; float32 needs one.
-# `a` keeps the terms inside fp16's range (||c|| up to ~2900); the same column then sums to a*count
-# in the update product, so the cluster counts come for free.
-_NORM_COLUMN = {torch.float32: (1.0, 1), torch.bfloat16: (1.0, 3), torch.float16: (64.0, 3)}
+# `a` is a power of two per (batch, head): 1, except in fp16 where it keeps t1 <= 2^14 (inside fp16's
+# range) for any centroid no longer than the longest token. The same column sums to a * count in
+# the update product, so the cluster counts come for free.
+_FP16_NORM_TARGET = 2.0**15
 
 
-def _augment(x: torch.Tensor) -> torch.Tensor:
-    """(G,N,D) -> (G,N,D') = [x, a.., 0..], D' a multiple of 8 for 16-bit tensor-core alignment."""
-    a, terms = _NORM_COLUMN[x.dtype]
+def _augment(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(G,N,D) -> x_aug (G,N,D') = [x, a.., 0..] (D' a multiple of 8 in 16 bits, for tensor-core
+    alignment) and a (G,1,1) float32, the norm column's power of two (see above)."""
     g, n, d = x.shape
+    terms = 1 if x.dtype == torch.float32 else 3
+    if x.dtype == torch.float16:
+        # a centroid is a mean of tokens, so ||c||^2 <= the largest ||x||^2 of its (batch, head)
+        longest = x.float().square().sum(-1).amax(-1).clamp(min=1e-30)
+        a = torch.exp2(torch.ceil(torch.log2(longest / _FP16_NORM_TARGET))).clamp(2.0**-14, 2.0**15)
+    else:
+        a = torch.ones(g, device=x.device)
+    a = a.view(g, 1, 1)
     width = d + terms if x.dtype == torch.float32 else (d + terms + 7) // 8 * 8
     x_aug = torch.zeros(g, n, width, dtype=x.dtype, device=x.device)
     x_aug[..., :d] = x
-    x_aug[..., d : d + terms] = a
-    return x_aug
+    x_aug[..., d : d + terms] = a.to(x.dtype)
+    return x_aug, a
 
 
-def _centroid_operand(centroids: torch.Tensor, x_aug: torch.Tensor, d: int) -> torch.Tensor:
+def _centroid_operand(centroids: torch.Tensor, x_aug: torch.Tensor, a: torch.Tensor, d: int) -> torch.Tensor:
     """(G,C,D) float32 centroids -> (G,C,D') [-c, norm terms, 0..] in x_aug's dtype (see above).
 
     The centroids are rounded to the work dtype first and the norm taken from the rounded values,
     so the argmin is exact for the centroids the product actually uses.
     """
-    a, terms = _NORM_COLUMN[x_aug.dtype]
+    terms = 1 if x_aug.dtype == torch.float32 else 3
     c = centroids.to(x_aug.dtype)
-    rest = c.float().square().sum(-1) / (2.0 * a)
+    rest = c.float().square().sum(-1) / (2.0 * a.view(-1, 1))
     c_aug = torch.zeros(*c.shape[:-1], x_aug.shape[-1], dtype=x_aug.dtype, device=x_aug.device)
     c_aug[..., :d] = -c
     for t in range(terms):
@@ -128,9 +137,9 @@ def _centroid_operand(centroids: torch.Tensor, x_aug: torch.Tensor, d: int) -> t
     return c_aug
 
 
-def _assign(x_aug: torch.Tensor, centroids: torch.Tensor, d: int) -> torch.Tensor:
+def _assign(x_aug: torch.Tensor, a: torch.Tensor, centroids: torch.Tensor, d: int) -> torch.Tensor:
     """Nearest centroid by squared Euclidean distance, ties to the lowest id (as kmeans_assign)."""
-    score = _bmm_f32(x_aug, _centroid_operand(centroids, x_aug, d).transpose(1, 2))
+    score = _bmm_f32(x_aug, _centroid_operand(centroids, x_aug, a, d).transpose(1, 2))
     return score.argmin(dim=-1)
 
 
@@ -153,20 +162,20 @@ def _cluster_sums_scatter(x_aug: torch.Tensor, labels: torch.Tensor, clusters: i
     return sums.scatter_add_(1, labels.unsqueeze(-1).expand(g, n, width), x_aug.float())
 
 
-def _update(x_aug: torch.Tensor, labels: torch.Tensor, centroids: torch.Tensor, d: int) -> torch.Tensor:
+def _update(x_aug: torch.Tensor, a: torch.Tensor, labels: torch.Tensor, centroids: torch.Tensor, d: int) -> torch.Tensor:
     """Cluster means; an empty cluster keeps its previous centroid (as kmeans_update)."""
     sums_of = _cluster_sums_onehot if x_aug.is_cuda else _cluster_sums_scatter
     sums = sums_of(x_aug, labels, centroids.shape[1])
-    counts = sums[..., d : d + 1] / _NORM_COLUMN[x_aug.dtype][0]
+    counts = sums[..., d : d + 1] / a
     return torch.where(counts > 0, sums[..., :d] / counts.clamp(min=1.0), centroids)
 
 
 def _lloyd(x: torch.Tensor, centroids: torch.Tensor, iters: int) -> tuple[torch.Tensor, torch.Tensor]:
     d = x.shape[-1]
-    x_aug = _augment(x)
+    x_aug, a = _augment(x)
     for _ in range(iters):
-        centroids = _update(x_aug, _assign(x_aug, centroids, d), centroids, d)
-    return _assign(x_aug, centroids, d), centroids
+        centroids = _update(x_aug, a, _assign(x_aug, a, centroids, d), centroids, d)
+    return _assign(x_aug, a, centroids, d), centroids
 
 
 def _heads_per_chunk(groups: int, n: int, clusters: int, d: int) -> int:

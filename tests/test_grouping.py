@@ -56,7 +56,7 @@ def test_chunked_heads_give_the_same_result(monkeypatch):
 def test_onehot_sums_equal_scatter_sums():
     """The CUDA update path (one-hot product) computes what the CPU path (scatter-add) does,
     including the cluster counts carried by the norm column."""
-    x_aug = grouping._augment(clustered_v(h=3, n=513).view(3, 513, 32))
+    x_aug, _ = grouping._augment(clustered_v(h=3, n=513).view(3, 513, 32))
     labels = torch.randint(0, 40, (3, 513), generator=torch.Generator().manual_seed(1))
     sums_a = grouping._cluster_sums_onehot(x_aug, labels, 40)
     sums_b = grouping._cluster_sums_scatter(x_aug, labels, 40)
@@ -65,13 +65,17 @@ def test_onehot_sums_equal_scatter_sums():
     assert torch.equal(sums_a[..., 32], counts)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_16bit_distance_product_is_exact_for_the_rounded_centroids(dtype):
+@pytest.mark.parametrize(
+    "dtype,scale", [(torch.bfloat16, 1.0), (torch.float16, 1.0), (torch.float16, 150.0), (torch.float16, 0.002)]
+)
+def test_16bit_distance_product_is_exact_for_the_rounded_centroids(dtype, scale):
     """The tensor-core operands (16-bit x, rounded centroids, the norm split over three 16-bit
-    columns) give the float32 argmin for the rounded centroids, emulated exactly on the CPU."""
-    x = clustered_v(h=2, n=2000, d=64).view(2, 2000, 64).to(dtype)
-    centroids = x[:, :50].float() + 0.3 * torch.randn(2, 50, 64, generator=torch.Generator().manual_seed(2))
-    labels = grouping._assign(grouping._augment(x), centroids, 64)
+    columns) give the float32 argmin for the rounded centroids, emulated exactly on the CPU; with
+    fp16 also for large and tiny values (||c||^2 ~ 1e7 and 1e-4: beyond fp16's range or precision
+    without the column's power-of-two scale)."""
+    x = (scale * clustered_v(h=2, n=2000, d=64)).view(2, 2000, 64).to(dtype)
+    centroids = x[:, :50].float() + 0.3 * scale * torch.randn(2, 50, 64, generator=torch.Generator().manual_seed(2))
+    labels = grouping._assign(*grouping._augment(x), centroids, 64)
     expected = ref.kmeans_assign(x.float(), centroids.to(dtype).float())
     assert agreement(labels, expected) >= 0.999
     # over several iterations near-tie flips change the trajectory a little, not the quality

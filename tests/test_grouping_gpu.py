@@ -45,7 +45,7 @@ def test_16bit_path_matches_reference_up_to_near_ties(dtype):
     assert (labels == ref_labels).float().mean().item() >= 0.9
     assert inertia(v, labels, centroids) <= 1.001 * inertia(v, ref_labels, ref_centroids)
     # one assignment to the same (16-bit rounded) centroids is exact up to float32 summation order
-    one = grouping._assign(grouping._augment(v.flatten(0, 1)), ref_centroids.flatten(0, 1), 128)
+    one = grouping._assign(*grouping._augment(v.flatten(0, 1)), ref_centroids.flatten(0, 1), 128)
     expected = ref.kmeans_assign(v.float(), ref_centroids.to(dtype).float()).flatten(0, 1)
     assert (one == expected).float().mean().item() >= 0.999
 
