@@ -67,7 +67,7 @@ def block_absmax(x: torch.Tensor, block: int) -> torch.Tensor:
     """(B,H,N,D) -> (B,H,ceil(N/block)): max |x| over `block` consecutive rows and all channels."""
     b, h, n, d = x.shape
     xp = _pad_rows(x.abs(), block)
-    return xp.view(b, h, -1, block * d).amax(dim=-1)
+    return xp.reshape(b, h, -1, block * d).amax(dim=-1)
 
 
 def _expand_rows(per_block: torch.Tensor, block: int, n: int) -> torch.Tensor:
@@ -169,7 +169,7 @@ def running_row_offsets(s: torch.Tensor, block: int = K_BLOCK) -> torch.Tensor:
     n = s.shape[-1]
     nb = _blocks(n, block)
     padded = torch.nn.functional.pad(s, (0, nb * block - n), value=-math.inf)
-    block_max = torch.ceil(padded.view(*s.shape[:-1], nb, block).amax(dim=-1))
+    block_max = torch.ceil(padded.reshape(*s.shape[:-1], nb, block).amax(dim=-1))
     return torch.cummax(block_max, dim=-1).values
 
 
@@ -240,7 +240,7 @@ def block_means_fp16(v: torch.Tensor, block: int = V_BLOCK) -> torch.Tensor:
     fp16 (not bf16): 11 significant bits keep the mean's rounding far below the FP8 residual error.
     """
     b, h, n, d = v.shape
-    sums = _pad_rows(v.float(), block).view(b, h, -1, block, d).sum(dim=3)
+    sums = _pad_rows(v.float(), block).reshape(b, h, -1, block, d).sum(dim=3)
     counts = torch.full((_blocks(n, block),), float(block), device=v.device)
     counts[-1] = n - (counts.numel() - 1) * block
     return (sums / counts.view(1, 1, -1, 1)).to(torch.float16)

@@ -226,3 +226,10 @@ def test_kmeans_empty_cluster_keeps_its_centroid_and_is_deterministic():
     a, _ = R.kmeans_labels(v, 8, 4, seed=7)
     b, _ = R.kmeans_labels(v, 8, 4, seed=7)
     assert torch.equal(a, b)
+
+
+def test_bnhd_views_with_n_a_multiple_of_the_block_need_no_copy():
+    q, k, v = rand_qkv(1, 2, 256, 64, seed=6)
+    a = R.vc_attention_reference(q, k, v, FIDELITY)
+    b = R.vc_attention_reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), FIDELITY, layout="bnhd")
+    assert torch.equal(a, b.transpose(1, 2))
