@@ -31,6 +31,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-back
                   "--disable-component-update", "--disable-sync", "--no-first-run"]
 PACK = "ComfyUI-VC-Attention"  # the folder name a `git clone` gives
 MODEL_FOLDERS = ("diffusion_models", "text_encoders", "vae", "checkpoints")
+TINY_MODELS = Path(__file__).resolve().parent / "comfyui_tiny_models.py"
 
 
 def free_port() -> int:
@@ -59,10 +60,14 @@ def server(tmp_path_factory):
     (base / "user").mkdir()
     (base / "custom_nodes" / PACK).symlink_to(REPO, target_is_directory=True)
     placeholder_models(base)
+    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
+    made = subprocess.run([python, str(TINY_MODELS), os.environ["COMFYUI_PATH"], str(base / "models")],
+                          capture_output=True, text=True, timeout=600)
+    assert made.returncode == 0, made.stderr[-5000:]
     port = free_port()
     log = open(base / "server.log", "w")
     proc = subprocess.Popen(
-        [os.environ.get("COMFYUI_PYTHON", sys.executable), "main.py", "--cpu", "--listen", "127.0.0.1",
+        [python, "main.py", "--cpu", "--listen", "127.0.0.1",
          "--port", str(port), "--base-directory", str(base), "--disable-auto-launch", "--disable-api-nodes"],
         cwd=os.environ["COMFYUI_PATH"], stdout=log, stderr=subprocess.STDOUT,
     )
@@ -143,6 +148,23 @@ def node_state(page, node_id):
     )
 
 
+def frame_node(page, node_id):
+    """Scale 1, node at a fixed place on the canvas; returns the screenshot clip around it."""
+    return page.evaluate(
+        """(id) => {
+          const app = window.comfyAPI.app.app;
+          const node = app.graph.getNodeById(id);
+          const title = window.LiteGraph?.NODE_TITLE_HEIGHT ?? 30;
+          app.canvas.ds.scale = 1;
+          app.canvas.ds.offset = [260 - node.pos[0], 160 - node.pos[1]];
+          app.canvas.setDirty(true, true);
+          const rect = app.canvas.canvas.getBoundingClientRect();
+          return {x: rect.left + 248, y: rect.top + 136 - title, width: node.size[0] + 24, height: node.size[1] + title + 36};
+        }""",
+        node_id,
+    )
+
+
 def test_templates_browser_lists_every_workflow(server):
     url, _ = server
     listed = json.loads(urllib.request.urlopen(url + "/workflow_templates").read())
@@ -168,7 +190,7 @@ def test_wan22_workflow_has_a_control_on_both_nodes(page):
         assert state["active"] == [state["values"]["mode"]]
 
 
-def test_preset_control_sets_widgets_marks_differences_and_shows_stats(page, server, tmp_path):
+def test_preset_control_sets_widgets_marks_differences_and_shows_stats(page):
     (node_id,) = load_template(page, "wan2.1_t2v_1.3b")
     table = presets.web_table()
     state = node_state(page, node_id)
@@ -177,19 +199,7 @@ def test_preset_control_sets_widgets_marks_differences_and_shows_stats(page, ser
     assert state["active"] == [mode] and "all widgets as the preset sets them" in state["diff"]
 
     # bring the node to a fixed place at scale 1 and press "speed" with the mouse
-    box = page.evaluate(
-        """(id) => {
-          const app = window.comfyAPI.app.app;
-          const node = app.graph.getNodeById(id);
-          const title = window.LiteGraph?.NODE_TITLE_HEIGHT ?? 30;
-          app.canvas.ds.scale = 1;
-          app.canvas.ds.offset = [260 - node.pos[0], 160 - node.pos[1]];
-          app.canvas.setDirty(true, true);
-          const rect = app.canvas.canvas.getBoundingClientRect();
-          return {x: rect.left + 248, y: rect.top + 136 - title, width: node.size[0] + 24, height: node.size[1] + title + 36};
-        }""",
-        node_id,
-    )
+    frame_node(page, node_id)
     page.wait_for_timeout(500)
     page.locator('.vc-attention-panel button[data-mode="speed"]').click()
     state = node_state(page, node_id)
@@ -212,14 +222,6 @@ def test_preset_control_sets_widgets_marks_differences_and_shows_stats(page, ser
     assert state["values"]["mode"] == "custom" and state["values"]["clusters"] == clusters
     assert state["labels"]["clusters"] != "clusters" and state["labels"]["expcast"] == "expcast"
     assert state["diff"].startswith("custom - differs from speed: clusters")
-
-    # the screenshot shows the real state (no invented run statistics)
-    page.wait_for_timeout(300)
-    shot = tmp_path / "screenshot-node.png"
-    page.screenshot(path=str(shot), clip=box)
-    assert shot.stat().st_size > 10_000
-    if os.environ.get("VC_ATTENTION_SCREENSHOT"):
-        shutil.copyfile(shot, os.environ["VC_ATTENTION_SCREENSHOT"])
 
     # the stats the node sends after a run become the status line
     page.evaluate(
@@ -256,3 +258,59 @@ def test_preset_control_sets_widgets_marks_differences_and_shows_stats(page, ser
     )
     assert True in removed
     assert not [e for e in page.page_errors if "vc_attention" in e], page.page_errors
+
+
+def test_a_real_run_shows_its_stats_on_the_node(page, tmp_path):
+    """The shipped Wan2.1 workflow with the tiny random-weight models (comfyui_tiny_models.py),
+    queued from the UI: the node's stats travel from the server to the status line. On a CPU the
+    model runs in float32, which the kernels do not take, so every call falls back to the model's
+    own attention - and the status line says so with the reasons."""
+    (node_id,) = load_template(page, "wan2.1_t2v_1.3b")
+    page.evaluate(
+        """() => {
+          const LiteGraph = window.LiteGraph;
+          const graph = window.comfyAPI.app.app.graph;
+          const byType = (type) => graph._nodes.find((n) => n.type === type);
+          const set = (node, name, value) => { node.widgets.find((w) => w.name === name).value = value; };
+          set(byType("UNETLoader"), "unet_name", "tiny_wan2.1_t2v.safetensors");
+          set(byType("CLIPLoader"), "clip_name", "tiny_clip_l.safetensors");
+          set(byType("CLIPLoader"), "type", "stable_diffusion");
+          const latent = byType("EmptyHunyuanLatentVideo");
+          set(latent, "width", 128); set(latent, "height", 128); set(latent, "length", 5);
+          const sampler = byType("KSampler");
+          set(sampler, "steps", 3); set(sampler, "cfg", 2.0);
+          graph.remove(byType("SaveAnimatedWEBP"));
+          graph.remove(byType("VAEDecode"));
+          const save = LiteGraph.createNode("SaveLatent");
+          graph.add(save);
+          sampler.connect(0, save, 0);
+        }"""
+    )
+    clip = frame_node(page, node_id)
+    page.wait_for_timeout(500)
+    page.locator('.vc-attention-panel button[data-mode="speed"]').click()
+    page.evaluate("() => window.comfyAPI.app.app.queuePrompt(0, 1)")
+    page.wait_for_function(
+        """(id) => window.comfyAPI.app.app.graph.getNodeById(id).vcAttentionPanel.status.textContent.startsWith("backend:")""",
+        arg=node_id, timeout=300_000,
+    )
+    status = node_state(page, node_id)["status"].splitlines()
+    assert status[0].startswith("backend: ")
+    assert "cross_attention x" in status[1]  # Wan's cross-attention always stays on the model's attention
+    assert status[2].startswith("grouping: ")
+
+    # for the screenshot: one widget edited away from the preset (marked), next to the real stats
+    page.evaluate(
+        """(id) => {
+          const widget = window.comfyAPI.app.app.graph.getNodeById(id).widgets.find((w) => w.name === "clusters");
+          widget.value = 2 * widget.value;
+          widget.callback(widget.value);
+        }""",
+        node_id,
+    )
+    page.wait_for_timeout(300)
+    shot = tmp_path / "screenshot-node.png"
+    page.screenshot(path=str(shot), clip=clip)
+    assert shot.stat().st_size > 10_000
+    if os.environ.get("VC_ATTENTION_SCREENSHOT"):
+        shutil.copyfile(shot, os.environ["VC_ATTENTION_SCREENSHOT"])
