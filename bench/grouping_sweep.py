@@ -3,6 +3,7 @@
     python3 bench/grouping_sweep.py --json 720p.json                                   # Wan2.2 720p grid
     python3 bench/grouping_sweep.py --frames 2 --height 30 --width 52 --json small.json  # calibrated sample
     python3 bench/grouping_sweep.py --combine 720p.json small.json --plot docs/grouping-defaults.png
+    python3 bench/grouping_sweep.py --qkv capture.safetensors --entry block10_step2_cond --json real.json
 
 For every (clusters, iters) it groups V (kernels/grouping.group_tokens), applies V-Smooth in the
 permuted order (reference.quantize_v_vsmooth) and measures
@@ -219,15 +220,19 @@ def plot(results: list[dict], chosen: dict, path: str) -> None:
 
 def measure(args, previous: dict | None = None) -> dict:
     """The sweep (unless `previous` holds one) plus the warm-start and bf16 studies at the defaults."""
-    q, k, v = videodata.video_like_qkv(B=1, H=args.heads, T=args.frames, Hgrid=args.height, Wgrid=args.width, seed=args.seed)
-    n = v.shape[2]
+    if args.qkv:
+        q, k, v = (t.float() for t in videodata.load_captured_qkv(args.qkv, args.entry))
+        source = f"captured {args.qkv}" + (f" [{args.entry}]" if args.entry else "")
+    else:
+        q, k, v = videodata.video_like_qkv(B=1, H=args.heads, T=args.frames, Hgrid=args.height, Wgrid=args.width, seed=args.seed)
+        source = f"video-like V (kernels/videodata.py, seed {args.seed})"
+    b, h, n, d = v.shape
     rows_sampled = torch.randperm(n, generator=torch.Generator().manual_seed(7))[: args.query_rows]
     p = exact_probabilities(q, k, rows_sampled)
     if previous is None:
         baselines = {
             "title": (
-                f"video-like V (kernels/videodata.py, seed {args.seed}), B1 H{args.heads} N{n} D128, "
-                f"CPU {torch.get_num_threads()} threads, torch {torch.__version__}"
+                f"{source}, B{b} H{h} N{n} D{d}, CPU {torch.get_num_threads()} threads, torch {torch.__version__}"
             ),
             "v_term_per_channel_fp8": v_term_error(p, v, None, PLAIN_8BIT),
             "v_term_original_order": v_term_error(p, v, None),
@@ -251,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=80)
     parser.add_argument("--heads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--qkv", help="a capture file (vc_attention_capture safetensors) instead of video-like data")
+    parser.add_argument("--entry", help="which captured call in --qkv (default: the first)")
     parser.add_argument("--query-rows", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--json", help="write every measurement here")
