@@ -29,8 +29,8 @@ def test_one_event_and_one_log_line_per_run(caplog):
     assert payload["backend_calls"] == {"reference": steps * blocks}
     assert payload["fallbacks"] == {"cross_attention": steps * blocks}
     assert payload["steps"] == steps and payload["grouping_calls"] == blocks  # step 0 of 3 is in the window
-    # the first call of the shape and then every SAMPLE_EVERY-th one are timed
-    assert payload["sampled_calls"] == 1 + (steps * blocks - 1) // stats.SAMPLE_EVERY
+    # the second call of the shape and then every SAMPLE_EVERY-th one are timed (the first is warm-up)
+    assert payload["sampled_calls"] == 1 + (steps * blocks - 2) // stats.SAMPLE_EVERY
     assert payload["attention_ms"] > 0 and payload["est_speedup"] > 0
     lines = [r.getMessage() for r in caplog.records if "(node 42)" in r.getMessage()]
     assert len(lines) == 1 and "6 on reference" in lines[0] and "6 cross_attention" in lines[0]
