@@ -84,8 +84,8 @@ LAUNCH_S = 5e-6  # one eager PyTorch op from Python, CPU side (CUDA graphs remov
 
 
 def launches(clusters: int, iters: int) -> int:
-    """Kernels of one group_tokens + perm: ~8 per assignment, ~8 per update, 5 per chain step."""
-    return 8 * (iters + 1) + 8 * iters + 5 * (clusters - 1) + 20
+    """Kernels of one group_tokens + perm: ~8 per assignment, ~8 per update, 4 per chain step."""
+    return 8 * (iters + 1) + 8 * iters + 4 * (clusters - 1) + 20
 
 
 def deploy_ms_est(clusters: int, iters: int) -> float:
