@@ -177,13 +177,28 @@ def main() -> int:
     parser.add_argument("--lib", action="append", required=True, help="prebuilt variant library (repeatable)")
     parser.add_argument("--out", default="out", help="folder for sm90_check.json and SASS dumps")
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--shape", action="append", default=None,
+                        help="B,H,N,D timing shape (repeatable; default the Wan2.2-14B 720p shape)")
     parser.add_argument("--skip-timing", action="store_true")
+    parser.add_argument("--skip-correctness", action="store_true")
+    parser.add_argument("--profile-once", choices=["speed", "fidelity"],
+                        help="only launch the first --lib twice at (1, 8, 32768, 128) in this mode (run under ncu)")
     args = parser.parse_args()
+    if args.profile_once:
+        lib = Sm90Library(Path(args.lib[0]).resolve())
+        config = SPEED if args.profile_once == "speed" else FIDELITY
+        q, k, v = make_inputs(1, 8, 32768, 128, torch.bfloat16, "bhnd", seed=5)
+        ops = prepare_reference(q, k, v, torch.argsort(torch.rand(1, 8, 32768, device="cuda"), dim=-1), config)
+        out = torch.empty_like(q)
+        for _ in range(2):
+            lib.run(ops, out, "bhnd", config)
+        torch.cuda.synchronize()
+        return 0
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     libs = [Sm90Library(Path(p).resolve()) for p in args.lib]
     result = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda, variants={})
-    for lib in libs:
+    for lib in [] if args.skip_correctness else libs:
         t0 = time.time()
         cases = correctness(lib)
         result["variants"][lib.name] = dict(correctness=cases, check_s=time.time() - t0)
@@ -194,12 +209,15 @@ def main() -> int:
             print("   FAIL", c, flush=True)
     result["sass"] = sass_summary(libs, out_dir)
     print(json.dumps(result["sass"], indent=1), flush=True)
+    shapes = [tuple(int(x) for x in s.split(",")) for s in args.shape] if args.shape else [WAN_SHAPE]
     if not args.skip_timing:
-        result["timing"] = timing(libs, WAN_SHAPE, args.iters)
+        result["timing"] = {str(shape): timing(libs, shape, args.iters) for shape in shapes}
     (out_dir / "sm90_check.json").write_text(json.dumps(result, indent=1))
-    print(f"\nGPU {result['gpu']}, torch {result['torch']}, CUDA {result['cuda']}; shape (B,H,N,D)={WAN_SHAPE}, bf16 in")
-    for r in result.get("timing", []):
-        print(f"{r['method']:<50} {r['ms']:8.2f} ms {r['tflops']:7.1f} TFLOPS-eq  {r.get('speedup', 1.0):5.2f}x")
+    print(f"\nGPU {result['gpu']}, torch {result['torch']}, CUDA {result['cuda']}; bf16 in, median of {args.iters}")
+    for shape, rows in result.get("timing", {}).items():
+        print(f"shape (B,H,N,D) = {shape}")
+        for r in rows:
+            print(f"  {r['method']:<48} {r['ms']:8.2f} ms {r['tflops']:7.1f} TFLOPS-eq  {r.get('speedup', 1.0):5.2f}x")
     return 0
 
 

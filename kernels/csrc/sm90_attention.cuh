@@ -18,7 +18,7 @@ constexpr int kBlockM = 128;  // query rows per CTA: two consumer warpgroups of 
 constexpr int kBlockN = 128;  // keys per KV tile = K scale block = V-Smooth block
 constexpr int kThreads = 384;  // warpgroup 0: producer (one active warp); 1 and 2: consumers
 #ifndef VC_SM90_CONSUMER_REGS
-#define VC_SM90_CONSUMER_REGS 232
+#define VC_SM90_CONSUMER_REGS 240
 #endif
 constexpr int kConsumerRegs = VC_SM90_CONSUMER_REGS;
 constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;  // 168: the per-thread pool at launch
@@ -168,18 +168,25 @@ __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], float sc, i
                                              float (&alpha)[2], uint32_t (&pa)[4][4]) {
   // row max on the exact integers: float(acc) * sc is monotone in acc (sc >= 0), so the float max is
   // float(max acc) * sc, rounded exactly as the reference rounds it
-  int mx[2] = {INT_MIN, INT_MIN};
+  // four independent partial maxima per row: a shallow tree instead of one 32-deep dependency chain
+  int part[2][4];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) part[r][q] = INT_MIN;
 #pragma unroll
   for (int c = 0; c < 16; ++c)
 #pragma unroll
     for (int e = 0; e < 2; ++e)
       if (!MASK || key_of_column(c, t, e) < valid) {
-        mx[0] = max(mx[0], s[4 * c + e]);
-        mx[1] = max(mx[1], s[4 * c + 2 + e]);
+        part[0][(2 * c + e) & 3] = max(part[0][(2 * c + e) & 3], s[4 * c + e]);
+        part[1][(2 * c + e) & 3] = max(part[1][(2 * c + e) & 3], s[4 * c + 2 + e]);
       }
+  int mx[2];
   float base[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
+    mx[r] = max(max(part[r][0], part[r][1]), max(part[r][2], part[r][3]));
     mx[r] = max(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
     mx[r] = max(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
     const float m_new = fmaxf(row_off[r], ceilf(static_cast<float>(mx[r]) * sc));
@@ -252,8 +259,10 @@ __device__ __forceinline__ void issue_pv(float (&pv)[D / 2 + 4], const uint32_t 
   }
 }
 
-// Software pipeline per warpgroup: the wgmma batch of step j is [PV(j-1), QK(j)]; PV(j-1) is folded
-// into O while QK(j) runs, then the softmax of tile j runs while the other warpgroup's batch runs.
+// Software pipeline per warpgroup: the wgmma batch of step j is [PV(j-1), QK(j)]; once both are done,
+// the fold of PV(j-1) and the softmax of tile j run as one instruction stream (one warp per scheduler
+// runs this phase, so interleaving two independent streams is what hides the latencies) while the
+// other warpgroup's batch is on the tensor cores.
 // (Issuing [QK(j), PV(j-1)] so that the softmax also overlaps the own PV needs a second P fragment
 // set live; at head dim 128 that spills under 240 registers and measured slower: kernel-notes.md.)
 template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES>
@@ -340,20 +349,24 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     reg_fence(pv);
     reg_fence(s_acc);
     wgmma_fence();
-    // [PV(j-1), QK(j)]: PV(j-1) is folded into O while QK(j) runs
     issue_pv<D>(pv, pa, vt_tile(sp));
     wgmma_commit();
     issue_qk<D>(s_acc, q_tile, k_tile(sj));
     wgmma_commit();
     turn_end();
-    wgmma_wait<1>();
-    reg_fence(pv);
-    fold_tile<D, VSMOOTH>(o, row_sum, pv, alpha, mu_smem + sp * D, t);
-    release(sp);
     wgmma_wait<0>();
+    reg_fence(pv);
     reg_fence(s_acc);
     reg_fence(pa);
-    softmax(s_acc, q_sc * ksc_smem[sj], has_tail && j == n_kv - 1, row_off, alpha, pa);
+    const float sc = q_sc * ksc_smem[sj];
+    if (has_tail && j == n_kv - 1) {
+      fold_tile<D, VSMOOTH>(o, row_sum, pv, alpha, mu_smem + sp * D, t);
+      softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
+    } else {  // the same two calls inside each branch keep them in one basic block
+      fold_tile<D, VSMOOTH>(o, row_sum, pv, alpha, mu_smem + sp * D, t);
+      softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa);
+    }
+    release(sp);
   }
   finish(pa, alpha);
 
