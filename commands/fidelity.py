@@ -30,7 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument(
         "--knob", action="append", default=[], metavar="NAME=VALUE", help="override a VideoDataKnobs field (repeatable)"
     )
-    parser.add_argument("--clusters", type=int, help="V-Smooth k-means clusters (default: grouping default)")
+    parser.add_argument(
+        "--clusters", type=int, help="V-Smooth k-means clusters (default: grouping default, at most N/128)"
+    )
     parser.add_argument("--iters", type=int, help="V-Smooth k-means iterations (default: grouping default)")
     parser.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
@@ -38,6 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--calibration",
         action="store_true",
         help="print the calibration statistics of the data (docs/videodata.md) instead of the table",
+    )
+    parser.add_argument(
+        "--removal-only",
+        action="store_true",
+        help="with --calibration: only the block-mean removals (no O(N^2) attention; for video-size grids)",
     )
 
 
@@ -118,7 +125,7 @@ def run(args) -> int:
         print(f"vc-attention fidelity: {err}", file=sys.stderr)
         return 2
     q, k, v = (t.to(device) for t in (q, k, v))
-    clusters = args.clusters or grouping.DEFAULT_CLUSTERS
+    clusters = args.clusters or fidelity.default_clusters(q.shape[-2])
     iters = args.iters or grouping.DEFAULT_ITERS
     b, h, n, d = q.shape
     info = {
@@ -135,7 +142,7 @@ def run(args) -> int:
         print(f"  {method} ...", file=sys.stderr, flush=True)
 
     if args.calibration:
-        stats = fidelity.calibration_stats(q, k, v, clusters=clusters, iters=iters)
+        stats = fidelity.calibration_stats(q, k, v, clusters=clusters, iters=iters, attention=not args.removal_only)
         if args.json:
             print(json.dumps(dict(info, calibration=stats), indent=2))
         else:

@@ -151,6 +151,18 @@ def method_parts(method: str, q, k, v, perm, sm_scale: float | None = None) -> r
     return ref.vc_attention_reference(q, k, v, emulation, perm=perm, sm_scale=sm_scale, parts=True)
 
 
+def default_clusters(n_tokens: int) -> int:
+    """Grouping default, capped at one cluster per V block of tokens.
+
+    Clusters smaller than a block cannot make blocks homogeneous: after the stable sort a block then
+    mixes several unrelated clusters (docs/videodata.md). The cap only binds below
+    DEFAULT_CLUSTERS * 128 tokens (8,192 with 64 clusters), i.e. on small samples, never at video sizes.
+    """
+    from .grouping import DEFAULT_CLUSTERS
+
+    return max(1, min(DEFAULT_CLUSTERS, n_tokens // ref.V_BLOCK))
+
+
 def grouping_permutation(v: torch.Tensor, clusters: int, iters: int, seed: int = 0) -> torch.Tensor:
     """V-Smooth token order of the reference semantics: k-means labels -> stable sort."""
     labels, _ = ref.kmeans_labels(v, clusters, iters, seed)
@@ -186,23 +198,28 @@ def fidelity_table(
     return rows
 
 
-def calibration_stats(q, k, v, *, clusters: int, iters: int, seed: int = 0, query_chunk: int = 1024) -> dict:
+def calibration_stats(
+    q, k, v, *, clusters: int, iters: int, seed: int = 0, query_chunk: int = 1024, attention: bool = True
+) -> dict:
     """The statistics docs/videodata.md calibrates against the paper's Wan2.2 figures.
 
     removal_token_order / removal_kmeans_order: block_mean_energy_removal without / with the k-means
     order; v_share: error_split(...)["v_share"] of PLAIN_8BIT (SageAttention2-style, K smoothed);
     effective_keys: exp(entropy) of the exact softmax rows, averaged (how local attention is).
+    attention=False skips the last two (they cost O(N^2); the removals are O(N)).
     """
-    perm = grouping_permutation(v, clusters, iters, seed)
+    stats = {
+        "removal_token_order": block_mean_energy_removal(v),
+        "removal_kmeans_order": block_mean_energy_removal(v, grouping_permutation(v, clusters, iters, seed)),
+    }
+    if not attention:
+        return stats
     parts = ref.vc_attention_reference(q, k, v, PLAIN_8BIT, parts=True)
     qd, kd = q.double(), k.double()
     entropies = []
     for start in range(0, qd.shape[-2], query_chunk):
         logits = qd[:, :, start : start + query_chunk] @ kd.transpose(-1, -2) * qd.shape[-1] ** -0.5
         entropies.append(-(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1))
-    return {
-        "removal_token_order": block_mean_energy_removal(v),
-        "removal_kmeans_order": block_mean_energy_removal(v, perm),
-        "v_share": error_split(parts, ref.exact_attention(q, k, v))["v_share"],
-        "effective_keys": torch.exp(torch.cat(entropies, 2)).mean().item(),
-    }
+    stats["v_share"] = error_split(parts, ref.exact_attention(q, k, v))["v_share"]
+    stats["effective_keys"] = torch.exp(torch.cat(entropies, 2)).mean().item()
+    return stats

@@ -32,19 +32,19 @@ class VideoDataKnobs:
     docs/videodata.md says which statistic each knob sets.
     """
 
-    regions: int = 16  # value centres (blob types) per head
-    region_width: float = 0.7  # blob radius in tokens (Gaussian sigma of the fields, h and w)
-    region_frames: float = 2.0  # same, along t (content moves slowly between frames)
-    centre_energy: float = 0.85  # share of V energy in the region centres
-    field_energy: float = 0.10  # share in a smooth per-channel field (local coherence)
-    field_width: float = 1.0  # sigma of that field in tokens
+    regions: int = 8  # value centres (blob types) per head
+    region_width: float = 0.45  # blob radius in tokens (Gaussian sigma of the fields, h and w)
+    region_frames: float = 6.0  # same, along t (content changes slowly between frames)
+    centre_energy: float = 0.37  # share of V energy in the region centres
+    field_energy: float = 0.48  # share in a smooth per-channel field (local coherence)
+    field_width: float = 2.0  # sigma of that field in tokens (h, w; t uses region_frames)
     field_rank: int = 32  # smooth fields mixed into every head's V channels (a low-rank field)
     outlier_rate: float = 0.01  # fraction of tokens with outliers
     outlier_channels: int = 2  # channels hit per outlier token
     outlier_gain: float = 12.0  # outlier size in units of V's per-channel rms (1 before outliers)
-    pos_strength: float = 14.0  # log2-score advantage of a token on itself over a far one (locality)
+    pos_strength: float = 16.0  # log2-score advantage of a token on itself over a far one (locality)
     pos_focus: float = 1.0  # rotary pair energy ~ theta^pos_focus: higher = shorter attention range
-    content_strength: float = 5.0  # log2-score bonus for a key in the query's region
+    content_strength: float = 9.0  # log2-score bonus for a key in the query's region
     qk_noise: float = 0.5  # token noise on Q/K content, relative to its signal
     k_offset: float = 6.0  # size of the fixed-channel K offsets, relative to K's rms
     k_offset_channels: int = 4

@@ -116,5 +116,7 @@ def test_cli_calibration_with_knobs(capsys):
     stats = json.loads(capsys.readouterr().out)["calibration"]
     assert set(stats) == {"removal_token_order", "removal_kmeans_order", "v_share", "effective_keys"}
     assert 0 <= stats["removal_token_order"] <= 1 and stats["effective_keys"] >= 1
+    assert cli.main(["fidelity", *TINY, "--calibration", "--removal-only", "--json"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["calibration"]) == {"removal_token_order", "removal_kmeans_order"}
     assert cli.main(["fidelity", *TINY, "--knob", "regions"]) == 2
     assert "NAME=VALUE" in capsys.readouterr().err

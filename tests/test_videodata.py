@@ -103,20 +103,22 @@ def test_embedded_sample_is_the_documented_size():
 
 # ----------------------------------------------------------------------------------------------
 # calibration to the paper's Wan2.2 statistics (docs/videodata.md): embedded sample, grouping defaults
+# capped at N/128 clusters
 @pytest.fixture(scope="module")
 def calibration():
-    from vc_attention.kernels.fidelity import calibration_stats
-    from vc_attention.kernels.grouping import DEFAULT_CLUSTERS, DEFAULT_ITERS
+    from vc_attention.kernels.fidelity import calibration_stats, default_clusters
+    from vc_attention.kernels.grouping import DEFAULT_ITERS
 
-    return calibration_stats(*vd.embedded_sample(), clusters=DEFAULT_CLUSTERS, iters=DEFAULT_ITERS)
+    q, k, v = vd.embedded_sample()
+    return calibration_stats(q, k, v, clusters=default_clusters(v.shape[2]), iters=DEFAULT_ITERS)
 
 
 def test_block_mean_removal_is_about_8_percent_in_token_order(calibration):
-    assert 0.05 < calibration["removal_token_order"] < 0.11  # paper: 8%
+    assert 0.06 < calibration["removal_token_order"] < 0.12  # paper: 8%
 
 
 def test_block_mean_removal_is_about_36_percent_after_kmeans_sorting(calibration):
-    assert 0.30 < calibration["removal_kmeans_order"] < 0.44  # paper: 36%
+    assert 0.27 < calibration["removal_kmeans_order"] < 0.42  # paper: 36%
 
 
 def test_v_term_is_about_82_percent_of_the_8bit_baseline_error(calibration):
@@ -129,7 +131,7 @@ def test_knobs_move_their_statistics():
     def stats(**knobs):
         return calibration_stats(*vd.video_like_qkv(T=1, Hgrid=16, Wgrid=16, seed=0, **knobs), clusters=4, iters=2)
 
-    base, local = stats(), stats(pos_strength=20.0)
-    assert local["effective_keys"] < 0.7 * base["effective_keys"]
-    assert local["v_share"] > base["v_share"]
+    base, diffuse = stats(), stats(pos_strength=8.0, content_strength=4.0)
+    assert diffuse["effective_keys"] > 1.4 * base["effective_keys"]
+    assert diffuse["v_share"] < base["v_share"]
     assert stats(regions=4)["removal_token_order"] > base["removal_token_order"] + 0.03
