@@ -4,7 +4,7 @@
 
 export const PRESET_MODES = ["fidelity", "balanced", "speed"];
 
-// Floats typed into a widget come back rounded to its step; compare within half a step's error.
+// Float widgets round their value to the widget's step: a tiny tolerance keeps 0.25 equal to 0.25.
 function sameValue(a, b) {
   if (typeof a === "number" && typeof b === "number") return Math.abs(a - b) < 1e-6;
   return a === b;
