@@ -121,8 +121,29 @@ def _host_check(comfyui_path: str, out_path: str, kind: str) -> None:
         "stats": events[0] if len(events) == 1 else {"events": len(events)},
         "rel_l2": float((vc.double() - plain.double()).norm() / plain.double().norm()),
     }
-    result.update(_other_nodes(nodes, run, model, plain, out_path))
+    if kind == "wan":
+        result.update(_schedule_cases(comfy, node_cls, model, widgets, noise, latent, positive, negative, EventRecorder))
+        result.update(_other_nodes(nodes, run, model, plain, out_path))
     Path(out_path).write_text(json.dumps(result, default=str))
+
+
+def _schedule_cases(comfy, node_cls, model, widgets, noise, latent, positive, negative, recorder) -> dict:
+    """Split sampling over two patched models (as two KSamplerAdvanced nodes) and a heun run."""
+    def patched(unique_id):
+        node = node_cls.PREPARE_CLASS_CLONE({"hidden_inputs": {"UNIQUE_ID": unique_id}})
+        return node.execute(model=model, mode="balanced", **widgets).args[0]
+
+    recorder.messages.clear()
+    common = dict(cfg=5.0, sampler_name="euler", scheduler="simple", positive=positive, negative=negative,
+                  seed=1, disable_pbar=True)
+    half = comfy.sample.sample(patched("high"), noise, STEPS, latent_image=latent, start_step=0,
+                               last_step=STEPS // 2, force_full_denoise=False, **common)
+    comfy.sample.sample(patched("low"), noise, STEPS, latent_image=half, start_step=STEPS // 2,
+                        last_step=STEPS, disable_noise=True, **common)
+    comfy.sample.sample(patched("heun"), noise, STEPS, latent_image=latent, **(common | {"sampler_name": "heun"}))
+    events = {data["node_id"]: data for event, data in recorder.messages if event == "vc_attention.stats"}
+    return {"schedule_events": {k: {key: v[key] for key in ("backend_calls", "grouping_calls", "steps")}
+                                for k, v in events.items()}}
 
 
 def _other_nodes(nodes, run, model, plain, out_path) -> dict:
