@@ -44,8 +44,9 @@ def test_block_mean_energy_removal():
     assert fi.block_mean_energy_removal(v) == pytest.approx(0.0, abs=1e-12)
     perm = ref.labels_to_permutation(labels.view(1, 1, n))
     assert fi.block_mean_energy_removal(v, perm) == pytest.approx(1.0)
-    # tail block of one row: its mean is the row itself
-    assert fi.block_mean_energy_removal(torch.randn(1, 2, 129, 4)) > 1 / 129
+    # a tail block of one row: its mean is the row itself, so that row's energy is removed exactly
+    tail = torch.cat([torch.tensor([1.0, -1.0]).repeat(64), torch.tensor([5.0])]).view(1, 1, 129, 1)
+    assert fi.block_mean_energy_removal(tail) == pytest.approx(25 / (128 + 25))
 
 
 @pytest.fixture(scope="module")
