@@ -1,5 +1,8 @@
 """CPU tests of kernels/grouping.py (against the grouping semantics in kernels/reference.py) and of
 kernels/grouping_order.py (the cluster renumbering)."""
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -239,3 +242,11 @@ def test_each_step_goes_to_the_nearest_unvisited_cluster():
             here, rest = centroids[g, order[step]], centroids[g, order[step + 1 :]]
             nearest = (rest - here).square().sum(-1).argmin()
             assert nearest == 0
+
+
+def test_docs_snippet_runs():
+    """docs/grouping.md's API example is executed, so it cannot drift from the code."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "grouping.md").read_text()
+    (code,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    exec(compile(code, "docs/grouping.md", "exec"), {"__name__": "docs_snippet"})
+    assert f"`DEFAULT_CLUSTERS = {grouping.DEFAULT_CLUSTERS}`, `DEFAULT_ITERS = {grouping.DEFAULT_ITERS}`" in text
