@@ -55,6 +55,8 @@ def ineligible(q, k, v, heads: int, mask, skip_reshape: bool, kwargs: dict) -> O
         return GQA, f"grouped/multi-query attention (q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)})"
     if q.dtype not in SUPPORTED_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         return DTYPE, f"dtype {q.dtype}/{k.dtype}/{v.dtype} (the kernels take fp16 or bf16)"
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        return SHAPE, "the head dimension is not contiguous in memory (the kernels read rows of D values)"
     return None
 
 

@@ -83,6 +83,7 @@ def _fallback_cases():
         "low_precision_attention_off": (dict(q=q, k=k, v=v, low_precision_attention=False), {}),
         "gqa_or_mqa": (dict(q=gq[0], k=gk[0], v=gv[0], skip_reshape=True, enable_gqa=True), {}),
         "dtype": (dict(q=q.float(), k=k.float(), v=v.float()), {}),
+        "shape": (dict(q=torch.stack([gq[0], gq[0]], dim=-1)[..., 0], k=gq[1], v=gq[2], skip_reshape=True), {}),
         "outside_start_end": (dict(q=q, k=k, v=v), {"sigmas": torch.tensor([0.9])}),
         "no_sigma": (dict(q=q, k=k, v=v), {"sigmas": None}),
     }
@@ -96,9 +97,9 @@ def test_every_other_call_goes_to_func_unchanged_with_its_reason(reason):
     call, extra = _fallback_cases()[reason]
     q, k, v = call.pop("q"), call.pop("k"), call.pop("v")
     to = {key: val for key, val in (options(patch) | extra).items() if val is not None}
-    out = attention_pytorch(q, k, v, heads=call.pop("heads", 4 if reason == "gqa_or_mqa" else H),
-                            transformer_options=to, **call)
-    expected = attention_pytorch(q, k, v, heads=4 if reason == "gqa_or_mqa" else H, **call)
+    heads = 4 if reason in ("gqa_or_mqa", "shape") else H
+    out = attention_pytorch(q, k, v, heads=heads, transformer_options=to, **call)
+    expected = attention_pytorch(q, k, v, heads=heads, **call)
     assert torch.equal(out, expected)
     assert patch.stats.fallbacks == {reason: 1} and not patch.stats.backend_calls
 
