@@ -20,7 +20,7 @@ from comfy_api.latest import io
 
 from . import override as O
 from .node_attention import CATEGORY
-from .patch import CALLBACK_KEY
+from .patch import CALLBACK_KEY, install_handler
 
 NODE_ID = "VCAttentionCapture"
 FORMAT_METADATA = {"format": "vc_attention_capture", "version": "1"}
@@ -113,18 +113,6 @@ class QKVRecorder:
                 self.tensors[f"{entry}.{name}"] = bhnd.to(device="cpu", dtype=dtype).contiguous()
 
 
-def install_recorder(model_patcher, recorder: QKVRecorder):
-    from comfy.patcher_extension import CallbacksMP  # ComfyUI's own module (only inside ComfyUI)
-
-    patched = model_patcher.clone()
-    transformer_options = patched.model_options.setdefault("transformer_options", {})
-    previous = transformer_options.get("optimized_attention_override")
-    transformer_options["optimized_attention_override"] = O.make_override(recorder.observe, previous)
-    patched.add_callback_with_key(CallbacksMP.ON_PRE_RUN, CALLBACK_KEY + "_capture", recorder.start_run)
-    patched.add_callback_with_key(CallbacksMP.ON_CLEANUP, CALLBACK_KEY + "_capture", recorder.end_run)
-    return patched
-
-
 class VCAttentionCapture(io.ComfyNode):
     @classmethod
     def define_schema(cls):
@@ -156,4 +144,5 @@ class VCAttentionCapture(io.ComfyNode):
         next_free_path(output_dir, filename_prefix)  # validate the prefix now, not after sampling
         recorder = QKVRecorder(parse_index_list(blocks, "blocks"), parse_index_list(steps, "steps"),
                                chosen_branches, output_dir, filename_prefix)
-        return io.NodeOutput(install_recorder(model, recorder))
+        return io.NodeOutput(install_handler(model, recorder.observe, recorder.start_run, recorder.end_run,
+                                             CALLBACK_KEY + "_capture"))

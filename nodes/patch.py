@@ -164,14 +164,23 @@ class VCPatch:
         return grouping.perm()
 
 
-def install(model_patcher, patch: VCPatch):
-    """A clone of `model_patcher` with `patch` on its attention hook; the original is untouched."""
+def install_handler(model_patcher, handler, on_pre_run, on_cleanup, key: str):
+    """A clone of `model_patcher` whose attention hook sends every call to `handler`.
+
+    The override already on the hook is chained (it gets the calls `handler` declines); the
+    callbacks run when sampling starts and ends. The original model patcher is untouched.
+    """
     from comfy.patcher_extension import CallbacksMP  # ComfyUI's own module (only inside ComfyUI)
 
     patched = model_patcher.clone()
     transformer_options = patched.model_options.setdefault("transformer_options", {})
     previous = transformer_options.get("optimized_attention_override")
-    transformer_options["optimized_attention_override"] = O.make_override(patch.attend, previous)
-    patched.add_callback_with_key(CallbacksMP.ON_PRE_RUN, CALLBACK_KEY, patch.start_run)
-    patched.add_callback_with_key(CallbacksMP.ON_CLEANUP, CALLBACK_KEY, patch.end_run)
+    transformer_options["optimized_attention_override"] = O.make_override(handler, previous)
+    patched.add_callback_with_key(CallbacksMP.ON_PRE_RUN, key, on_pre_run)
+    patched.add_callback_with_key(CallbacksMP.ON_CLEANUP, key, on_cleanup)
     return patched
+
+
+def install(model_patcher, patch: VCPatch):
+    """A clone of `model_patcher` with VC-Attention on its self-attention."""
+    return install_handler(model_patcher, patch.attend, patch.start_run, patch.end_run, CALLBACK_KEY)
