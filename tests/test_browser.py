@@ -93,11 +93,11 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(server):
+def page(request):
     sync_api = pytest.importorskip("playwright.sync_api")
     if not Path(CHROMIUM).exists():
         pytest.skip("needs Debian's chromium package (/usr/bin/chromium)")
-    url, _ = server
+    url, _ = request.getfixturevalue("server")  # started only once the browser side is available
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
         tab = browser.new_page(viewport={"width": 1400, "height": 900})
