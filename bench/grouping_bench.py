@@ -45,7 +45,9 @@ def _graph_median_ms(v: torch.Tensor, clusters: int, iters: int, repeats: int) -
     return _median_ms(graph.replay, repeats)
 
 
-def labels_cache_bytes(layers: int, branches: int, B: int, H: int, N: int, clusters: int, D: int, centroids: bool) -> int:
+def labels_cache_bytes(
+    layers: int, branches: int, B: int, H: int, N: int, clusters: int, D: int, centroids: bool
+) -> int:
     """Bytes of CompactGrouping for every layer and CFG branch (labels + counts [+ fp16 centroids])."""
     per_head = N * grouping.label_dtype(clusters).itemsize + clusters * 4 + (clusters * D * 2 if centroids else 0)
     return layers * branches * B * H * per_head

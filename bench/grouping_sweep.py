@@ -14,8 +14,9 @@ permuted order (reference.quantize_v_vsmooth) and measures
 - CPU time of group_tokens + perm (best of `repeats`, this machine's threads) and the estimated HBM
   traffic of the CUDA path (bytes_per_grouping), the quantity that sets its GPU time.
 Each with the clusters renumbered along a chain (the default) and without (`_unordered`, the
-reference's permutation). Also: the same V-term for per-channel FP8 V (no grouping) and for V-Smooth in the original token
-order; warm starts from the previous step's centroids; the 16-bit (bf16) distance path.
+reference's permutation). Also: the same V-term for per-channel FP8 V (no grouping) and for V-Smooth
+in the original token order; warm starts from the previous step's centroids; the 16-bit (bf16)
+distance path.
 """
 from __future__ import annotations
 
@@ -137,7 +138,8 @@ def choose_default(results: list[dict]) -> dict:
     allowed = set.intersection(*(good(res["sweep"]) for res in results))
     candidates = [r for r in results[0]["sweep"] if (r["clusters"], r["iters"]) in allowed]
     chosen = min(candidates, key=lambda r: (deploy_ms_est(r["clusters"], r["iters"]), r["v_term"]))
-    return {"clusters": chosen["clusters"], "iters": chosen["iters"], "deploy_ms_est": deploy_ms_est(chosen["clusters"], chosen["iters"])}
+    cost = deploy_ms_est(chosen["clusters"], chosen["iters"])
+    return {"clusters": chosen["clusters"], "iters": chosen["iters"], "deploy_ms_est": cost}
 
 
 def warm_start_study(v, p, clusters: int, cold_iters: int, noise: float) -> list[dict]:
@@ -195,7 +197,8 @@ def plot(results: list[dict], chosen: dict, path: str) -> None:
             cost = [deploy_ms_est(r["clusters"], r["iters"]) for r in mine]
             line = left.plot(cost, [r["v_term"] for r in mine], "o-", label=f"{clusters} clusters")[0]
             left.plot(cost, [r["v_term_unordered"] for r in mine], "x:", color=line.get_color(), alpha=0.6)
-            right.plot([r["iters"] for r in mine], [r["energy_removed"] for r in mine], "o-", label=f"{clusters} clusters")
+            right.plot([r["iters"] for r in mine], [r["energy_removed"] for r in mine], "o-",
+                       label=f"{clusters} clusters")
         pick = next(r for r in rows if (r["clusters"], r["iters"]) == (chosen["clusters"], chosen["iters"]))
         left.plot(chosen["deploy_ms_est"], pick["v_term"], "k*", ms=16, label="default")
         left.axhline(base["v_term_original_order"], color="grey", ls="--", label="V-Smooth, original order")
@@ -224,7 +227,9 @@ def measure(args, previous: dict | None = None) -> dict:
         q, k, v = (t.float() for t in videodata.load_captured_qkv(args.qkv, args.entry))
         source = f"captured {args.qkv}" + (f" [{args.entry}]" if args.entry else "")
     else:
-        q, k, v = videodata.video_like_qkv(B=1, H=args.heads, T=args.frames, Hgrid=args.height, Wgrid=args.width, seed=args.seed)
+        q, k, v = videodata.video_like_qkv(
+            B=1, H=args.heads, T=args.frames, Hgrid=args.height, Wgrid=args.width, seed=args.seed
+        )
         source = f"video-like V (kernels/videodata.py, seed {args.seed})"
     b, h, n, d = v.shape
     rows_sampled = torch.randperm(n, generator=torch.Generator().manual_seed(7))[: args.query_rows]

@@ -162,7 +162,9 @@ def _cluster_sums_scatter(x_aug: torch.Tensor, labels: torch.Tensor, clusters: i
     return sums.scatter_add_(1, labels.unsqueeze(-1).expand(g, n, width), x_aug.float())
 
 
-def _update(x_aug: torch.Tensor, a: torch.Tensor, labels: torch.Tensor, centroids: torch.Tensor, d: int) -> torch.Tensor:
+def _update(
+    x_aug: torch.Tensor, a: torch.Tensor, labels: torch.Tensor, centroids: torch.Tensor, d: int
+) -> torch.Tensor:
     """Cluster means; an empty cluster keeps its previous centroid (as kmeans_update)."""
     sums_of = _cluster_sums_onehot if x_aug.is_cuda else _cluster_sums_scatter
     sums = sums_of(x_aug, labels, centroids.shape[1])

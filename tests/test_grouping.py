@@ -87,7 +87,8 @@ def test_16bit_distance_product_is_exact_for_the_rounded_centroids(dtype, scale)
     assert agreement(labels, expected) >= 0.999
     # over several iterations near-tie flips change the trajectory a little, not the quality
     labels_16, centroids_16 = grouping._lloyd(x, x[:, :32].float(), 4)
-    labels_32, centroids_32 = ref.kmeans_labels(x.float().unsqueeze(0), 32, 4, init_centroids=x[:, :32].float().unsqueeze(0))
+    init = x[:, :32].float().unsqueeze(0)
+    labels_32, centroids_32 = ref.kmeans_labels(x.float().unsqueeze(0), 32, 4, init_centroids=init)
     assert agreement(labels_16, labels_32[0]) >= 0.9
     assert inertia(x, labels_16, centroids_16) <= 1.001 * inertia(x, labels_32[0], centroids_32[0])
 
