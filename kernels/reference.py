@@ -333,7 +333,11 @@ def kmeans_labels(
 
 
 def labels_to_permutation(labels: torch.Tensor) -> torch.Tensor:
-    """Stable sort of tokens by label (ties keep token order): perm[i] = source token of slot i."""
+    """Stable sort of tokens by label (ties keep token order): perm[i] = source token of slot i.
+
+    Cluster ids carry no meaning: any renumbering of the clusters is an equally valid grouping
+    (attention output is permutation-invariant). kernels/grouping.group_tokens renumbers them along
+    a nearest-neighbour chain of centroids so that blocks straddling two clusters mix similar ones."""
     return torch.argsort(labels, dim=-1, stable=True)
 
 
