@@ -177,3 +177,12 @@ def test_the_override_runs_eagerly_inside_a_torch_compiled_model():
 
     out = block(q, k, v)
     assert out.shape == q.shape and patch.stats.backend_calls == {"reference": 1}
+
+
+def test_auto_on_cpu_runs_the_reference_emulation_the_documented_demo_path():
+    from comfy.ldm.modules.attention import attention_pytorch
+
+    patch = make_patch(backend="auto")
+    q, k, v = qkv((B, N, H * D))
+    attention_pytorch(q, k, v, heads=H, transformer_options=options(patch))
+    assert patch.stats.backend_calls == {"reference": 1} and not patch.stats.fallbacks
