@@ -314,3 +314,14 @@ def test_a_real_run_shows_its_stats_on_the_node(page, tmp_path):
     assert shot.stat().st_size > 10_000
     if os.environ.get("VC_ATTENTION_SCREENSHOT"):
         shutil.copyfile(shot, os.environ["VC_ATTENTION_SCREENSHOT"])
+
+
+def test_templates_browser_shows_the_pack_and_its_workflows(page):
+    """What a user sees: Browse Templates -> our pack under Extensions -> the six workflows."""
+    page.evaluate("() => window.comfyAPI.app.app.extensionManager.command.execute('Comfy.BrowseTemplates')")
+    dialog = page.locator('[role="dialog"]')
+    dialog.get_by_text(PACK, exact=True).first.click()
+    for path in (REPO / "workflows").glob("*.json"):
+        dialog.get_by_text(path.stem, exact=True).wait_for(timeout=30_000)
+    page.keyboard.press("Escape")
+    dialog.first.wait_for(state="detached", timeout=10_000)
