@@ -5,6 +5,7 @@ trace through a model that calls it without graph breaks inside the kernel.
 """
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Optional
 
@@ -17,7 +18,12 @@ from .config import FIDELITY, LAYOUTS, VCConfig
 BACKEND_CALLS: Counter = Counter()
 
 
-@torch.library.custom_op("vc_attention::attention", mutates_args=())
+# One op per loaded copy of the package: ComfyUI imports the pack by folder name while a pip install
+# provides `vc_attention`; one shared op name would let the last copy silently serve both.
+OP_NAME = "vc_attention::attention_" + re.sub(r"\W", "_", __package__)
+
+
+@torch.library.custom_op(OP_NAME, mutates_args=())
 def _attention_op(
     q: torch.Tensor,
     k: torch.Tensor,
