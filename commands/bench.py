@@ -88,9 +88,9 @@ def _methods(backend: str):
                 return F.scaled_dot_product_attention(q, k, v)
         return call
 
-    def vc(config):
+    def vc(config, which=backend):
         return lambda q, k, v, perm: vc_attention(q, k, v, config=config, perm=perm if config.needs_grouping else None,
-                                                  backend=backend)
+                                                  backend=which)
 
     methods = {"sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION)}
     try:
@@ -100,6 +100,8 @@ def _methods(backend: str):
     if sageattn is not None:
         methods["sageattention"] = lambda q, k, v, perm: sageattn(q, k, v, tensor_layout="HND")
     methods.update({"vc-plain8": vc(PLAIN_8BIT), "vc-fidelity": vc(FIDELITY), "vc-speed": vc(SPEED)})
+    if backend == "auto":  # the portable kernel side by side with whatever auto picks
+        methods.update({"vc-fidelity[mma]": vc(FIDELITY, "mma"), "vc-speed[mma]": vc(SPEED, "mma")})
     return methods
 
 
@@ -111,7 +113,7 @@ def _fidelity(methods, head_dim: int) -> dict[str, float]:
     from ..kernels.videodata import video_like_qkv
 
     q, k, v = video_like_qkv(B=1, H=4, T=4, Hgrid=30, Wgrid=52, D=head_dim, dtype=torch.bfloat16, device="cuda")
-    perm = grouping.group_tokens(v, grouping.DEFAULT_CLUSTERS, grouping.DEFAULT_ITERS).perm
+    perm = grouping.group_tokens(v, grouping.DEFAULT_CLUSTERS, grouping.DEFAULT_ITERS).perm()
     exact = reference.exact_attention(q, k, v)
     return {name: float((fn(q, k, v, perm).double() - exact).norm() / exact.norm()) for name, fn in methods.items()}
 
@@ -130,15 +132,19 @@ def benchmark(shapes: dict, backend: str = "auto", reps: int = 5, fidelity: bool
         flops = 4.0 * b * h * n * n * d
         gen = torch.Generator(device="cuda").manual_seed(0)
         q, k, v = (torch.randn(b, h, n, d, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        group_ms = cuda_time_ms(lambda: grouping.group_tokens(v, grouping.DEFAULT_CLUSTERS, grouping.DEFAULT_ITERS), max(1, reps // 2))
-        perm = grouping.group_tokens(v, grouping.DEFAULT_CLUSTERS, grouping.DEFAULT_ITERS).perm
+        def group():
+            return grouping.group_tokens(v, grouping.DEFAULT_CLUSTERS, grouping.DEFAULT_ITERS).perm()
+
+        group_ms = cuda_time_ms(group, max(1, reps // 2))
+        perm = group()
         chosen = backends.select(q, SPEED, "bhnd", backend, allow_slow=False).name
         base = None
         for method, fn in methods.items():
             ms = cuda_time_ms(lambda: fn(q, k, v, perm), reps)
             base = base or ms
+            ran = "mma" if method.endswith("[mma]") else chosen
             rows.append(dict(shape=name, B=b, H=h, N=n, D=d, method=method, ms=ms, tops=flops / ms / 1e9,
-                             speedup_vs_cudnn=base / ms, backend=chosen if method.startswith("vc-") else None))
+                             speedup_vs_cudnn=base / ms, backend=ran if method.startswith("vc-") else None))
         rows.append(dict(shape=name, B=b, H=h, N=n, D=d, method="grouping (k-means+perm)", ms=group_ms, tops=None,
                          speedup_vs_cudnn=None, backend=None))
         if fidelity and d not in errors:
