@@ -31,6 +31,7 @@ SHAPES = {
     "ltx-video": (1, 32, 6144, 64),
     "d64": (1, 32, 32768, 64),
 }
+FP8_DENSE_PEAK_TOPS = 1979.0  # H100/H200 SXM dense FP8 tensor-core peak (datasheet)
 DEFAULT_SHAPES = ("wan22-14b-720p", "wan21-1.3b-480p", "hunyuan15-720p", "ltx-video")
 
 
@@ -144,6 +145,7 @@ def benchmark(shapes: dict, backend: str = "auto", reps: int = 5, fidelity: bool
             base = base or ms
             ran = "mma" if method.endswith("[mma]") else chosen
             rows.append(dict(shape=name, B=b, H=h, N=n, D=d, method=method, ms=ms, tops=flops / ms / 1e9,
+                             fp8_peak_fraction=flops / ms / 1e9 / FP8_DENSE_PEAK_TOPS if method.startswith("vc-") else None,
                              speedup_vs_cudnn=base / ms, backend=ran if method.startswith("vc-") else None))
         rows.append(dict(shape=name, B=b, H=h, N=n, D=d, method="grouping (k-means+perm)", ms=group_ms, tops=None,
                          speedup_vs_cudnn=None, backend=None))
@@ -159,12 +161,13 @@ def benchmark(shapes: dict, backend: str = "auto", reps: int = 5, fidelity: bool
 
 def format_table(result: dict) -> str:
     lines = [f"{result['gpu']}, torch {result['torch']}, CUDA {result['cuda']}, cuDNN {result['cudnn']}",
-             f"{'shape':16s} {'method':24s} {'ms':>9s} {'TOPS':>6s} {'x cuDNN':>7s} {'rel-L2':>8s}  backend"]
+             f"{'shape':16s} {'method':24s} {'ms':>9s} {'TOPS':>6s} {'%FP8pk':>6s} {'x cuDNN':>7s} {'rel-L2':>8s}  backend"]
     for r in result["rows"]:
         tops = f"{r['tops']:6.0f}" if r["tops"] else "     -"
         speed = f"{r['speedup_vs_cudnn']:7.2f}" if r["speedup_vs_cudnn"] else "      -"
         err = f"{r['rel_l2_video_like']:8.4f}" if r.get("rel_l2_video_like") is not None else "       -"
-        lines.append(f"{r['shape']:16s} {r['method']:24s} {r['ms']:9.2f} {tops} {speed} {err}  {r['backend'] or ''}")
+        peak = f"{100 * r['fp8_peak_fraction']:6.1f}" if r.get("fp8_peak_fraction") else "     -"
+        lines.append(f"{r['shape']:16s} {r['method']:24s} {r['ms']:9.2f} {tops} {peak} {speed} {err}  {r['backend'] or ''}")
     return "\n".join(lines)
 
 
