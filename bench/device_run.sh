@@ -23,7 +23,7 @@ step() {  # step NAME SECONDS COMMAND...
   echo "[$name] rc=$? in $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
 }
 step build 150 python3 -m vc_attention.cli build
-step bench 120 python3 -m vc_attention.cli bench --save --json --reps 5
+step bench 120 python3 -m vc_attention.cli bench --save --json --reps 5 --shapes wan22-14b-720p,wan21-1.3b-480p,hunyuan15-720p,ltx-video,d64
 cp bench/results/*.json "$OUT/" 2>/dev/null
 step e2e 170 python3 -m vc_attention.cli bench --e2e
 step grouping 45 python3 bench/grouping_bench.py --batch 1 2
