@@ -190,7 +190,8 @@ def _queries_keys(
     rms = k.pow(2).mean().sqrt()
     for h in range(heads):
         channels = torch.randperm(dim, generator=gen)[: knobs.k_offset_channels]
-        offset[h, 0, channels] = knobs.k_offset * rms * (torch.rand(len(channels), generator=gen, dtype=torch.float64) + 0.5)
+        spread = torch.rand(len(channels), generator=gen, dtype=torch.float64) + 0.5  # 0.5x .. 1.5x
+        offset[h, 0, channels] = knobs.k_offset * rms * spread
     return q, k + offset
 
 

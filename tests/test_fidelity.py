@@ -113,7 +113,8 @@ def test_cli_rejects_a_file_that_is_not_a_capture(tmp_path, capsys):
 
 
 def test_cli_calibration_with_knobs(capsys):
-    assert cli.main(["fidelity", *TINY, "--calibration", "--json", "--knob", "regions=4", "--knob", "pos_strength=9"]) == 0
+    knobs = ["--knob", "regions=4", "--knob", "pos_strength=9"]
+    assert cli.main(["fidelity", *TINY, "--calibration", "--json", *knobs]) == 0
     stats = json.loads(capsys.readouterr().out)["calibration"]
     assert set(stats) == {"removal_token_order", "removal_kmeans_order", "v_share", "effective_keys"}
     assert 0 <= stats["removal_token_order"] <= 1 and stats["effective_keys"] >= 1
