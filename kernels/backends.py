@@ -29,9 +29,18 @@ class Backend:
     unsupported_reason: ReasonFn
     slow: bool = False  # the emulation: never chosen silently in place of a fast path
     available_reason: Callable[[], Optional[str]] = field(default=lambda: None)
+    # availability (toolkit, GPU arch) cannot change within a process, and checking it can spawn
+    # `nvcc --version` (milliseconds): it is asked once, not on every attention call
+    _availability: tuple[Optional[str]] | None = field(default=None, init=False, repr=False)
+
+    def availability(self) -> Optional[str]:
+        """Why this backend cannot run in this process at all (None: it can), computed once."""
+        if self._availability is None:
+            self._availability = (self.available_reason(),)
+        return self._availability[0]
 
     def why_not(self, q: torch.Tensor, config: VCConfig, layout: str) -> Optional[str]:
-        return self.available_reason() or self.unsupported_reason(q, config, layout)
+        return self.availability() or self.unsupported_reason(q, config, layout)
 
 
 _REGISTRY: dict[str, Backend] = {}
@@ -84,7 +93,7 @@ def describe(q: torch.Tensor | None = None, config: VCConfig | None = None, layo
     """(name, reason-or-None) for every backend; with no sample call only availability is checked."""
     out = []
     for b in backends():
-        out.append((b.name, b.available_reason() if q is None else b.why_not(q, config or VCConfig(), layout)))
+        out.append((b.name, b.availability() if q is None else b.why_not(q, config or VCConfig(), layout)))
     return out
 
 
