@@ -115,11 +115,7 @@ def _modes() -> list[tuple[str, VCConfig, int, int]]:
     V-Smooth adds."""
     out = [("plain-8bit", PLAIN_8BIT, 0, 0)]
     for name, widgets in presets.PRESETS.items():
-        config = VCConfig(
-            qk=presets.PRECISIONS[widgets["precision"]],
-            v="vsmooth" if widgets["v_smooth"] else "per_channel",
-            p="expcast" if widgets["expcast"] else "exp2",
-        )
+        config = presets.config_from_widgets(widgets)
         out.append((name, config, int(widgets["clusters"]), int(widgets["kmeans_iters"])))
     return out
 

@@ -6,7 +6,6 @@ import inspect
 from comfy_api.latest import io
 
 from ..kernels import backends
-from ..kernels.config import VCConfig
 from . import presets
 from .patch import Settings, VCPatch, install
 
@@ -39,13 +38,8 @@ def widget_input(name: str, spec: dict):
 
 
 def settings_from_widgets(resolved: dict) -> Settings:
-    config = VCConfig(
-        qk=presets.PRECISIONS[resolved["precision"]],
-        v="vsmooth" if resolved["v_smooth"] else "per_channel",
-        p="expcast" if resolved["expcast"] else "exp2",
-    )
     return Settings(
-        config=config,
+        config=presets.config_from_widgets(resolved),
         clusters=int(resolved["clusters"]),
         kmeans_iters=int(resolved["kmeans_iters"]),
         grouping_window=float(resolved["grouping_window"]),

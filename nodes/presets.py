@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..kernels.config import VCConfig
 from ..kernels.grouping import DEFAULT_CLUSTERS, DEFAULT_ITERS
 
 MODES = ("fidelity", "balanced", "speed", "custom")
@@ -189,6 +190,21 @@ def resolve(mode: str, widgets: dict[str, object]) -> dict[str, object]:
             f"({resolved['end_percent']}), otherwise VC-Attention never runs."
         )
     return resolved
+
+
+def config_from_widgets(widgets: dict[str, object]) -> VCConfig:
+    """The kernel configuration of resolved widget values (precision, v_smooth, expcast).
+
+    precision "off" has no configuration: the caller keeps the model's own attention instead.
+    """
+    qk = PRECISIONS[widgets["precision"]]
+    if qk is None:
+        raise ValueError("VC-Attention: precision 'off' runs the model's own attention; there is no kernel configuration.")
+    return VCConfig(
+        qk=qk,
+        v="vsmooth" if widgets["v_smooth"] else "per_channel",
+        p="expcast" if widgets["expcast"] else "exp2",
+    )
 
 
 def web_table() -> dict[str, object]:

@@ -62,3 +62,14 @@ def test_the_readme_widget_table_has_one_row_per_widget_with_its_default():
     assert len(table) == 2 + len(P.WIDGETS)
     for row, (name, spec) in zip(table[2:], P.WIDGETS.items()):
         assert row.startswith(f"| `{name}`") and f"| {spec['default']} |" in row
+
+
+def test_config_from_widgets_maps_each_kernel_widget():
+    from vc_attention.kernels.config import FIDELITY, SPEED, VCConfig
+
+    assert P.config_from_widgets(P.PRESETS["fidelity"]) == FIDELITY
+    assert P.config_from_widgets(P.PRESETS["speed"]) == SPEED
+    custom = {"precision": "fp8-qk/fp8-pv", "v_smooth": False, "expcast": True}
+    assert P.config_from_widgets(custom) == VCConfig(qk="fp8", v="per_channel", p="expcast")
+    with pytest.raises(ValueError, match="model's own attention"):
+        P.config_from_widgets(custom | {"precision": "off"})
