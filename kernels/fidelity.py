@@ -93,13 +93,7 @@ def block_mean_energy_removal(v: torch.Tensor, perm: torch.Tensor | None = None,
     v is (B,H,N,D); exact float64 means, the tail block averages its valid rows only.
     """
     x = v.double() if perm is None else ref.permute_tokens(v.double(), perm)
-    b, h, n, d = x.shape
-    nb = -(-n // block)
-    sums = ref._pad_rows(x, block).view(b, h, nb, block, d).sum(dim=3)
-    counts = torch.full((nb,), float(block), dtype=torch.float64, device=x.device)
-    counts[-1] = n - (nb - 1) * block
-    means = sums / counts.view(1, 1, -1, 1)
-    resid = x - means.repeat_interleave(block, dim=2)[:, :, :n]
+    resid = x - ref.expand_rows(ref.block_means(x, block), block, x.shape[-2])
     energy = x.pow(2).sum(dim=(2, 3))
     return (1 - resid.pow(2).sum(dim=(2, 3)) / energy.clamp(min=1e-300)).mean().item()
 

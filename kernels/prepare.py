@@ -50,7 +50,8 @@ def padded_length(n: int) -> int:
     return -(-n // N_ALIGN) * N_ALIGN
 
 
-def _pad_rows(x: torch.Tensor, n_pad: int) -> torch.Tensor:
+def _pad_to_length(x: torch.Tensor, n_pad: int) -> torch.Tensor:
+    """Zero rows appended along dim -2 up to n_pad rows (the kernels' N_ALIGN-padded length)."""
     return torch.nn.functional.pad(x, (0, 0, 0, n_pad - x.shape[-2]))
 
 
@@ -74,12 +75,12 @@ def prepare_reference(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, l
         resid, scale = reference.quantize_fp8_per_channel(vb)
         b, h, _, d = vb.shape
         mean = torch.zeros(b, h, n_pad // N_ALIGN, d, dtype=torch.float16, device=vb.device)
-    v_t = _pad_rows(resid, n_pad).transpose(-1, -2).contiguous().to(torch.float8_e4m3fn)
+    v_t = _pad_to_length(resid, n_pad).transpose(-1, -2).contiguous().to(torch.float8_e4m3fn)
     scale = scale.squeeze(-2)
     return PreparedOperands(
-        q_q=_qk_storage(_pad_rows(q_q, n_pad), config).contiguous(),
+        q_q=_qk_storage(_pad_to_length(q_q, n_pad), config).contiguous(),
         q_scale=q_scale.contiguous(),
-        k_q=_qk_storage(_pad_rows(k_q, n_pad), config).contiguous(),
+        k_q=_qk_storage(_pad_to_length(k_q, n_pad), config).contiguous(),
         k_scale=k_scale.contiguous(),
         v_t=v_t,
         v_scale=torch.where(scale > 0, scale, torch.ones_like(scale)).contiguous(),
@@ -98,7 +99,7 @@ def attention_from_operands(ops: PreparedOperands, config: VCConfig, out_dtype: 
     s = reference.scores_log2(ops.q_q[:, :, :n].float(), ops.q_scale, ops.k_q[:, :, :n].float(), ops.k_scale, n)
     p = reference.quantize_p(s, config).double()
     v_res = ops.v_t.float()[:, :, :, :n].transpose(-1, -2).double() * ops.v_scale.double().unsqueeze(-2)
-    mean = ops.v_mean.double().repeat_interleave(N_ALIGN, dim=2)[:, :, :n]
+    mean = reference.expand_rows(ops.v_mean.double(), N_ALIGN, n)
     return ((p @ (v_res + mean)) / p.sum(-1, keepdim=True)).to(out_dtype)
 
 

@@ -57,8 +57,11 @@ def _blocks(n: int, block: int) -> int:
     return (n + block - 1) // block
 
 
-def _pad_rows(x: torch.Tensor, block: int) -> torch.Tensor:
-    """Zero-pad dim -2 to a multiple of `block` (zeros never change an absmax or a sum)."""
+def pad_rows(x: torch.Tensor, block: int) -> torch.Tensor:
+    """Zero-pad dim -2 (tokens) to a multiple of `block`, so blocks can be reshaped out of it.
+
+    Zeros never change an absmax or a sum; callers that average divide by the valid row count.
+    """
     pad = _blocks(x.shape[-2], block) * block - x.shape[-2]
     return torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
 
@@ -66,12 +69,13 @@ def _pad_rows(x: torch.Tensor, block: int) -> torch.Tensor:
 def block_absmax(x: torch.Tensor, block: int) -> torch.Tensor:
     """(B,H,N,D) -> (B,H,ceil(N/block)): max |x| over `block` consecutive rows and all channels."""
     b, h, n, d = x.shape
-    xp = _pad_rows(x.abs(), block)
+    xp = pad_rows(x.abs(), block)
     return xp.reshape(b, h, -1, block * d).amax(dim=-1)
 
 
-def _expand_rows(per_block: torch.Tensor, block: int, n: int) -> torch.Tensor:
-    """(B,H,nb[,D]) -> (B,H,N,1 or D): repeat each block's value over its rows, tail cut off."""
+def expand_rows(per_block: torch.Tensor, block: int, n: int) -> torch.Tensor:
+    """(B,H,nb[,D]) -> (B,H,n,1 or D): repeat each block's value (a scale or a mean) over its `block`
+    rows, the tail block cut off at n rows; the inverse of reducing `block` rows to one value."""
     if per_block.dim() == 3:
         per_block = per_block.unsqueeze(-1)
     return per_block.repeat_interleave(block, dim=2)[:, :, :n]
@@ -100,7 +104,7 @@ def quantize_int8_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, tor
     x = x.float()
     amax = block_absmax(x, block)
     inv = torch.where(amax > 0, INT8_MAX / amax, torch.zeros_like(amax))
-    xq = torch.round(x * _expand_rows(inv, block, x.shape[-2])).clamp_(-INT8_MAX, INT8_MAX)
+    xq = torch.round(x * expand_rows(inv, block, x.shape[-2])).clamp_(-INT8_MAX, INT8_MAX)
     return xq.to(torch.int8), amax / INT8_MAX
 
 
@@ -117,7 +121,7 @@ def quantize_fp8_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torc
     x = x.float()
     amax = block_absmax(x, block)
     inv = torch.where(amax > 0, E4M3_MAX / amax, torch.zeros_like(amax))
-    return fp8_e4m3(x * _expand_rows(inv, block, x.shape[-2])), amax / E4M3_MAX
+    return fp8_e4m3(x * expand_rows(inv, block, x.shape[-2])), amax / E4M3_MAX
 
 
 def qk_scale(head_dim: int, sm_scale: float | None) -> float:
@@ -148,8 +152,8 @@ def scores_log2(q_q, q_scale, k_q, k_scale, n_k: int) -> torch.Tensor:
         acc = torch.matmul(q_q.float(), k_q.float().transpose(-1, -2))
     else:  # FP8 products are not integers: accumulate in float64, round once to float32
         acc = torch.matmul(q_q.double(), k_q.double().transpose(-1, -2)).float()
-    qs = _expand_rows(q_scale, Q_BLOCK, q_q.shape[-2])  # (B,H,Nq,1)
-    ks = _expand_rows(k_scale, K_BLOCK, n_k).transpose(-1, -2)  # (B,H,1,Nk)
+    qs = expand_rows(q_scale, Q_BLOCK, q_q.shape[-2])  # (B,H,Nq,1)
+    ks = expand_rows(k_scale, K_BLOCK, n_k).transpose(-1, -2)  # (B,H,1,Nk)
     return acc * (qs * ks)
 
 
@@ -234,16 +238,22 @@ def quantize_fp8_per_channel(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return fp8_e4m3(x * inv), amax / E4M3_MAX
 
 
+def block_means(x: torch.Tensor, block: int = V_BLOCK) -> torch.Tensor:
+    """(B,H,N,D) -> (B,H,nb,D): per `block` rows, sum of the valid rows / valid row count, in x's
+    dtype (the tail block averages only its own rows)."""
+    b, h, n, d = x.shape
+    sums = pad_rows(x, block).reshape(b, h, -1, block, d).sum(dim=3)
+    counts = torch.full((_blocks(n, block),), float(block), dtype=x.dtype, device=x.device)
+    counts[-1] = n - (counts.numel() - 1) * block
+    return sums / counts.view(1, 1, -1, 1)
+
+
 def block_means_fp16(v: torch.Tensor, block: int = V_BLOCK) -> torch.Tensor:
-    """Per `block` rows: float32 sum of valid rows / valid row count, rounded to fp16 (B,H,nb,D).
+    """The V-Smooth means mu_j: block_means in float32, rounded to fp16 (B,H,nb,D).
 
     fp16 (not bf16): 11 significant bits keep the mean's rounding far below the FP8 residual error.
     """
-    b, h, n, d = v.shape
-    sums = _pad_rows(v.float(), block).reshape(b, h, -1, block, d).sum(dim=3)
-    counts = torch.full((_blocks(n, block),), float(block), device=v.device)
-    counts[-1] = n - (counts.numel() - 1) * block
-    return (sums / counts.view(1, 1, -1, 1)).to(torch.float16)
+    return block_means(v.float(), block).to(torch.float16)
 
 
 @dataclass
@@ -256,7 +266,7 @@ class VSmoothV:
 
     def dequantized(self) -> torch.Tensor:
         n = self.residual_q.shape[-2]
-        return self.residual_q * self.scale + _expand_rows(self.mean.float(), V_BLOCK, n)
+        return self.residual_q * self.scale + expand_rows(self.mean.float(), V_BLOCK, n)
 
 
 def quantize_v_vsmooth(v_perm: torch.Tensor) -> VSmoothV:
@@ -266,7 +276,7 @@ def quantize_v_vsmooth(v_perm: torch.Tensor) -> VSmoothV:
     residual's FP8 error only. Residual scale: amax over all tokens per channel / 448.
     """
     mean = block_means_fp16(v_perm)
-    resid = v_perm.float() - _expand_rows(mean.float(), V_BLOCK, v_perm.shape[-2])
+    resid = v_perm.float() - expand_rows(mean.float(), V_BLOCK, v_perm.shape[-2])
     r_q, r_scale = quantize_fp8_per_channel(resid)
     return VSmoothV(mean, r_q, r_scale)
 
@@ -365,7 +375,8 @@ class ReferenceParts:
     tv: torch.Tensor  # total variation of each P row vs exact softmax, (B,H,N)
 
 
-def _check_inputs(q, k, v) -> None:
+def check_inputs(q, k, v) -> None:
+    """Raise ValueError unless q, k and v are 4-D tensors of one shape (self-attention only)."""
     if not (q.dim() == k.dim() == v.dim() == 4):
         raise ValueError("q, k and v must be 4-D tensors.")
     if q.shape != k.shape or k.shape != v.shape:
@@ -393,7 +404,7 @@ def vc_attention_reference(
     Returns the output in q's dtype and `layout`, or ReferenceParts (float64, bhnd) if parts=True.
     Query rows are processed in chunks so memory is O(query_chunk * N).
     """
-    _check_inputs(q, k, v)
+    check_inputs(q, k, v)
     if query_chunk % Q_BLOCK:
         raise ValueError(f"query_chunk must be a multiple of Q_BLOCK={Q_BLOCK}.")
     qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))

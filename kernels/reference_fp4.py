@@ -72,7 +72,7 @@ def quantize_v_fp4(v_perm: torch.Tensor, v_format: str) -> torch.Tensor:
     v32 = v_perm.float()
     if v_format == "per_channel":
         return quantize_nvfp4(v32.transpose(-1, -2)).transpose(-1, -2)
-    mean = ref._expand_rows(ref.block_means_fp16(v32).float(), ref.V_BLOCK, v32.shape[-2])
+    mean = ref.expand_rows(ref.block_means_fp16(v32).float(), ref.V_BLOCK, v32.shape[-2])
     return quantize_nvfp4((v32 - mean).transpose(-1, -2)).transpose(-1, -2) + mean
 
 
@@ -95,7 +95,7 @@ def fp4_attention_reference(
     """
     if v_format not in FP4_V_FORMATS:
         raise ValueError(f"v_format must be one of {FP4_V_FORMATS}, got {v_format!r}.")
-    ref._check_inputs(q, k, v)
+    ref.check_inputs(q, k, v)
     qb, kb, vb = (ref.to_bhnd(t, layout) for t in (q, k, v))
     if perm is not None:
         kb, vb = ref.permute_tokens(kb, perm), ref.permute_tokens(vb, perm)

@@ -137,7 +137,7 @@ def test_mean_restore_from_row_sums_is_exact_without_residual_quantization():
     v = torch.randn(1, 1, n, 64, generator=g, dtype=torch.float64) + 5
     p = torch.rand(1, 1, 40, n, generator=g, dtype=torch.float64)
     mu = R.block_means_fp16(v).double()  # (1,1,nb,64)
-    resid = v - R._expand_rows(mu, R.V_BLOCK, n)
+    resid = v - R.expand_rows(mu, R.V_BLOCK, n)
     nb = mu.shape[2]
     row_sums = torch.stack([p[..., j * 128 : (j + 1) * 128].sum(-1) for j in range(nb)], -1)  # (1,1,40,nb)
     restored = p @ resid + row_sums @ mu
