@@ -10,8 +10,9 @@ Shapes (tokens = latent frames x latent height x latent width after patching):
 - wan22-14b-720p  (1, 40, 75600, 128): Wan2.2-T2V-A14B, 1280x720, 81 frames -> 21 x 45 x 80.
 - wan21-1.3b-480p (1, 12, 32760, 128): Wan2.1-T2V-1.3B, 832x480, 81 frames -> 21 x 30 x 52.
 - hunyuan15-720p  (1, 16, 111600, 128): HunyuanVideo-1.5, 1280x720, 121 frames; VAE 16x spatial and
-  4x temporal compression, patch 1 -> 31 x 45 x 80; 16 heads of 128 (hidden 2048). Heads taken
-  from the model card's 2048-wide DiT, not re-read from the checkpoint config in this session.
+  4x temporal compression, patch 1 -> 31 x 45 x 80; 16 heads of 128 (hidden 2048). Heads, head dim
+  and patch size are the defaults of diffusers 0.42.1's HunyuanVideo15Transformer3DModel, the
+  compression factors those of its VAE.
 - ltx-video       (1, 32, 6144, 64): LTX-Video 2B, 768x512, 121 frames; VAE 32x32x8, patch 1 ->
   16 x 16 x 24; 32 heads of 64 (hidden 2048).
 - d64             (1, 32, 32768, 64): the head-dim-64 case of docs/FINDINGS.
