@@ -54,6 +54,13 @@ def env_flag(name: str) -> bool:
 
 
 def pack_version() -> str:
+    """The pack's version: from pyproject.toml beside the sources (a git clone in custom_nodes is
+    never pip-installed), else from the installed distribution's metadata."""
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    if pyproject.is_file():
+        match = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(), flags=re.M)
+        if match:
+            return match.group(1)
     try:
         return importlib.metadata.version("comfyui-vc-attention")
     except importlib.metadata.PackageNotFoundError:

@@ -200,3 +200,13 @@ def test_doctor_reports_every_backend(capsys):
     assert facts["cache_dir"] == str(jit.cache_root())
     if not torch.cuda.is_available():
         assert facts["backends"]["mma"] != "available"
+
+
+def test_pack_version_comes_from_pyproject_of_the_sources():
+    import re
+    from pathlib import Path
+
+    from vc_attention.kernels import jit
+
+    text = (Path(jit.__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert jit.pack_version() == re.search(r'^version\s*=\s*"([^"]+)"', text, flags=re.M).group(1)
