@@ -13,7 +13,7 @@ import torch
 from . import jit, reference
 from .backends import Backend, register
 from .config import VCConfig
-from .prepare import PreparedOperands, prepare_cuda
+from .prepare import PreparedOperands, prepare_and_run, rows_aligned
 
 EXTENSION_NAME = "vc_attention_mma"
 SOURCES = ("bindings.cpp", "prepare.cu", "attn_mma.cu", "attn_mma_d64.cu", "attn_mma_d128.cu")
@@ -58,7 +58,7 @@ def _unsupported_reason(q: torch.Tensor, config: VCConfig, layout: str) -> Optio
         return f"head dim {q.shape[-1]} (supported: {HEAD_DIMS})"
     if torch.cuda.get_device_capability(q.device) < jit.MIN_CAPABILITY:
         return "GPU below sm_89"
-    if q.stride(-1) != 1 or any(s % 8 for s in q.stride()[:-1]) or q.data_ptr() % 16:
+    if not rows_aligned(q):
         return "q, k, v need a contiguous last dim and 16-byte aligned rows"
     return None
 
@@ -80,12 +80,7 @@ def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.
 
 
 def _run(q, k, v, perm, config: VCConfig, layout: str, sm_scale):
-    for name, t in (("k", k), ("v", v)):
-        if t.stride(-1) != 1 or any(s % 8 for s in t.stride()[:-1]) or t.data_ptr() % 16:
-            raise ValueError(f"{name} needs a contiguous last dim and 16-byte aligned rows for the mma backend.")
-    with torch.cuda.device(q.device):
-        ops = prepare_cuda(q, k, v, perm, config, layout, sm_scale)
-        return attention_from_operands(ops, config, torch.empty(q.shape, dtype=q.dtype, device=q.device), layout)
+    return prepare_and_run(q, k, v, perm, config, layout, sm_scale, attention_from_operands, "mma")
 
 
 register(Backend(name="mma", priority=50, run=_run, unsupported_reason=_unsupported_reason,

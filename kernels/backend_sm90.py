@@ -14,7 +14,7 @@ import torch
 from . import jit, reference
 from .backends import Backend, register
 from .config import VCConfig
-from .prepare import PreparedOperands, prepare_cuda
+from .prepare import PreparedOperands, prepare_and_run, rows_aligned
 
 EXTENSION_NAME = "vc_attention_sm90"
 SOURCES = ("sm90_binding.cpp", "sm90_launch.cu")
@@ -57,7 +57,7 @@ def _unsupported_reason(q: torch.Tensor, config: VCConfig, layout: str) -> Optio
         return f"head dim {q.shape[-1]} (supported: {HEAD_DIMS})"
     if config.qk != "int8":
         return "FP8 QK is not implemented in the sm90 kernel (INT8 QK only)"
-    if q.stride(-1) != 1 or any(s % 8 for s in q.stride()[:-1]) or q.data_ptr() % 16:
+    if not rows_aligned(q):
         return "q, k, v need a contiguous last dim and 16-byte aligned rows"
     return None
 
@@ -72,12 +72,7 @@ def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.
 
 
 def _run(q, k, v, perm, config: VCConfig, layout: str, sm_scale):
-    for name, t in (("k", k), ("v", v)):
-        if t.stride(-1) != 1 or any(s % 8 for s in t.stride()[:-1]) or t.data_ptr() % 16:
-            raise ValueError(f"{name} needs a contiguous last dim and 16-byte aligned rows for the sm90 backend.")
-    with torch.cuda.device(q.device):
-        ops = prepare_cuda(q, k, v, perm, config, layout, sm_scale)
-        return attention_from_operands(ops, config, torch.empty(q.shape, dtype=q.dtype, device=q.device), layout)
+    return prepare_and_run(q, k, v, perm, config, layout, sm_scale, attention_from_operands, "sm90")
 
 
 register(Backend(name="sm90", priority=60, run=_run, unsupported_reason=_unsupported_reason,

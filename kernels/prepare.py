@@ -103,6 +103,24 @@ def attention_from_operands(ops: PreparedOperands, config: VCConfig, out_dtype: 
     return ((p @ (v_res + mean)) / p.sum(-1, keepdim=True)).to(out_dtype)
 
 
+def rows_aligned(t: torch.Tensor) -> bool:
+    """The CUDA kernels' load precondition on q, k and v: unit stride along the head dim, every other
+    stride a multiple of 8 elements and a 16-byte aligned base, so every 16-bit row starts on a
+    16-byte boundary (vectorized loads, TMA)."""
+    return t.stride(-1) == 1 and all(s % 8 == 0 for s in t.stride()[:-1]) and t.data_ptr() % 16 == 0
+
+
+def prepare_and_run(q, k, v, perm, config: VCConfig, layout: str, sm_scale, attention, backend: str) -> torch.Tensor:
+    """The `run` of the CUDA backends: check k and v (q was checked when the backend was chosen), run
+    prepare_cuda, then `attention(ops, config, out, layout)`, the backend's kernel, into a new output."""
+    for name, t in (("k", k), ("v", v)):
+        if not rows_aligned(t):
+            raise ValueError(f"{name} needs a contiguous last dim and 16-byte aligned rows for the {backend} backend.")
+    with torch.cuda.device(q.device):
+        ops = prepare_cuda(q, k, v, perm, config, layout, sm_scale)
+        return attention(ops, config, torch.empty(q.shape, dtype=q.dtype, device=q.device), layout)
+
+
 def prepare_cuda(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout: str = "bhnd",
                  sm_scale: Optional[float] = None) -> PreparedOperands:
     """The fused CUDA prepare kernels (2 passes: statistics, then quantize + permute + transpose)."""

@@ -58,3 +58,14 @@ def test_attention_from_operands_is_the_reference(config, layout):
     ref = reference.to_bhnd(ref, layout)
     err = (ours - ref).norm() / ref.norm()
     assert err < 1e-6
+
+
+def test_rows_aligned_is_the_cuda_backends_shared_precondition():
+    x = torch.zeros(1, 2, 64, 72, dtype=torch.float16)
+    assert prepare.rows_aligned(x) and prepare.rows_aligned(x.transpose(1, 2))  # both layouts, as views
+    assert not prepare.rows_aligned(x.transpose(-1, -2))  # head dim not contiguous
+    assert not prepare.rows_aligned(torch.zeros(1, 2, 64, 68, dtype=torch.float16)[..., :64])  # rows 136 B apart
+    misaligned = x.flatten()[1:1 + 2 * 64 * 64].view(1, 2, 64, 64)
+    assert not prepare.rows_aligned(misaligned)  # base pointer off by 2 bytes
+    with pytest.raises(ValueError, match="v needs a contiguous last dim.*for the mma backend"):
+        prepare.prepare_and_run(x, x, x.transpose(-1, -2), None, FIDELITY, "bhnd", None, None, "mma")
