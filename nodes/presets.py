@@ -199,7 +199,9 @@ def config_from_widgets(widgets: dict[str, object]) -> VCConfig:
     """
     qk = PRECISIONS[widgets["precision"]]
     if qk is None:
-        raise ValueError("VC-Attention: precision 'off' runs the model's own attention; there is no kernel configuration.")
+        raise ValueError(
+            "VC-Attention: precision 'off' runs the model's own attention; there is no kernel configuration."
+        )
     return VCConfig(
         qk=qk,
         v="vsmooth" if widgets["v_smooth"] else "per_channel",
