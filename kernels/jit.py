@@ -18,7 +18,6 @@ Environment overrides (one prefix, VC_ATTENTION_):
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import importlib.metadata
 import os
@@ -206,16 +205,35 @@ def make_spec(name: str, sources, extra_cuda_cflags=(), extra_cflags=(), arch: s
     return BuildSpec(name, srcs, cuda_flags, tuple(BASE_CXX_FLAGS) + tuple(extra_cflags), arch)
 
 
+if sys.platform == "win32":  # ComfyUI portable on Windows: msvcrt locks one byte, blocking retries
+    import msvcrt
+
+    def _lock(handle) -> None:
+        msvcrt.locking(handle.fileno(), msvcrt.LK_LOCK, 1)
+
+    def _unlock(handle) -> None:
+        handle.seek(0)
+        msvcrt.locking(handle.fileno(), msvcrt.LK_UNLCK, 1)
+else:
+    import fcntl
+
+    def _lock(handle) -> None:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+
+    def _unlock(handle) -> None:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @contextlib.contextmanager
 def build_lock(directory: Path):
     """Exclusive lock on directory/.lock (blocks while another process builds)."""
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / ".lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        _lock(handle)
         try:
             yield
         finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            _unlock(handle)
 
 
 def _import_library(spec: BuildSpec):
