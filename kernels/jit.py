@@ -209,7 +209,12 @@ if sys.platform == "win32":  # ComfyUI portable on Windows: msvcrt locks one byt
     import msvcrt
 
     def _lock(handle) -> None:
-        msvcrt.locking(handle.fileno(), msvcrt.LK_LOCK, 1)
+        while True:  # LK_LOCK gives up after about 10 s; a first build takes about a minute
+            try:
+                msvcrt.locking(handle.fileno(), msvcrt.LK_LOCK, 1)
+                return
+            except OSError:
+                continue
 
     def _unlock(handle) -> None:
         handle.seek(0)
