@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from vc_attention.commands.bench import cuda_time_ms
 from vc_attention.kernels import backend_cuda, reference
 from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED, VCConfig
 from vc_attention.kernels.prepare import prepare_cuda, prepare_reference
@@ -126,20 +127,6 @@ def prepare_agreement(rows: list) -> None:
         row["v_mean_maxabs"] = float((got.v_mean.float() - want.v_mean.float()).abs().max())
         row["ok"] = min(row["q_q_equal"], row["k_q_equal"], row["v_t_equal"]) > 0.999
         rows.append(row)
-
-
-def cuda_time_ms(fn, reps: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return sorted(times)[len(times) // 2]
 
 
 def timing(rows: list, reps: int) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import math
 import re
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from vc_attention.commands.bench import cuda_time_ms
 from vc_attention.kernels import FIDELITY, PLAIN_8BIT, SPEED, reference
 from vc_attention.kernels.prepare import prepare_reference
 
@@ -96,20 +96,6 @@ def correctness(lib):
     return cases
 
 
-def time_ms(fn, iters=10, warmup=3):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return sorted(times)[len(times) // 2]
-
-
 def _fused_prepare():
     """The fused CUDA prepare of the `mma` extension when it builds here, else the torch reference."""
     try:
@@ -132,7 +118,7 @@ def timing(libs, shape, iters):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        ms = time_ms(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v), iters)
+        ms = cuda_time_ms(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v), iters, warmup=3)
     rows.append(dict(method="sdpa-cudnn-bf16", ms=ms, tflops=flops / ms / 1e9))
     base = ms
     perm = torch.argsort(torch.rand(b, h, n, device="cuda"), dim=-1)  # grouping itself is excluded
@@ -140,10 +126,12 @@ def timing(libs, shape, iters):
     for config in (SPEED, FIDELITY, PLAIN_8BIT):
         p = perm if config.v == "vsmooth" else None
         ops = prepare(q, k, v, p, config)
-        prep_ms = time_ms(lambda: prepare(q, k, v, p, config), iters) if prepare is not prepare_reference else float("nan")
+        prep_ms = float("nan")  # the reference prepare is not a kernel: not timed
+        if prepare is not prepare_reference:
+            prep_ms = cuda_time_ms(lambda: prepare(q, k, v, p, config), iters, warmup=3)
         out = torch.empty_like(q)
         for lib in libs:
-            ms = time_ms(lambda: lib.run(ops, out, "bhnd", config), iters)
+            ms = cuda_time_ms(lambda: lib.run(ops, out, "bhnd", config), iters, warmup=3)
             rows.append(dict(method=f"{lib.name}:{config.tag} kernel", ms=ms, tflops=flops / ms / 1e9, speedup=base / ms))
             total = ms + prep_ms
             rows.append(dict(method=f"{lib.name}:{config.tag} +prepare", ms=total, tflops=flops / total / 1e9,

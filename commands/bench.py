@@ -60,10 +60,15 @@ def parse_shapes(text: str) -> dict[str, tuple[int, int, int, int]]:
     return out
 
 
-def cuda_time_ms(fn, reps: int) -> float:
+def cuda_time_ms(fn, reps: int, warmup: int = 1) -> float:
+    """Median GPU time of `reps` calls of fn (CUDA events on the current stream), after `warmup` calls.
+
+    The one timer of the benchmarks (bench/gpu_check.py and bench/sm90_check.py use it too).
+    """
     import torch
 
-    fn()
+    for _ in range(warmup):
+        fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
