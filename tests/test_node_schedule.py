@@ -1,6 +1,5 @@
 """Which model evaluations run VC-Attention and which regroup, for the sampler cases of issue 5."""
 import pytest
-import torch
 
 pytestmark = pytest.mark.usefixtures("comfy_standin")
 

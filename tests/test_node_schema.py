@@ -2,7 +2,6 @@
 import asyncio
 
 import pytest
-import torch
 
 pytestmark = pytest.mark.usefixtures("comfy_standin")
 
