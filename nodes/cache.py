@@ -10,8 +10,9 @@ and V together leaves the attention output unchanged, and the key's N and B make
 What is stored is kernels.grouping.CompactGrouping: labels (1 byte per token with <= 256 clusters)
 + counts, and fp16 centroids only while the grouping window may still warm-start from them.
 Memory for Wan2.2-14B at 720p with CFG (40 blocks, 40 heads, N = 75,600, cond and uncond): labels
-40 * 2 * 40 * 75,600 B = 242 MB; centroids while inside the window (64 clusters, D = 128, fp16):
-40 * 2 * 40 * 64 * 128 * 2 B = 52 MB; together 294 MB, and 242 MB after the window.
+40 * 2 * 40 * 75,600 B = 242 MB; int32 counts (64 clusters) 40 * 2 * 40 * 64 * 4 B = 0.8 MB;
+centroids while inside the window (D = 128, fp16): 40 * 2 * 40 * 64 * 128 * 2 B = 52 MB; together
+295 MB (estimated_bytes, tested), and 243 MB after the window.
 (int32 permutations instead of labels would be 968 MB.) Everything is freed when the run ends.
 """
 from __future__ import annotations
