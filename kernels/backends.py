@@ -39,6 +39,10 @@ class Backend:
             self._availability = (self.available_reason(),)
         return self._availability[0]
 
+    def disable(self, reason: str) -> None:
+        """Mark the backend unusable for the rest of the process (e.g. its CUDA build failed)."""
+        self._availability = (reason,)
+
     def why_not(self, q: torch.Tensor, config: VCConfig, layout: str) -> Optional[str]:
         return self.availability() or self.unsupported_reason(q, config, layout)
 

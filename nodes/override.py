@@ -29,6 +29,7 @@ SHAPE = "shape"
 OUTSIDE_RANGE = "outside_start_end"
 NO_SIGMA = "no_sigma"
 NO_BACKEND = "no_capable_backend"
+BUILD_FAILED = "kernel_build_failed"
 
 
 def ineligible(q, k, v, heads: int, mask, skip_reshape: bool, kwargs: dict) -> Optional[tuple[str, str]]:

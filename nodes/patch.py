@@ -14,13 +14,14 @@ the call is read (one host sync) and the per-block call counters reset once per 
 """
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from ..kernels import backends
+from ..kernels import backends, jit
 from ..kernels.api import vc_attention
 from ..kernels.config import VCConfig
 from ..kernels.grouping import group_tokens
@@ -131,7 +132,18 @@ class VCPatch:
             return vc_attention(q, k, v, layout=layout, config=config, perm=perm, sm_scale=sm_scale,
                                 backend=chosen.name)
 
-        out = self.stats.timed_vc_call(tuple(v_bhnd.shape), q.device, run, call.own_attention)
+        try:
+            out = self.stats.timed_vc_call(tuple(v_bhnd.shape), q.device, run, call.own_attention)
+        except jit.JitError as err:
+            # the first call builds the kernels; a broken toolchain must not stop the user's run:
+            # under "auto" this backend is dropped for the process and the model's attention runs
+            if requested != "auto":
+                raise
+            chosen.disable(f"its CUDA build failed: {err}")
+            logging.warning(f"VC-Attention: the {chosen.name} kernels could not be built; using the model's "
+                            f"attention for these calls. {err}")
+            self.stats.fallback(O.BUILD_FAILED, str(err))
+            return call.model_attention()
         self.stats.backend_calls[chosen.name] += 1
         return O.to_output_layout(out, layout, call.skip_output_reshape)
 

@@ -186,3 +186,43 @@ def test_auto_on_cpu_runs_the_reference_emulation_the_documented_demo_path():
     q, k, v = qkv((B, N, H * D))
     attention_pytorch(q, k, v, heads=H, transformer_options=options(patch))
     assert patch.stats.backend_calls == {"reference": 1} and not patch.stats.fallbacks
+
+
+def test_a_failed_kernel_build_falls_back_counted_and_drops_that_backend(monkeypatch):
+    """A broken toolchain on the first call must not stop the user's run under backend auto."""
+    from comfy.ldm.modules.attention import attention_pytorch
+    from vc_attention.kernels import backends, jit
+
+    builds = []
+
+    def broken_run(*args):
+        builds.append(1)
+        raise jit.JitError("nvcc failed: (compiler output here)")
+
+    broken = backends.Backend(name="broken", priority=1000, run=broken_run, unsupported_reason=lambda q, c, l: None)
+    backends.backends()  # load the built-in backends before adding ours
+    monkeypatch.setitem(backends._REGISTRY, "broken", broken)
+    patch = make_patch(backend="auto")
+    q, k, v = qkv((B, H, N, D))
+    sdpa = attention_pytorch(q, k, v, H, skip_reshape=True, skip_output_reshape=True)
+    first = attention_pytorch(q, k, v, H, skip_reshape=True, skip_output_reshape=True, transformer_options=options(patch))
+    assert torch.equal(first, sdpa) and patch.stats.fallbacks == {"kernel_build_failed": 1}
+    second = attention_pytorch(q, k, v, H, skip_reshape=True, skip_output_reshape=True, transformer_options=options(patch))
+    assert len(builds) == 1 and patch.stats.backend_calls == {"reference": 1}
+    assert rel_l2(second, sdpa) < TOLERANCE
+
+
+def test_a_failed_build_of_a_backend_chosen_by_name_stops_the_run_with_the_compiler_message(monkeypatch):
+    from comfy.ldm.modules.attention import attention_pytorch
+    from vc_attention.kernels import backends, jit
+
+    def broken_run(*args):
+        raise jit.JitError("nvcc failed: (compiler output here)")
+
+    backends.backends()
+    monkeypatch.setitem(backends._REGISTRY, "broken", backends.Backend(
+        name="broken", priority=1000, run=broken_run, unsupported_reason=lambda q, c, l: None))
+    patch = make_patch(backend="broken")
+    q, k, v = qkv((B, H, N, D))
+    with pytest.raises(jit.JitError, match="compiler output"):
+        attention_pytorch(q, k, v, H, skip_reshape=True, skip_output_reshape=True, transformer_options=options(patch))
