@@ -18,12 +18,13 @@ from typing import Optional
 import torch
 from comfy_api.latest import io
 
+from ..kernels.videodata import CAPTURE_FORMAT, CAPTURE_VERSION
 from . import override as O
 from .node_attention import CATEGORY
 from .patch import CALLBACK_KEY, install_handler
 
 NODE_ID = "VCAttentionCapture"
-FORMAT_METADATA = {"format": "vc_attention_capture", "version": "1"}
+FORMAT_METADATA = {"format": CAPTURE_FORMAT, "version": CAPTURE_VERSION}  # what the loader checks
 BRANCH_NAMES = {0: "cond", 1: "uncond"}  # ComfyUI's COND / UNCOND indices in cond_or_uncond
 
 
