@@ -1,10 +1,10 @@
 """`vc-attention` console script: dispatches to one module per subcommand in `commands/`.
 
 Each subcommand module defines `HELP` (one line), `add_arguments(parser)` and `run(args) -> int`.
-Every module is imported to build the parser, so a module's top level imports only what its
-arguments need (plus torch and the package); optional dependencies (matplotlib, sageattention,
-safetensors) are imported inside the functions that use them, so a missing one only affects the
-command that needs it.
+Every module is imported to build the parser (`--help` included), so a module's top level should
+import only what its arguments need; optional dependencies (matplotlib, sageattention, safetensors)
+are imported inside the functions that use them, so a missing one only affects the command that
+needs it.
 """
 from __future__ import annotations
 
