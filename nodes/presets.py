@@ -5,7 +5,8 @@ module by `python -m vc_attention.nodes.presets`) and the README's widget table
 (`python -m vc_attention.nodes.presets --markdown`) all come from this file, so a default can never
 differ between them.
 
-Why each preset value (sources: /work/shared/docs/PAPER_NOTES.md, FINDINGS.md):
+Why each preset value (figures from the VC-Attention paper, except the elements/clk/SM and the 3.5x,
+which are our own H200 measurements):
 - precision "int8-qk/fp8-pv" everywhere: INT8 Q/K with FP8 P/V is the paper's 8-bit datacenter
   configuration (H200, B200); "fp8-qk/fp8-pv" is its B300 setting (no INT8 tensor cores there).
 - v_smooth on everywhere: the value term is 82% of the 8-bit output error and V-Smooth is what
