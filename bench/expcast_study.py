@@ -120,7 +120,8 @@ def main(argv=None) -> None:
         line = f"| {name} | {v.alu:g} | {v.mufu:g} | {v.cvt:g} |"
         for n in args.sizes:
             r = results[name, n]
-            line += f" {r['rel_l2_enc']:.5f} | {r['rel_l2_p']:.5f} | {r['rel_l2_full']:.5f} | {r['tv_mean']:.4f} / {r['tv_max']:.4f} |"
+            line += f" {r['rel_l2_enc']:.5f} | {r['rel_l2_p']:.5f} | {r['rel_l2_full']:.5f} |"
+            line += f" {r['tv_mean']:.4f} / {r['tv_max']:.4f} |"
         print(line)
 
 

@@ -107,11 +107,10 @@ def subnormal_exact(u: torch.Tensor) -> torch.Tensor:
     2 ops (the linear code t must be kept unsaturated for the compares).
     Cost per element: about 19 ALU (a branch-free 4-level select tree would be about 10).
     """
-    t = _linear_code(u, 8 * ref.P_LOG2_MAX + 56 + ref.EXPCAST_BETA)
-    thresholds = torch.tensor(
-        [8 * math.log2(k - 0.5) - 136 + 8 * ref.P_LOG2_MAX + 56 + ref.EXPCAST_BETA for k in range(1, SUBNORMAL_LAST_CODE + 1)],
-        dtype=torch.float32,
-    )
+    offset = 8 * ref.P_LOG2_MAX + 56 + ref.EXPCAST_BETA
+    t = _linear_code(u, offset)
+    ks = range(1, SUBNORMAL_LAST_CODE + 1)
+    thresholds = torch.tensor([8 * math.log2(k - 0.5) - 136 + offset for k in ks], dtype=torch.float32)
     sub_code = (t.unsqueeze(-1) >= thresholds).sum(-1)
     normal_code = torch.round(t).clamp(0, ref.EXPCAST_MAX_CODE).to(torch.int64)
     return _codes_to_values(torch.where(t >= 7.5, normal_code, sub_code))
