@@ -27,7 +27,7 @@ from . import reference
 from .grouping_order import chain_ranks
 
 # Chosen by measurement on video-like data (bench/grouping_sweep.py, docs/grouping.md).
-DEFAULT_CLUSTERS = 128
+DEFAULT_CLUSTERS = 64
 DEFAULT_ITERS = 2
 
 MAX_CLUSTERS = 32768  # labels must fit int16
