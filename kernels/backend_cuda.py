@@ -33,20 +33,13 @@ def extension(variant_flags: tuple[str, ...] = ()):
 
 
 def _available_reason() -> Optional[str]:
-    if torch.version.cuda is None:
-        return f"PyTorch {torch.__version__} has no CUDA"
-    if not torch.cuda.is_available():
-        return "no CUDA GPU is visible"
+    reason = jit.runtime_reason()
+    if reason:
+        return reason
     major, minor = torch.cuda.get_device_capability()
     if (major, minor) < jit.MIN_CAPABILITY:
         return f"GPU is sm_{major}{minor}; FP8 tensor cores need sm_89 or newer"
-    if jit.env_flag("DISABLE_JIT"):
-        return None  # a cached build may exist; load_extension says so precisely if not
-    try:
-        jit.find_nvcc()
-    except jit.JitError as err:
-        return str(err)
-    return None
+    return jit.toolchain_reason()
 
 
 def _unsupported_reason(q: torch.Tensor, config: VCConfig, layout: str) -> Optional[str]:

@@ -30,20 +30,13 @@ def extension():
 
 
 def _available_reason() -> Optional[str]:
-    if torch.version.cuda is None:
-        return f"PyTorch {torch.__version__} has no CUDA"
-    if not torch.cuda.is_available():
-        return "no CUDA GPU is visible"
+    reason = jit.runtime_reason()
+    if reason:
+        return reason
     major, minor = torch.cuda.get_device_capability()
     if (major, minor) != (9, 0):
         return f"GPU is sm_{major}{minor}; this kernel is for Hopper (sm_90) only"
-    if jit.env_flag("DISABLE_JIT"):
-        return None  # a cached build may exist; load_extension says so precisely if not
-    try:
-        jit.check_nvcc_version(jit.nvcc_version(jit.find_nvcc()), ARCH)
-    except jit.JitError as err:
-        return str(err)
-    return None
+    return jit.toolchain_reason(ARCH)
 
 
 def _unsupported_reason(q: torch.Tensor, config: VCConfig, layout: str) -> Optional[str]:

@@ -28,6 +28,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -74,6 +75,31 @@ def check_torch_cuda() -> None:
             f"this PyTorch ({torch.__version__}) is built without CUDA; install a CUDA build of PyTorch "
             "to use the VC-Attention kernels (backend='reference' runs without one)."
         )
+
+
+def runtime_reason() -> Optional[str]:
+    """Why no CUDA kernel can run in this process at all (a CPU-only torch, no visible GPU), or None."""
+    if torch.version.cuda is None:
+        return f"PyTorch {torch.__version__} has no CUDA"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is visible"
+    return None
+
+
+def toolchain_reason(arch: Optional[str] = None) -> Optional[str]:
+    """Why the JIT cannot build here (no nvcc; with `arch`, an nvcc too old for it), or None.
+
+    With DISABLE_JIT set nothing is built, so the toolchain does not matter: a cached build may
+    exist, and load_extension says precisely if it does not."""
+    if env_flag("DISABLE_JIT"):
+        return None
+    try:
+        nvcc = find_nvcc()
+        if arch is not None:
+            check_nvcc_version(nvcc_version(nvcc), arch)
+    except JitError as err:
+        return str(err)
+    return None
 
 
 def find_nvcc() -> str:

@@ -210,3 +210,14 @@ def test_pack_version_comes_from_pyproject_of_the_sources():
 
     text = (Path(jit.__file__).resolve().parents[1] / "pyproject.toml").read_text()
     assert jit.pack_version() == re.search(r'^version\s*=\s*"([^"]+)"', text, flags=re.M).group(1)
+
+
+def test_toolchain_reason_names_the_missing_nvcc_unless_jit_is_disabled(monkeypatch, tmp_path):
+    from vc_attention.kernels import jit
+
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert "could not find nvcc" in jit.toolchain_reason()
+    monkeypatch.setenv(jit.ENV_PREFIX + "DISABLE_JIT", "1")
+    assert jit.toolchain_reason() is None
