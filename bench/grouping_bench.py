@@ -8,28 +8,17 @@ Importing it has no side effects (no CUDA work until a function is called).
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 
+from vc_attention.commands.bench import cuda_time_ms
 from vc_attention.kernels import grouping
 
 WAN22_720P = dict(H=40, N=75600, D=128)  # Wan2.2-14B at 1280x720, 81 frames
 
 
-def _median_ms(fn, repeats: int, warmup: int = 2) -> float:
-    """Median wall time of fn() on the current stream, CUDA events, after warm-up calls."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
+def _median_ms(fn, repeats: int) -> float:
+    return cuda_time_ms(fn, repeats, warmup=2)
 
 
 def _graph_median_ms(v: torch.Tensor, clusters: int, iters: int, repeats: int) -> float:

@@ -63,8 +63,12 @@ def parse_shapes(text: str) -> dict[str, tuple[int, int, int, int]]:
 def cuda_time_ms(fn, reps: int, warmup: int = 1) -> float:
     """Median GPU time of `reps` calls of fn (CUDA events on the current stream), after `warmup` calls.
 
-    The one timer of the benchmarks (bench/gpu_check.py and bench/sm90_check.py use it too).
+    The one timer of the benchmarks (bench/gpu_check.py, bench/sm90_check.py and
+    bench/grouping_bench.py use it too). statistics.median: the middle value, or the mean of the two
+    middle values for an even count.
     """
+    import statistics
+
     import torch
 
     for _ in range(warmup):
@@ -78,7 +82,7 @@ def cuda_time_ms(fn, reps: int, warmup: int = 1) -> float:
         stop.record()
         stop.synchronize()
         times.append(start.elapsed_time(stop))
-    return sorted(times)[len(times) // 2]
+    return statistics.median(times)
 
 
 def _methods(backend: str):
