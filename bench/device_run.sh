@@ -1,32 +1,59 @@
 #!/usr/bin/env bash
-# One GPU call that produces every published number: JIT build, the GPU test tiers not yet run on a
-# GPU, `vc-attention bench --save`, the grouping benchmark (B1/B2) and the end-to-end Wan-14B
-# forward. Each step has its own time limit so a slow step cannot starve the others; every log lands
-# in $OUT. Usage on the device machine, from the repo root, with wheels carried in .whl/:
-#   bash bench/device_run.sh
+# The GPU run that produces every published number and runs every GPU test:
+#   bash bench/device_run.sh [STAGE ...]      (default: every stage, in this order)
+# stages: build   JIT-build every extension (first use prints progress)
+#         tests   the whole `gpu` pytest tier, then the real-host tier when a ComfyUI checkout is there
+#         bench   `vc-attention bench --save`: attention kernels + grouping at every shape
+#         e2e     `vc-attention bench --e2e --save`: the Wan 14B forward (diffusers), SDPA / SageAttention / ours
+#         comfyui `vc-attention bench --comfyui PATH --save`: sampling in real ComfyUI, default attention vs
+#                 `--use-sage-attention` vs our node's presets
+# Each --save rewrites its sections of bench/results/<gpu>.json, then BENCHMARKS.md and the README
+# headline (`vc-attention bench --all --save` does bench + e2e + comfyui in one process).
+# Run from the repo root on the GPU machine. Peers and optional packages travel in .whl/ (ignored by
+# git): wheels (SageAttention 2.2 from ../shared/anchors, diffusers + importlib_metadata for the e2e
+# model) are installed into /tmp/site, and an unpacked .whl/site/ (ComfyUI's extra requirements) is put
+# on PYTHONPATH as it is. A ComfyUI checkout in .comfy/ (ignored; or $COMFYUI_PATH) enables the
+# real-host tier and the ComfyUI sampling section. Logs and the results land in $OUT. A device call
+# is limited to 10 minutes: run `build tests bench` and `e2e comfyui` as two calls when the whole run does not fit.
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vc_out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+fi
 # the repo root is the package: a link named vc_attention makes it importable without installing
 mkdir -p /tmp/pkgs && ln -sfn "$PWD" /tmp/pkgs/vc_attention
-export PYTHONPATH=/tmp/pkgs:/tmp/site
+export PYTHONPATH=/tmp/pkgs:/tmp/site:$PWD/.whl/site
+if [ -z "${COMFYUI_PATH:-}" ] && [ -d .comfy/comfy ]; then export COMFYUI_PATH=$PWD/.comfy; fi
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/env.txt"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())" | tee -a "$OUT/env.txt"
 
-step() {  # step NAME SECONDS COMMAND...
+step() {  # step NAME SECONDS COMMAND...: each step has its own limit so one slow step cannot starve the rest
   local name=$1 secs=$2; shift 2
   local t0=$SECONDS
   timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
   echo "[$name] rc=$? in $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
 }
-step build 150 python3 -m vc_attention.cli build
-step bench 120 python3 -m vc_attention.cli bench --save --json --reps 5 --shapes wan22-14b-720p,wan21-1.3b-480p,hunyuan15-720p,ltx-video,d64
-cp bench/results/*.json "$OUT/" 2>/dev/null
-step e2e 170 python3 -m vc_attention.cli bench --e2e
-step grouping 45 python3 bench/grouping_bench.py --batch 1 2
-step gpu_tests 60 python3 -m pytest -q -x -m gpu tests/test_grouping_gpu.py tests/test_node_gpu.py tests/test_sm90_gpu.py
-tail -n 3 "$OUT"/*.log
+stages=${*:-build tests bench e2e comfyui}
+for stage in $stages; do
+  case $stage in
+    build) step build 240 python3 -m vc_attention.cli build ;;
+    tests)
+      step gpu_tests 300 python3 -m pytest -q -m gpu --junitxml="$OUT/gpu_tests.xml" tests
+      if [ -n "${COMFYUI_PATH:-}" ]; then step host_tests 240 python3 -m pytest -q -m comfyui tests; fi ;;
+    bench) step bench 300 python3 -m vc_attention.cli bench --save ;;
+    e2e) step e2e 240 python3 -m vc_attention.cli bench --e2e --save ;;
+    comfyui)
+      if [ -n "${COMFYUI_PATH:-}" ]; then step comfyui 300 python3 -m vc_attention.cli bench --comfyui "$COMFYUI_PATH" --save
+      else echo "[comfyui] skipped: no ComfyUI checkout (.comfy/ or COMFYUI_PATH)" | tee -a "$OUT/steps.txt"; fi ;;
+    *) echo "unknown stage $stage (build, tests, bench, e2e, comfyui)"; exit 2 ;;
+  esac
+done
+tail -n 4 "$OUT"/*.log
+# at most 8 files come back from a device call: the results, the two rendered docs, one log archive
+GPU_RESULTS=$(python3 -c "from vc_attention.commands.bench_results import results_path; import torch; print(results_path(torch.cuda.get_device_name()))")
+cp "$GPU_RESULTS" BENCHMARKS.md README.md "$OUT/" 2>/dev/null
+(cd "$OUT" && tar czf logs.tgz ./*.log ./*.xml env.txt 2>/dev/null && rm -f ./*.log ./*.xml env.txt)
 cat "$OUT/steps.txt"

@@ -46,15 +46,14 @@ class LayerGroupings:
 
 
 @contextlib.contextmanager
-def vc_sdpa(config: VCConfig, groupings: LayerGroupings | None):
-    """Route self-attention SDPA calls (B,H,N,D) to vc_attention while the context is open."""
+def self_attention_sdpa(attention):
+    """Route self-attention SDPA calls (B,H,N,D) to attention(q, k, v, scale) while the context is open."""
     original = torch.nn.functional.scaled_dot_product_attention
 
     # diffusers passes query/key/value by keyword: keep torch's parameter names
     def patched(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         if attn_mask is None and not is_causal and dropout_p == 0.0 and query.shape == key.shape == value.shape:
-            perm = groupings.perm_for(value) if (groupings is not None and config.needs_grouping) else None
-            return vc_attention(query, key, value, layout="bhnd", config=config, perm=perm, sm_scale=scale)
+            return attention(query, key, value, scale)
         return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                         scale=scale, enable_gqa=enable_gqa)
 
@@ -63,6 +62,19 @@ def vc_sdpa(config: VCConfig, groupings: LayerGroupings | None):
         yield
     finally:
         torch.nn.functional.scaled_dot_product_attention = original
+
+
+def vc_sdpa(config: VCConfig, groupings: LayerGroupings | None):
+    """Self-attention SDPA calls go to vc_attention (grouping per layer from `groupings`)."""
+    def attention(q, k, v, scale):
+        perm = groupings.perm_for(v) if (groupings is not None and config.needs_grouping) else None
+        return vc_attention(q, k, v, layout="bhnd", config=config, perm=perm, sm_scale=scale)
+    return self_attention_sdpa(attention)
+
+
+def sageattention_sdpa(sage):
+    """Self-attention SDPA calls go to SageAttention 2.2's `sageattn` (what --use-sage-attention runs)."""
+    return self_attention_sdpa(lambda q, k, v, scale: sage.sageattn(q, k, v, tensor_layout="HND", sm_scale=scale))
 
 
 def build_model(layers: int, device: str = "cuda", dtype=torch.bfloat16):
@@ -120,6 +132,18 @@ def run_e2e(layers: int = 40, frames: int = 81, height: int = 720, width: int = 
     results["sdpa_ms"] = statistics.median(ms for ms, _ in sdpa_runs)
     del sdpa_runs
     log(f"[e2e] SDPA forward {results['sdpa_ms']:.0f} ms")
+    from .bench_peers import sageattention_module
+
+    sage = sageattention_module()
+    if sage is not None:
+        with sageattention_sdpa(sage):
+            _timed_forward(model, inputs)
+            runs = [_timed_forward(model, inputs) for _ in range(repeats)]
+        med = statistics.median(ms for ms, _ in runs)
+        err = ((runs[-1][1].float() - ref_out).norm() / ref_out.norm()).item()
+        results["sageattn-2.2"] = {"forward_ms": med, "speedup": results["sdpa_ms"] / med, "rel_l2_vs_sdpa": err}
+        log(f"[e2e] sageattn-2.2: forward {med:.0f} ms ({results['sdpa_ms'] / med:.2f}x SDPA), rel-L2 vs SDPA {err:.4f}")
+        del runs
     for name, config in (("fidelity", FIDELITY), ("speed", SPEED)):
         groups = LayerGroupings(clusters, iters)
         with vc_sdpa(config, groups):
@@ -137,3 +161,18 @@ def run_e2e(layers: int = 40, frames: int = 81, height: int = 720, width: int = 
         log(f"[e2e] {name}: forward {med:.0f} ms ({results['sdpa_ms'] / med:.2f}x SDPA), grouping forward "
             f"{group_ms:.0f} ms, output rel-L2 vs SDPA {err:.4f}")
     return results
+
+
+def e2e_rows(**kwargs) -> list[dict]:
+    """run_e2e as rows of the results schema (commands/bench_results.py): one per method."""
+    res = run_e2e(**kwargs)
+    common = {k: res[k] for k in ("layers", "tokens", "frames", "height", "width")}
+    rows = [dict(common, method="sdpa", forward_ms=res["sdpa_ms"], x_sdpa=1.0, rel_l2_vs_sdpa=0.0,
+                 grouping_forward_ms=None)]
+    for name in ("sageattn-2.2", "fidelity", "speed"):
+        if name in res:
+            r = res[name]
+            rows.append(dict(common, method=name if name.startswith("sage") else f"vc-{name}",
+                             forward_ms=r["forward_ms"], x_sdpa=r["speedup"], rel_l2_vs_sdpa=r["rel_l2_vs_sdpa"],
+                             grouping_forward_ms=r.get("grouping_forward_ms")))
+    return rows

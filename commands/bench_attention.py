@@ -1,0 +1,94 @@
+"""The attention and grouping sections of `vc-attention bench`.
+
+Attention: per shape, every method of commands/bench_peers.py on the same random bf16 tensors
+(B, H, N, D), CUDA-event median of `reps` calls after a warm-up, VC-Attention's preprocessing
+included, grouping excluded (a sampling run groups only inside its grouping window). Ratios are
+against cuDNN SDPA, SageAttention 2.2's `sageattn` and its portable kernel (fp32+fp16) of the same
+run. Fidelity: relative L2 against float64 exact attention on video-like data of a real token
+count (21 x 30 x 52 = 32,760 tokens, 2 heads, 1,024 sampled query rows), per head dim.
+
+Grouping: k-means (default clusters and iterations) + cluster ordering + permutation per shape,
+with its share of the speed-mode call measured in the same run.
+"""
+from __future__ import annotations
+
+FP8_DENSE_PEAK_TOPS = 1979.0  # H100/H200 SXM dense FP8 tensor-core peak (datasheet)
+FIDELITY_GRID = (21, 30, 52)  # Wan2.1 480p latent after 1x2x2 patches: 32,760 tokens
+FIDELITY_HEADS = 2
+FIDELITY_ROWS = 1024
+
+
+def _ratio(base: float | None, ms: float) -> float | None:
+    return None if base is None else base / ms
+
+
+def _fidelity(methods, head_dim: int) -> dict[str, float]:
+    """rel-L2 per method name (ours keyed 'name[backend]') on video-like data against float64."""
+    import torch
+
+    from ..kernels import grouping
+    from ..kernels.videodata import video_like_qkv
+
+    q, k, v = video_like_qkv(B=1, H=FIDELITY_HEADS, T=FIDELITY_GRID[0], Hgrid=FIDELITY_GRID[1],
+                             Wgrid=FIDELITY_GRID[2], D=head_dim, dtype=torch.bfloat16, device="cuda")
+    perm = grouping.group_tokens(v, grouping.DEFAULT_CLUSTERS, grouping.DEFAULT_ITERS).perm()
+    rows = torch.randperm(q.shape[2], generator=torch.Generator().manual_seed(0))[:FIDELITY_ROWS].to("cuda")
+    qd, kd, vd = q[:, :, rows].double(), k.double(), v.double()
+    exact = torch.softmax(qd @ kd.transpose(-1, -2) / head_dim ** 0.5, dim=-1) @ vd
+    out = {}
+    for m in methods:
+        got = m.fn(q, k, v, perm)[:, :, rows].double()
+        out[_key(m)] = float((got - exact).norm() / exact.norm())
+    return out
+
+
+def _key(method) -> str:
+    return method.name if method.backend is None else f"{method.name}[{method.backend}]"
+
+
+def attention_rows(shapes: dict, backend: str, reps: int, portable_shapes: set[str], fidelity: bool,
+                   log=print) -> tuple[list[dict], list[dict]]:
+    """(attention rows, grouping rows) for `shapes` {name: (B, H, N, D)}."""
+    import torch
+
+    from ..kernels import backends, grouping
+    from ..kernels.config import SPEED
+    from .bench import cuda_time_ms
+    from .bench_peers import CUDNN, SAGE, SAGE_PORTABLE, peer_methods, vc_methods
+
+    attention, groupings, errors = [], [], {}
+    for name, (b, h, n, d) in shapes.items():
+        flops = 4.0 * b * h * n * n * d
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(b, h, n, d, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        chosen = backends.select(q, SPEED, "bhnd", backend, allow_slow=False).name
+        portable = name in portable_shapes
+        methods = [m for m in peer_methods() if portable or not m.portable] + vc_methods(chosen, portable)
+
+        def group():
+            return grouping.group_tokens(v, grouping.DEFAULT_CLUSTERS, grouping.DEFAULT_ITERS).perm()
+
+        group_ms = cuda_time_ms(group, reps)
+        perm = group()
+        times = {}
+        for m in methods:
+            times[_key(m)] = cuda_time_ms(lambda: m.fn(q, k, v, perm), reps)
+            log(f"[bench] {name} {_key(m)}: {times[_key(m)]:.2f} ms")
+        if fidelity and d not in errors:
+            errors[d] = _fidelity(methods, d)
+        for m in methods:
+            ms = times[_key(m)]
+            attention.append(dict(
+                shape=name, B=b, H=h, N=n, D=d, method=m.name, backend=m.backend, portable=m.portable, ms=ms,
+                tops_eq=flops / ms / 1e9, fp8_peak_fraction=flops / ms / 1e9 / FP8_DENSE_PEAK_TOPS,
+                x_cudnn=_ratio(times.get(CUDNN), ms), x_sageattn=_ratio(times.get(SAGE), ms),
+                x_sageattn_portable=_ratio(times.get(SAGE_PORTABLE), ms),
+                rel_l2_video_like=errors.get(d, {}).get(_key(m)),
+            ))
+        speed_ms = times[f"vc-speed[{chosen}]"]
+        groupings.append(dict(shape=name, B=b, H=h, N=n, D=d, clusters=grouping.DEFAULT_CLUSTERS,
+                              iters=grouping.DEFAULT_ITERS, ms=group_ms, speed_call_ms=speed_ms,
+                              share_of_speed_call=group_ms / speed_ms, backend=chosen))
+        del q, k, v, perm
+        torch.cuda.empty_cache()
+    return attention, groupings

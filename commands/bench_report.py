@@ -1,0 +1,195 @@
+"""BENCHMARKS.md and the README's headline block, rendered from bench/results/*.json.
+
+`vc-attention bench --report` writes both (and `--save` does after a run); tests/test_bench_report.py
+fails when the committed files differ from what this renders, so no figure is typed by hand.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .bench_results import RESULTS_DIR, SCHEMA
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "BENCHMARKS.md"
+README = ROOT / "README.md"
+HEADLINE_SHAPE = "wan22-14b-720p"
+HEADLINE_BEGIN, HEADLINE_END = "<!-- headline:begin -->", "<!-- headline:end -->"
+NAMES = {
+    "sdpa-cudnn": "cuDNN SDPA (bf16)",
+    "sdpa-flash": "flash SDPA (bf16)",
+    "sageattn-2.2": "SageAttention 2.2 `sageattn`",
+    "sageattn-2.2-portable-fp16acc": "SageAttention 2.2 portable, fp32+fp16",
+    "sageattn-2.2-portable-fp32acc": "SageAttention 2.2 portable, fp32+fp32",
+    "vc-plain8": "VC-Attention plain 8-bit (no V-Smooth)",
+    "vc-fidelity": "VC-Attention **fidelity** (V-Smooth)",
+    "vc-speed": "VC-Attention **speed** (V-Smooth + ExpCast)",
+}
+METHOD_NOTE = """\
+Method: CUDA events, one warm-up call, median of the repetitions named in the command (default 10),
+random bf16 inputs (not zeros) in layout (B, H, N, D), every method of a shape in the same process on
+the same tensors. VC-Attention times include its preprocessing (K smoothing, INT8/FP8 quantization,
+permutation gather, V-Smooth block means, transposed FP8 residual); the V-Smooth grouping (k-means +
+permutation) is timed separately (Grouping), because a sampling run computes it only inside the
+grouping window. TOPS-equiv. = 4*B*H*N^2*D / time; % of FP8 peak is against the 1979 T/s dense FP8
+rate of the H100/H200 SXM datasheet. rel-L2: relative L2 error against float64 exact attention on
+the video-like data of kernels/videodata.py (32,760 tokens = 21 x 30 x 52, 2 heads, 1,024 sampled
+query rows, the shape's head dim), synthetic and calibrated, not a real model's activations; the
+cuDNN row is the bf16 output's own rounding floor. `x SA2.2` compares with SageAttention 2.2's
+`sageattn` (its Hopper kernel here), `x SA2.2 portable` with its portable mma.sync kernel
+(`sageattn_qk_int8_pv_fp8_cuda`, fp32+fp16 accumulation: what RTX 40/50 users run). SageAttention is
+measured from its own wheel, never bundled."""
+
+
+def _num(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _name(method: str) -> str:
+    return NAMES.get(method, method)
+
+
+def load_all() -> dict[str, dict]:
+    """{file name: document} for every results file of the current schema, sorted by name."""
+    out = {}
+    for path in sorted(RESULTS_DIR.glob("*.json")):
+        doc = json.loads(path.read_text())
+        if doc.get("schema") == SCHEMA:
+            out[path.name] = doc
+    return out
+
+
+def _env_line(section: str, env: dict, source: str) -> str:
+    return (f"| {section} | {env['gpu']} | {env['driver']} | {env['torch']} | {env['cuda']} | {env['cudnn']} | "
+            f"{env['sageattention'] or 'not installed'} | {env['date']} | `{env['command']}` | {source} |")
+
+
+def _in_table(row: dict, portable: bool) -> bool:
+    """The portable tables hold the portable kernels plus cuDNN as the common yardstick."""
+    return (row["portable"] or row["method"] == "sdpa-cudnn") if portable else not row["portable"]
+
+
+def _attention_tables(rows: list[dict], portable: bool) -> list[str]:
+    out = []
+    for shape in dict.fromkeys(r["shape"] for r in rows):
+        picked = [r for r in rows if r["shape"] == shape and _in_table(r, portable)]
+        if portable and not any(r["portable"] for r in picked):
+            continue
+        r0 = picked[0]
+        out += ["", f"**{shape}** (B{r0['B']} H{r0['H']} N{r0['N']:,} D{r0['D']})", ""]
+        if portable:
+            out += ["| method | backend | ms | x cuDNN | x SA2.2 portable | rel-L2 (video-like) |", "|---|---|---|---|---|---|"]
+            out += [f"| {_name(r['method'])} | {r['backend'] or '-'} | {r['ms']:.2f} | {_num(r['x_cudnn'], '.2f')} | "
+                    f"{_num(r['x_sageattn_portable'], '.2f')} | {_num(r['rel_l2_video_like'], '.4f')} |" for r in picked]
+        else:
+            out += ["| method | backend | ms | TOPS-equiv. | % of FP8 peak | x cuDNN | x SA2.2 | rel-L2 (video-like) |",
+                    "|---|---|---|---|---|---|---|---|"]
+            out += [f"| {_name(r['method'])} | {r['backend'] or '-'} | {r['ms']:.2f} | {r['tops_eq']:.0f} | "
+                    f"{100 * r['fp8_peak_fraction']:.1f} | {_num(r['x_cudnn'], '.2f')} | {_num(r['x_sageattn'], '.2f')} | "
+                    f"{_num(r['rel_l2_video_like'], '.4f')} |" for r in picked]
+    return out
+
+
+def _grouping_table(rows: list[dict]) -> list[str]:
+    out = ["| shape | clusters x iterations | grouping ms | speed-mode call ms | share of the call |", "|---|---|---|---|---|"]
+    return out + [f"| {r['shape']} (B{r['B']} H{r['H']} N{r['N']:,} D{r['D']}) | {r['clusters']} x {r['iters']} | "
+                  f"{r['ms']:.2f} | {r['speed_call_ms']:.2f} | {100 * r['share_of_speed_call']:.0f}% |" for r in rows]
+
+
+def _e2e_table(rows: list[dict]) -> list[str]:
+    r0 = rows[0]
+    out = [f"Wan 14B transformer (diffusers, random weights), {r0['layers']} layers, {r0['width']}x{r0['height']}, "
+           f"{r0['frames']} frames = {r0['tokens']:,} tokens; one forward:", "",
+           "| attention | forward ms | x SDPA | grouping forward ms | output rel-L2 vs SDPA |", "|---|---|---|---|---|"]
+    return out + [f"| {_name(r['method'])} | {r['forward_ms']:.0f} | {r['x_sdpa']:.2f} | {_num(r['grouping_forward_ms'], '.0f')} | "
+                  f"{r['rel_l2_vs_sdpa']:.4f} |" for r in rows]
+
+
+COMFY_NAMES = {"default": "ComfyUI default attention", "sage": "`--use-sage-attention` (SageAttention 2.2)",
+               "fidelity": "VC-Attention node, fidelity", "balanced": "VC-Attention node, balanced",
+               "speed": "VC-Attention node, speed"}
+
+
+def _comfyui_table(rows: list[dict]) -> list[str]:
+    r0 = rows[0]
+    out = [f"ComfyUI's own WanModel at Wan2.1-1.3B widths ({r0['layers']} blocks, random bf16 weights), "
+           f"{r0['tokens']:,} tokens (480p, 81 frames), {r0['steps']} euler steps, CFG 5; seconds per sampling run:", "",
+           "| attention | s | x default | x `--use-sage-attention` | final latent rel-L2 vs default | VC calls by backend |",
+           "|---|---|---|---|---|---|"]
+    for r in rows:
+        calls = ", ".join(f"{k} {v}" for k, v in sorted((r.get("backend_calls") or {}).items())) or "-"
+        out.append(f"| {COMFY_NAMES.get(r['mode'], r['mode'])} | {r['seconds']:.2f} | {r['x_default']:.2f} | "
+                   f"{_num(r['x_sage'], '.2f')} | {r['rel_l2_vs_default']:.4f} | {calls} |")
+    return out
+
+
+def render_benchmarks(docs: dict[str, dict]) -> str:
+    lines = ["# Benchmarks", "",
+             "Generated by `vc-attention bench --report` from the results files in [bench/results](bench/results);",
+             "`vc-attention bench --all --save` on a GPU re-measures and regenerates them. Do not edit by hand:",
+             "tests/test_bench_report.py fails when this file differs from what the command renders.", ""]
+    if not docs:
+        return "\n".join(lines + ["No results of the current schema yet.", ""])
+    lines += ["## Environment and command of each section", "",
+              "| section | GPU | driver | torch | CUDA | cuDNN | SageAttention | date | command | results |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, doc in docs.items():
+        lines += [_env_line(section, part["env"], f"[{name}](bench/results/{name})") for section, part in doc["sections"].items()]
+    lines += ["", METHOD_NOTE]
+    for doc in docs.values():
+        sections, gpu = doc["sections"], next(iter(doc["sections"].values()))["env"]["gpu"]
+        if "attention" in sections:
+            rows = sections["attention"]["rows"]
+            lines += ["", f"## Attention kernels on {gpu}"] + _attention_tables(rows, portable=False)
+            if any(r["portable"] for r in rows):
+                lines += ["", f"## Portable kernels (the RTX 40/50 path), measured on {gpu} as a proxy",
+                          "", "Our `mma` backend and SageAttention 2.2's sm89 kernel, both built for this GPU."]
+                lines += _attention_tables(rows, portable=True)
+        if "grouping" in sections:
+            lines += ["", f"## Grouping (V-Smooth k-means + ordering + permutation) on {gpu}", ""] + _grouping_table(sections["grouping"]["rows"])
+        if "e2e" in sections:
+            lines += ["", f"## End to end on {gpu}", ""] + _e2e_table(sections["e2e"]["rows"])
+        if "comfyui" in sections:
+            lines += ["", f"## Sampling in real ComfyUI on {gpu}", ""] + _comfyui_table(sections["comfyui"]["rows"])
+    return "\n".join(lines) + "\n"
+
+
+def render_headline(docs: dict[str, dict]) -> str:
+    doc = next((d for d in docs.values() if "attention" in d["sections"]), None)
+    if doc is None:
+        return "No benchmark results yet: see [BENCHMARKS.md](BENCHMARKS.md)."
+    env = doc["sections"]["attention"]["env"]
+    rows = [r for r in doc["sections"]["attention"]["rows"] if r["shape"] == HEADLINE_SHAPE and not r["portable"]
+            and r["method"] != "sdpa-flash"]
+    r0 = rows[0]
+    lines = [f"**Measured on one {env['gpu']}** (driver {env['driver']}, torch {env['torch']}, CUDA {env['cuda']}, "
+             f"cuDNN {env['cudnn']}, SageAttention {env['sageattention'] or 'not installed'}; `{env['command']}`; "
+             "all tables in [BENCHMARKS.md](BENCHMARKS.md)), Wan2.2-14B 720p attention shape "
+             f"(B{r0['B']} H{r0['H']} N{r0['N']:,} D{r0['D']}), preprocessing included:", "",
+             "| attention | ms | x cuDNN SDPA | x SageAttention 2.2 | rel-L2 on video-like data |", "|---|---|---|---|---|"]
+    lines += [f"| {_name(r['method'])} | {r['ms']:.1f} | {_num(r['x_cudnn'], '.2f')} | {_num(r['x_sageattn'], '.2f')} | "
+              f"{_num(r['rel_l2_video_like'], '.4f')} |" for r in rows]
+    if "comfyui" in doc["sections"]:
+        comfy = {r["mode"]: r for r in doc["sections"]["comfyui"]["rows"]}
+        parts = [f"{mode} {comfy[mode]['seconds']:.2f} s ({_num(comfy[mode]['x_sage'], '.2f')}x, rel-L2 "
+                 f"{comfy[mode]['rel_l2_vs_default']:.3f})" for mode in ("speed", "balanced", "fidelity") if mode in comfy]
+        sage = comfy.get("sage")
+        lines += ["", "Sampling in real ComfyUI (Wan2.1-1.3B widths, 32,760 tokens, "
+                  f"{comfy['default']['steps']} euler steps, CFG): default attention {comfy['default']['seconds']:.2f} s, "
+                  + (f"`--use-sage-attention` {sage['seconds']:.2f} s (rel-L2 {sage['rel_l2_vs_default']:.3f}), " if sage else "")
+                  + "our node " + ", ".join(parts) + " (x = speed-up over `--use-sage-attention`; rel-L2 of the final latent "
+                  "against the default attention)."]
+    return "\n".join(lines)
+
+
+def replace_headline(readme: str, headline: str) -> str:
+    head, rest = readme.split(HEADLINE_BEGIN, 1)
+    _, tail = rest.split(HEADLINE_END, 1)
+    return f"{head}{HEADLINE_BEGIN}\n{headline}\n{HEADLINE_END}{tail}"
+
+
+def write_all() -> list[Path]:
+    docs = load_all()
+    BENCHMARKS.write_text(render_benchmarks(docs))
+    README.write_text(replace_headline(README.read_text(), render_headline(docs)))
+    return [BENCHMARKS, README]

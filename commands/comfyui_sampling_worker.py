@@ -1,0 +1,112 @@
+"""One timed sampling run inside a real ComfyUI checkout (run as a script by commands/bench_comfyui.py).
+
+usage: python comfyui_sampling_worker.py COMFYUI_PATH MODE OUT_DIR STEPS
+MODE: default (ComfyUI's own attention), sage (ComfyUI started with --use-sage-attention), or a
+VC-Attention preset (fidelity, balanced, speed) applied through our node as ComfyUI loads it.
+
+The model is ComfyUI's own WanModel at Wan2.1-T2V-1.3B widths and full depth (dim 1536, 12 heads of
+128, 30 blocks, FFN 8960, text dim 4096) with random bf16 weights: fan-in scaled matrices and norm
+gains of 1, so q and k keep unit scale after their RMSNorm and attention is far from uniform (with
+near-zero gains every attention row is flat and all methods agree trivially). Latent: 480p, 81
+frames -> (1, 16, 21, 60, 104) -> 21 x 30 x 52 = 32,760 tokens; euler, CFG 5, seed 1. One short
+warm-up run (kernel builds, cuDNN plans) precedes the timed run; the timed run uses a freshly patched
+model, so our per-run costs (grouping steps, stats baseline) are inside the time.
+Writes OUT_DIR/MODE.json (seconds, event counts) and OUT_DIR/MODE.pt (the final latent).
+"""
+import json
+import sys
+import time
+from pathlib import Path
+
+PACK = Path(__file__).resolve().parent.parent
+WAN21_1_3B = {
+    "image_model": "wan2.1", "model_type": "t2v", "patch_size": (1, 2, 2), "in_dim": 16, "out_dim": 16,
+    "dim": 1536, "ffn_dim": 8960, "freq_dim": 256, "text_dim": 4096, "text_len": 512, "num_heads": 12,
+    "num_layers": 30, "eps": 1e-6,
+}
+LATENT = (1, 16, 21, 60, 104)
+TEXT_TOKENS, CFG, WARMUP_STEPS = 512, 5.0, 2
+PRESETS = ("fidelity", "balanced", "speed")
+
+
+def _randomize(diffusion_model, torch) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    with torch.no_grad():
+        for name, p in diffusion_model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 1.0 / p[0].numel() ** 0.5, generator=gen)
+            elif "norm" in name and name.endswith("weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+
+
+def main(comfy_path: str, mode: str, out_dir: str, steps: int) -> None:
+    sys.argv = ["main.py"] + (["--use-sage-attention"] if mode == "sage" else [])
+    sys.path.insert(0, comfy_path)
+    import asyncio
+
+    import comfy.options
+
+    comfy.options.enable_args_parsing()
+    import comfy.model_patcher
+    import comfy.sample
+    import comfy.supported_models
+    import nodes
+    import server
+    import torch
+
+    class EventRecorder:  # stands in for the running server's PromptServer.instance
+        messages = []
+
+        def send_sync(self, event, data, sid=None):
+            self.messages.append((event, data))
+
+    server.PromptServer.instance = EventRecorder()
+    config = comfy.supported_models.WAN21_T2V(dict(WAN21_1_3B))
+    config.set_inference_dtype(torch.bfloat16, None)
+    model = config.get_model({}, device="cuda")
+    _randomize(model.diffusion_model, torch)
+    patcher = comfy.model_patcher.ModelPatcher(model, load_device=torch.device("cuda"),
+                                               offload_device=torch.device("cuda"))
+
+    def patched(unique_id):
+        if mode not in PRESETS:
+            return patcher
+        if not asyncio.run(nodes.load_custom_node(str(PACK))):
+            raise RuntimeError(f"ComfyUI could not load the node pack at {PACK}.")
+        node = nodes.NODE_CLASS_MAPPINGS["VCAttention"]
+        inputs = node.GET_NODE_INFO_V1()["input"]
+        widgets = {name: spec[1]["default"] for name, spec in {**inputs["required"], **inputs.get("optional", {})}.items()
+                   if name not in ("model", "mode")}
+        return node.PREPARE_CLASS_CLONE({"hidden_inputs": {"UNIQUE_ID": unique_id}}).execute(
+            model=patcher, mode=mode, **widgets).args[0]
+
+    gen = torch.Generator().manual_seed(1)
+    noise = torch.randn(LATENT, generator=gen)
+    latent = torch.zeros(LATENT)
+    positive = [[torch.randn(1, TEXT_TOKENS, 4096, generator=gen), {}]]
+    negative = [[torch.randn(1, TEXT_TOKENS, 4096, generator=gen), {}]]
+
+    def sample(m, n_steps):
+        return comfy.sample.sample(m, noise, n_steps, CFG, "euler", "simple", positive, negative, latent, seed=1,
+                                   disable_pbar=True)
+
+    sample(patched("warmup"), WARMUP_STEPS)
+    EventRecorder.messages.clear()
+    timed = patched("timed")
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = sample(timed, steps)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    stats = [data for event, data in EventRecorder.messages if event == "vc_attention.stats"]
+    torch.save(out.float().cpu(), str(Path(out_dir, f"{mode}.pt")))
+    Path(out_dir, f"{mode}.json").write_text(json.dumps({
+        "mode": mode, "seconds": seconds, "steps": steps, "tokens": 21 * 30 * 52, "layers": WAN21_1_3B["num_layers"],
+        "finite": bool(torch.isfinite(out).all()), "stats": stats[-1] if stats else None,
+    }, default=str))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))

@@ -1,0 +1,111 @@
+"""Benchmark figures in the docs are generated: the committed BENCHMARKS.md and README headline equal
+what commands/bench_report.py renders from bench/results, and the results schema round-trips."""
+import json
+
+import pytest
+
+from vc_attention.commands import bench, bench_report, bench_results
+
+ENV = dict(gpu="NVIDIA H200", driver="580", torch="2.11.0+cu130", cuda="13.0", cudnn=91900, python="3.12.3",
+           sageattention="2.2.0", command="vc-attention bench --all --save", date="2026-12-01")
+
+
+def _attention_row(method, ms, backend=None, portable=False, shape="wan22-14b-720p"):
+    return dict(shape=shape, B=1, H=40, N=75600, D=128, method=method, backend=backend, portable=portable, ms=ms,
+                tops_eq=1000.0 / ms, fp8_peak_fraction=0.5 / ms, x_cudnn=200.0 / ms, x_sageattn=140.0 / ms,
+                x_sageattn_portable=300.0 / ms, rel_l2_video_like=0.001 * ms / 100)
+
+
+def _doc():
+    doc = bench_results.empty()
+    rows = [_attention_row("sdpa-cudnn", 200.0), _attention_row("sageattn-2.2", 140.0),
+            _attention_row("sageattn-2.2-portable-fp16acc", 300.0, portable=True),
+            _attention_row("vc-speed", 120.0, backend="sm90"), _attention_row("vc-speed", 250.0, backend="mma", portable=True)]
+    bench_results.merge(doc, "attention", ENV, rows)
+    bench_results.merge(doc, "grouping", ENV, [dict(shape="wan22-14b-720p", B=1, H=40, N=75600, D=128, clusters=64,
+                                                    iters=2, ms=6.0, speed_call_ms=120.0, share_of_speed_call=0.05)])
+    common = dict(layers=40, tokens=75600, frames=81, height=720, width=1280)
+    bench_results.merge(doc, "e2e", ENV, [dict(common, method="sdpa", forward_ms=12000.0, x_sdpa=1.0, rel_l2_vs_sdpa=0.0,
+                                               grouping_forward_ms=None),
+                                          dict(common, method="vc-speed", forward_ms=9000.0, x_sdpa=1.33,
+                                               rel_l2_vs_sdpa=0.01, grouping_forward_ms=9500.0)])
+    comfy = dict(steps=8, tokens=32760, layers=30, finite=True, fallbacks=None)
+    bench_results.merge(doc, "comfyui", ENV, [
+        dict(comfy, mode="default", seconds=12.0, x_default=1.0, x_sage=0.6, rel_l2_vs_default=0.0, backend_calls=None),
+        dict(comfy, mode="sage", seconds=7.2, x_default=1.67, x_sage=1.0, rel_l2_vs_default=0.028, backend_calls=None),
+        dict(comfy, mode="speed", seconds=6.0, x_default=2.0, x_sage=1.2, rel_l2_vs_default=0.013,
+             backend_calls={"sm90": 480})])
+    return doc
+
+
+def test_committed_docs_are_what_the_report_renders():
+    docs = bench_report.load_all()
+    assert bench_report.BENCHMARKS.read_text() == bench_report.render_benchmarks(docs)
+    readme = bench_report.README.read_text()
+    assert bench_report.replace_headline(readme, bench_report.render_headline(docs)) == readme
+
+
+def test_every_section_renders_and_figures_follow_the_rows():
+    text = bench_report.render_benchmarks({"nvidia-h200.json": _doc()})
+    for heading in ("## Attention kernels", "## Portable kernels", "## Grouping", "## End to end", "## Sampling in real ComfyUI"):
+        assert heading in text
+    assert "| VC-Attention **speed** (V-Smooth + ExpCast) | sm90 | 120.00 | 8 | 0.4 | 1.67 | 1.17 | 0.0012 |" in text
+    assert "| VC-Attention **speed** (V-Smooth + ExpCast) | mma | 250.00 | 0.80 | 1.20 | 0.0025 |" in text
+    assert "| VC-Attention node, speed | 6.00 | 2.00 | 1.20 | 0.0130 | sm90 480 |" in text
+    changed = _doc()
+    changed["sections"]["attention"]["rows"][3]["ms"] = 121.0
+    assert bench_report.render_benchmarks({"nvidia-h200.json": changed}) != text
+
+
+def test_headline_names_environment_and_sageattention_ratio():
+    headline = bench_report.render_headline({"nvidia-h200.json": _doc()})
+    assert "NVIDIA H200" in headline and "SageAttention 2.2.0" in headline and ENV["command"] in headline
+    assert "| SageAttention 2.2 `sageattn` | 140.0 | 1.43 | 1.00 | 0.0014 |" in headline
+    assert "mma" not in headline  # portable rows live in BENCHMARKS.md only
+    assert "`--use-sage-attention` 7.20 s" in headline and "speed 6.00 s (1.20x" in headline
+
+
+def test_results_round_trip_and_sections_merge(tmp_path):
+    path = tmp_path / "gpu.json"
+    doc = bench_results.load(path)
+    bench_results.merge(doc, "e2e", ENV, [{"method": "sdpa"}])
+    bench_results.save(path, doc)
+    again = bench_results.load(path)
+    bench_results.merge(again, "attention", ENV, [{"method": "x"}])
+    assert list(again["sections"]) == ["e2e", "attention"]
+    bench_results.save(path, again)
+    assert list(json.loads(path.read_text())["sections"]) == ["attention", "e2e"]
+
+
+def test_wrong_schema_and_unknown_section_are_refused(tmp_path):
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"attention": []}))
+    with pytest.raises(ValueError, match="schema"):
+        bench_results.load(path)
+    with pytest.raises(ValueError, match="unknown results section"):
+        bench_results.merge(bench_results.empty(), "speed", ENV, [])
+
+
+def test_report_flag_rewrites_docs_from_results(tmp_path, monkeypatch):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "nvidia-h200.json").write_text(json.dumps(_doc()))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{bench_report.HEADLINE_BEGIN}\nold\n{bench_report.HEADLINE_END}\nrest\n")
+    monkeypatch.setattr(bench_report, "RESULTS_DIR", results)
+    monkeypatch.setattr(bench_report, "BENCHMARKS", tmp_path / "BENCHMARKS.md")
+    monkeypatch.setattr(bench_report, "README", readme)
+    from vc_attention import cli
+
+    assert cli.main(["bench", "--report"]) == 0
+    assert "## Sampling in real ComfyUI" in (tmp_path / "BENCHMARKS.md").read_text()
+    assert readme.read_text().startswith("intro\n") and "old" not in readme.read_text()
+
+
+def test_shapes_parse_and_portable_subset_is_known():
+    assert bench.parse_shapes("wan21-1.3b-480p")["wan21-1.3b-480p"] == (1, 12, 32760, 128)
+    assert bench.parse_shapes("1,2,3,4;5,6,7,8") == {"1x2x3x4": (1, 2, 3, 4), "5x6x7x8": (5, 6, 7, 8)}
+    assert bench.parse_shapes("") == {}
+    assert set(bench.PORTABLE_SHAPES) <= set(bench.SHAPES)
+    with pytest.raises(ValueError, match="unknown shape"):
+        bench.parse_shapes("wan9")
