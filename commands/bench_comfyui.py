@@ -19,7 +19,7 @@ STEPS = 8
 WORKER_TIMEOUT_S = 600
 
 
-def comfyui_rows(comfy_path: str, steps: int = STEPS, log=print) -> list[dict]:
+def comfyui_rows(comfy_path: str, steps: int = STEPS, size: str = "wan1.3b", log=print) -> list[dict]:
     import torch
 
     from .bench_peers import sageattention_module
@@ -30,7 +30,7 @@ def comfyui_rows(comfy_path: str, steps: int = STEPS, log=print) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as out_dir:
         for mode in modes:
-            done = subprocess.run([sys.executable, str(WORKER), comfy_path, mode, out_dir, str(steps)],
+            done = subprocess.run([sys.executable, str(WORKER), comfy_path, mode, out_dir, str(steps), size],
                                   capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
             if done.returncode != 0:
                 raise RuntimeError(f"ComfyUI sampling run '{mode}' failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")

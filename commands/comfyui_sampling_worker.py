@@ -1,6 +1,6 @@
 """One timed sampling run inside a real ComfyUI checkout (run as a script by commands/bench_comfyui.py).
 
-usage: python comfyui_sampling_worker.py COMFYUI_PATH MODE OUT_DIR STEPS
+usage: python comfyui_sampling_worker.py COMFYUI_PATH MODE OUT_DIR STEPS [SIZE]
 MODE: default (ComfyUI's own attention), sage (ComfyUI started with --use-sage-attention), or a
 VC-Attention preset (fidelity, balanced, speed) applied through our node as ComfyUI loads it.
 
@@ -10,27 +10,35 @@ gains of 1, so q and k keep unit scale after their RMSNorm and attention is far 
 near-zero gains every attention row is flat and all methods agree trivially). Latent: 480p, 81
 frames -> (1, 16, 21, 60, 104) -> 21 x 30 x 52 = 32,760 tokens; euler, CFG 5, seed 1. One short
 warm-up run (kernel builds, cuDNN plans) precedes the timed run; the timed run uses a freshly patched
-model, so our per-run costs (grouping steps, stats baseline) are inside the time.
-Writes OUT_DIR/MODE.json (seconds, event counts) and OUT_DIR/MODE.pt (the final latent).
+model, so our per-run costs (grouping steps, stats baseline) are inside the time. The node is the
+pack's V3 node class executed as ComfyUI's executor does (PREPARE_CLASS_CLONE + execute); ComfyUI's
+HTTP server is not started: a stand-in `server` module records the node's stats events. Loading the
+pack through ComfyUI's own custom-node loader is the real-host test tier's job
+(tests/test_real_comfyui.py).
+SIZE `tiny` (2 blocks, 2 heads, 4 x 8 x 8 latent, on the CPU) checks the harness in the real-host
+test tier without a GPU. Writes OUT_DIR/MODE.json (seconds, event counts) and OUT_DIR/MODE.pt (the final latent).
 """
 import json
 import sys
 import time
 from pathlib import Path
 
-PACK = Path(__file__).resolve().parent.parent
 WAN21_1_3B = {
     "image_model": "wan2.1", "model_type": "t2v", "patch_size": (1, 2, 2), "in_dim": 16, "out_dim": 16,
     "dim": 1536, "ffn_dim": 8960, "freq_dim": 256, "text_dim": 4096, "text_len": 512, "num_heads": 12,
     "num_layers": 30, "eps": 1e-6,
 }
-LATENT = (1, 16, 21, 60, 104)
-TEXT_TOKENS, CFG, WARMUP_STEPS = 512, 5.0, 2
+TINY = dict(WAN21_1_3B, dim=128, ffn_dim=256, text_dim=64, text_len=16, num_heads=2, num_layers=2, freq_dim=64)
+SIZES = {  # name: (model config, latent shape, device)
+    "wan1.3b": (WAN21_1_3B, (1, 16, 21, 60, 104), "cuda"),
+    "tiny": (TINY, (1, 16, 4, 16, 16), "cpu"),
+}
+CFG, WARMUP_STEPS = 5.0, 2
 PRESETS = ("fidelity", "balanced", "speed")
 
 
-def _randomize(diffusion_model, torch) -> None:
-    gen = torch.Generator(device="cuda").manual_seed(0)
+def _randomize(diffusion_model, torch, device: str) -> None:
+    gen = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad():
         for name, p in diffusion_model.named_parameters():
             if p.dim() >= 2:
@@ -41,10 +49,11 @@ def _randomize(diffusion_model, torch) -> None:
                 p.normal_(0.0, 0.02, generator=gen)
 
 
-def main(comfy_path: str, mode: str, out_dir: str, steps: int) -> None:
-    sys.argv = ["main.py"] + (["--use-sage-attention"] if mode == "sage" else [])
+def main(comfy_path: str, mode: str, out_dir: str, steps: int, size: str = "wan1.3b") -> None:
+    widths, latent_shape, device = SIZES[size]
+    sys.argv = ["main.py"] + (["--use-sage-attention"] if mode == "sage" else []) + (["--cpu"] if device == "cpu" else [])
     sys.path.insert(0, comfy_path)
-    import asyncio
+    import types
 
     import comfy.options
 
@@ -52,8 +61,6 @@ def main(comfy_path: str, mode: str, out_dir: str, steps: int) -> None:
     import comfy.model_patcher
     import comfy.sample
     import comfy.supported_models
-    import nodes
-    import server
     import torch
 
     class EventRecorder:  # stands in for the running server's PromptServer.instance
@@ -62,31 +69,32 @@ def main(comfy_path: str, mode: str, out_dir: str, steps: int) -> None:
         def send_sync(self, event, data, sid=None):
             self.messages.append((event, data))
 
-    server.PromptServer.instance = EventRecorder()
-    config = comfy.supported_models.WAN21_T2V(dict(WAN21_1_3B))
+    server = types.ModuleType("server")
+    server.PromptServer = type("PromptServer", (), {"instance": EventRecorder()})
+    sys.modules["server"] = server
+    config = comfy.supported_models.WAN21_T2V(dict(widths))
     config.set_inference_dtype(torch.bfloat16, None)
-    model = config.get_model({}, device="cuda")
-    _randomize(model.diffusion_model, torch)
-    patcher = comfy.model_patcher.ModelPatcher(model, load_device=torch.device("cuda"),
-                                               offload_device=torch.device("cuda"))
+    model = config.get_model({}, device=device)
+    _randomize(model.diffusion_model, torch, device)
+    patcher = comfy.model_patcher.ModelPatcher(model, load_device=torch.device(device),
+                                               offload_device=torch.device(device))
 
     def patched(unique_id):
         if mode not in PRESETS:
             return patcher
-        if not asyncio.run(nodes.load_custom_node(str(PACK))):
-            raise RuntimeError(f"ComfyUI could not load the node pack at {PACK}.")
-        node = nodes.NODE_CLASS_MAPPINGS["VCAttention"]
-        inputs = node.GET_NODE_INFO_V1()["input"]
-        widgets = {name: spec[1]["default"] for name, spec in {**inputs["required"], **inputs.get("optional", {})}.items()
-                   if name not in ("model", "mode")}
-        return node.PREPARE_CLASS_CLONE({"hidden_inputs": {"UNIQUE_ID": unique_id}}).execute(
+        from vc_attention.nodes.node_attention import VCAttention
+        from vc_attention.nodes.presets import WIDGETS
+
+        widgets = {name: spec["default"] for name, spec in WIDGETS.items() if name != "mode"}
+        return VCAttention.PREPARE_CLASS_CLONE({"hidden_inputs": {"UNIQUE_ID": unique_id}}).execute(
             model=patcher, mode=mode, **widgets).args[0]
 
     gen = torch.Generator().manual_seed(1)
-    noise = torch.randn(LATENT, generator=gen)
-    latent = torch.zeros(LATENT)
-    positive = [[torch.randn(1, TEXT_TOKENS, 4096, generator=gen), {}]]
-    negative = [[torch.randn(1, TEXT_TOKENS, 4096, generator=gen), {}]]
+    noise = torch.randn(latent_shape, generator=gen)
+    latent = torch.zeros(latent_shape)
+    text = (1, widths["text_len"], widths["text_dim"])
+    positive = [[torch.randn(text, generator=gen), {}]]
+    negative = [[torch.randn(text, generator=gen), {}]]
 
     def sample(m, n_steps):
         return comfy.sample.sample(m, noise, n_steps, CFG, "euler", "simple", positive, negative, latent, seed=1,
@@ -95,18 +103,20 @@ def main(comfy_path: str, mode: str, out_dir: str, steps: int) -> None:
     sample(patched("warmup"), WARMUP_STEPS)
     EventRecorder.messages.clear()
     timed = patched("timed")
-    torch.cuda.synchronize()
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
     start = time.perf_counter()
     out = sample(timed, steps)
-    torch.cuda.synchronize()
+    sync()
     seconds = time.perf_counter() - start
     stats = [data for event, data in EventRecorder.messages if event == "vc_attention.stats"]
     torch.save(out.float().cpu(), str(Path(out_dir, f"{mode}.pt")))
     Path(out_dir, f"{mode}.json").write_text(json.dumps({
-        "mode": mode, "seconds": seconds, "steps": steps, "tokens": 21 * 30 * 52, "layers": WAN21_1_3B["num_layers"],
+        "mode": mode, "seconds": seconds, "steps": steps, "layers": widths["num_layers"],
+        "tokens": latent_shape[2] * (latent_shape[3] // 2) * (latent_shape[4] // 2),
         "finite": bool(torch.isfinite(out).all()), "stats": stats[-1] if stats else None,
     }, default=str))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), *sys.argv[5:6])
