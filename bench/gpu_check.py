@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from vc_attention.commands.bench import cuda_time_ms
-from vc_attention.kernels import backend_cuda, reference
+from vc_attention.kernels import backend_mma, reference
 from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED, VCConfig
 from vc_attention.kernels.prepare import prepare_cuda, prepare_reference
 
@@ -65,7 +65,7 @@ def reference_bhnd(q, k, v, perm, config, layout):
 def run_mma(q, k, v, perm, config, layout):
     ops = prepare_cuda(q, k, v, perm, config, layout)
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)  # poisoned
-    return backend_cuda.attention_from_operands(ops, config, out, layout)
+    return backend_mma.attention_from_operands(ops, config, out, layout)
 
 
 def check_case(q, k, v, perm, name, config, layout, label):
@@ -146,13 +146,13 @@ def timing(rows: list, reps: int) -> None:
             out = torch.empty_like(q)
             ops = prepare_cuda(q, k, v, p, config)
             prep_ms = cuda_time_ms(lambda: prepare_cuda(q, k, v, p, config), reps)
-            attn_ms = cuda_time_ms(lambda: backend_cuda.attention_from_operands(ops, config, out, "bhnd"), reps)
+            attn_ms = cuda_time_ms(lambda: backend_mma.attention_from_operands(ops, config, out, "bhnd"), reps)
             moved = 3 * q.numel() * 2 + 3 * q.numel()  # read q, k, v once; write q_q, k_q, v_t once
             rows.append(dict(shape=shape_name, method=f"mma-{name}", ms=prep_ms + attn_ms, prepare_ms=prep_ms, attention_ms=attn_ms,
                              tops=flops / (prep_ms + attn_ms) / 1e9, attention_tops=flops / attn_ms / 1e9,
                              prepare_gbs=moved / prep_ms / 1e6))
             for variant in VARIANTS.get((shape_name, name), ()):
-                ms = cuda_time_ms(lambda: backend_cuda.attention_from_operands(ops, config, out, "bhnd", variant_flags=variant), reps)
+                ms = cuda_time_ms(lambda: backend_mma.attention_from_operands(ops, config, out, "bhnd", variant_flags=variant), reps)
                 rows.append(dict(shape=shape_name, method=f"mma-{name}[{' '.join(variant)}]", ms=prep_ms + ms, prepare_ms=prep_ms,
                                  attention_ms=ms, tops=flops / (prep_ms + ms) / 1e9, attention_tops=flops / ms / 1e9))
             del ops, out
@@ -197,10 +197,10 @@ def main() -> int:
     env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
                cudnn=torch.backends.cudnn.version(), driver=None)
     t0 = time.time()
-    backend_cuda.extension()
+    backend_mma.extension()
     env["build_s"] = round(time.time() - t0, 1)
     for variant in {v for flag_sets in VARIANTS.values() for v in flag_sets}:
-        backend_cuda.extension(variant)
+        backend_mma.extension(variant)
     checks, times = [], []
     if not args.skip_correctness:
         correctness(checks, budget_s=120)

@@ -101,9 +101,9 @@ def _fused_prepare():
     try:
         from vc_attention.kernels.prepare import prepare_cuda
 
-        from vc_attention.kernels import backend_cuda
+        from vc_attention.kernels import backend_mma
 
-        backend_cuda.extension()
+        backend_mma.extension()
         return prepare_cuda
     except (ImportError, RuntimeError) as err:
         print(f"fused prepare unavailable ({err}); timing the kernel only", flush=True)

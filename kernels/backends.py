@@ -102,7 +102,7 @@ def describe(q: torch.Tensor | None = None, config: VCConfig | None = None, layo
 
 
 # Modules that register the built-in backends when imported (lazily: no CUDA work at import).
-_BUILTIN_MODULES = ("backend_reference", "backend_cuda", "backend_sm90")
+_BUILTIN_MODULES = ("backend_reference", "backend_mma", "backend_sm90")
 _loaded = False
 
 

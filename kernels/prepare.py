@@ -124,7 +124,7 @@ def prepare_and_run(q, k, v, perm, config: VCConfig, layout: str, sm_scale, atte
 def prepare_cuda(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout: str = "bhnd",
                  sm_scale: Optional[float] = None) -> PreparedOperands:
     """The fused CUDA prepare kernels (2 passes: statistics, then quantize + permute + transpose)."""
-    from .backend_cuda import extension
+    from .backend_mma import extension
 
     qb, kb, vb = (reference.to_bhnd(t, layout) for t in (q, k, v))
     b, h, n, d = qb.shape

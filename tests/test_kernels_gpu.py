@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from vc_attention.kernels import api, backend_cuda, backends, reference
+from vc_attention.kernels import api, backend_mma, backends, reference
 from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED, VCConfig
 from vc_attention.kernels.prepare import prepare_cuda, prepare_reference
 
@@ -53,7 +53,7 @@ def _within_gate(out, q, k, v, perm, config, layout):
 def _mma(q, k, v, perm, config, layout):
     ops = prepare_cuda(q, k, v, perm, config, layout)
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")
-    return backend_cuda.attention_from_operands(ops, config, out, layout)
+    return backend_mma.attention_from_operands(ops, config, out, layout)
 
 
 def _exact(q, k, v, layout, chunk=2048):
@@ -118,7 +118,7 @@ def test_lse_output():
     config = PLAIN_8BIT.with_(smooth_k=False)  # K smoothing shifts the LSE (see attention_from_operands)
     ops = prepare_cuda(q, k, v, None, config)
     lse = torch.full((1, 2, 300), float("nan"), device="cuda")
-    backend_cuda.attention_from_operands(ops, config, torch.empty_like(q), "bhnd", lse=lse)
+    backend_mma.attention_from_operands(ops, config, torch.empty_like(q), "bhnd", lse=lse)
     exact = torch.logsumexp(q.double() @ k.double().transpose(-1, -2) / 8.0, dim=-1)
     assert (lse.double() - exact).abs().max() < 0.05
 
