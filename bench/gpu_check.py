@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from vc_attention.commands.bench import cuda_time_ms
 from vc_attention.kernels import backend_mma, reference
 from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED, VCConfig
-from vc_attention.kernels.prepare import prepare_cuda, prepare_reference
+from vc_attention.kernels.prepare_cuda import prepare_cuda
+from vc_attention.kernels.prepare_reference import prepare_reference
 
 CONFIGS = {"fidelity": FIDELITY, "speed": SPEED, "plain8": PLAIN_8BIT, "fp8qk": VCConfig(qk="fp8")}
 TIMED_CONFIGS = ("fidelity", "speed", "plain8")

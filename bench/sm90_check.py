@@ -2,7 +2,7 @@
 
 Runs the kernel through its torch-free C entry point (ctypes) from one or more prebuilt shared
 libraries (variants built with different -D flags), so one device call can compare variants side by
-side. Operands come from kernels.prepare.prepare_reference (the contract's defining values).
+side. Operands come from kernels.prepare_reference (the contract's defining values).
 
   python bench/sm90_check.py --lib build/sm90_base.so [--lib build/sm90_x.so ...] [--out DIR]
 
@@ -23,7 +23,7 @@ import torch
 
 from vc_attention.commands.bench import cuda_time_ms
 from vc_attention.kernels import FIDELITY, PLAIN_8BIT, SPEED, reference
-from vc_attention.kernels.prepare import prepare_reference
+from vc_attention.kernels.prepare_reference import prepare_reference
 
 WAN_SHAPE = (1, 40, 75600, 128)
 
@@ -97,14 +97,12 @@ def correctness(lib):
 
 
 def _fused_prepare():
-    """The fused CUDA prepare of the `mma` extension when it builds here, else the torch reference."""
+    """The fused CUDA prepare extension when it builds here, else the torch reference."""
     try:
-        from vc_attention.kernels.prepare import prepare_cuda
+        from vc_attention.kernels import prepare_cuda
 
-        from vc_attention.kernels import backend_mma
-
-        backend_mma.extension()
-        return prepare_cuda
+        prepare_cuda.extension()
+        return prepare_cuda.prepare_cuda
     except (ImportError, RuntimeError) as err:
         print(f"fused prepare unavailable ({err}); timing the kernel only", flush=True)
         return prepare_reference

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -36,15 +36,17 @@ def _attention_op(
     smooth_k: bool,
     sm_scale: Optional[float],
     backend: str,
+    selected: bool,
 ) -> torch.Tensor:
     config = VCConfig(qk=qk, v=v_format, p=p, smooth_k=smooth_k)
-    chosen = backends.select(q, config, layout, backend)
+    # the one selection of this call: here, or by the caller that passed the Backend it selected
+    chosen = backends.get(backend) if selected else backends.select(q, config, layout, backend)
     BACKEND_CALLS[chosen.name] += 1
     return chosen.run(q, k, v, perm, config, layout, sm_scale)
 
 
 @_attention_op.register_fake
-def _attention_fake(q, k, v, perm, layout, qk, v_format, p, smooth_k, sm_scale, backend):
+def _attention_fake(q, k, v, perm, layout, qk, v_format, p, smooth_k, sm_scale, backend, selected):
     return torch.empty_like(q)
 
 
@@ -57,14 +59,16 @@ def vc_attention(
     config: VCConfig = FIDELITY,
     perm: Optional[torch.Tensor] = None,
     sm_scale: Optional[float] = None,
-    backend: str = "auto",
+    backend: Union[str, backends.Backend] = "auto",
 ) -> torch.Tensor:
     """Non-causal self-attention with VC-Attention quantization.
 
     q, k, v: fp16/bf16 (fp32 on the reference backend), one shape, layout "bhnd" = (B,H,N,D) or
     "bnhd" = (B,N,H,D); any strides with a contiguous last dim. perm: (B,H,N) integer permutation of
     the key/value tokens (V-Smooth grouping, from kernels.grouping); None keeps the original order.
-    sm_scale: defaults to 1/sqrt(D). backend: "auto" or a registered name (see `vc-attention doctor`).
+    sm_scale: defaults to 1/sqrt(D). backend: "auto", a registered name (see `vc-attention doctor`), or
+    the Backend that `backends.select` returned for this very call (a caller that must know the
+    backend before it runs, like the node: the call is then not checked a second time).
     Returns a new tensor of q's shape, dtype and layout.
     """
     if layout not in LAYOUTS:
@@ -78,4 +82,6 @@ def vc_attention(
         b, h, n = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhnd" else (q.shape[0], q.shape[2], q.shape[1])
         if tuple(perm.shape) != (b, h, n):
             raise ValueError(f"perm must have shape (B, H, N) = {(b, h, n)}, got {tuple(perm.shape)}.")
-    return _attention_op(q, k, v, perm, layout, config.qk, config.v, config.p, config.smooth_k, sm_scale, backend)
+    selected = isinstance(backend, backends.Backend)
+    name = backend.name if selected else backend
+    return _attention_op(q, k, v, perm, layout, config.qk, config.v, config.p, config.smooth_k, sm_scale, name, selected)

@@ -1,4 +1,4 @@
-"""The `mma` backend: fused CUDA prepare + the portable mma.sync attention kernel (sm_89 and newer).
+"""The `mma` backend: the portable mma.sync attention kernel over prepared operands (sm_89 and newer).
 
 The extension is JIT-built on first use (kernels/jit.py); selecting the backend never builds it,
 so `vc-attention doctor` and the registry stay cheap.
@@ -13,10 +13,11 @@ import torch
 from . import jit, reference
 from .backends import Backend, register
 from .config import VCConfig
-from .prepare import PreparedOperands, prepare_and_run, rows_aligned
+from .operands import PreparedOperands, rows_aligned
+from .prepared_run import prepared_run
 
 EXTENSION_NAME = "vc_attention_mma"
-SOURCES = ("bindings.cpp", "prepare.cu", "attn_mma.cu", "attn_mma_d64.cu", "attn_mma_d128.cu")
+SOURCES = ("attn_mma_binding.cpp", "attn_mma.cu", "attn_mma_d64.cu", "attn_mma_d128.cu")
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
 
@@ -72,9 +73,5 @@ def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.
     return out
 
 
-def _run(q, k, v, perm, config: VCConfig, layout: str, sm_scale):
-    return prepare_and_run(q, k, v, perm, config, layout, sm_scale, attention_from_operands, "mma")
-
-
-register(Backend(name="mma", priority=50, run=_run, unsupported_reason=_unsupported_reason,
+register(Backend(name="mma", priority=50, run=prepared_run(attention_from_operands, "mma"), unsupported_reason=_unsupported_reason,
                  available_reason=_available_reason))

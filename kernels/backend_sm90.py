@@ -1,8 +1,8 @@
 """The `sm90` backend: the Hopper fast path (sm_90a wgmma + TMA, warp-specialized).
 
-Consumes the prepare step's operands (kernels/prepare.py, run by the `mma` extension's fused CUDA
-kernels) and runs kernels/csrc/sm90_*.cu. JIT-built on first use for sm_90a only; selecting the
-backend never builds anything.
+Attention over the prepare step's operands (kernels/operands.py, built by the fused prepare
+extension of kernels/prepare_cuda.py): kernels/csrc/sm90_*.cu. JIT-built on first use for sm_90a
+only; selecting the backend never builds anything.
 """
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import torch
 from . import jit, reference
 from .backends import Backend, register
 from .config import VCConfig
-from .prepare import PreparedOperands, prepare_and_run, rows_aligned
+from .operands import PreparedOperands, rows_aligned
+from .prepared_run import prepared_run
 
 EXTENSION_NAME = "vc_attention_sm90"
 SOURCES = ("sm90_binding.cpp", "sm90_launch.cu")
@@ -64,9 +65,5 @@ def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.
     return out
 
 
-def _run(q, k, v, perm, config: VCConfig, layout: str, sm_scale):
-    return prepare_and_run(q, k, v, perm, config, layout, sm_scale, attention_from_operands, "sm90")
-
-
-register(Backend(name="sm90", priority=60, run=_run, unsupported_reason=_unsupported_reason,
+register(Backend(name="sm90", priority=60, run=prepared_run(attention_from_operands, "sm90"), unsupported_reason=_unsupported_reason,
                  available_reason=_available_reason))

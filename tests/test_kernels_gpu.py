@@ -10,7 +10,8 @@ import torch
 
 from vc_attention.kernels import api, backend_mma, backends, reference
 from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED, VCConfig
-from vc_attention.kernels.prepare import prepare_cuda, prepare_reference
+from vc_attention.kernels.prepare_cuda import prepare_cuda
+from vc_attention.kernels.prepare_reference import prepare_reference
 
 pytestmark = [
     pytest.mark.gpu,

@@ -1,8 +1,13 @@
-"""The prepare contract (kernels/prepare.py) against reference.py, on the CPU."""
+"""The operand contract (kernels/operands.py) built by prepare_reference, and its float64 emulation,
+against reference.py on the CPU."""
 import pytest
 import torch
 
-from vc_attention.kernels import prepare, reference
+from vc_attention.kernels import reference
+from vc_attention.kernels.operand_emulation import emulate_attention
+from vc_attention.kernels.operands import rows_aligned
+from vc_attention.kernels.prepare_reference import prepare_reference
+from vc_attention.kernels.prepared_run import prepared_run
 from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED, VCConfig
 
 
@@ -18,7 +23,7 @@ def _qkv(b=2, h=3, n=200, d=64, layout="bhnd", seed=0):
 def test_operands_match_reference_quantizers(config):
     q, k, v = _qkv()
     perm = torch.stack([torch.stack([torch.randperm(200) for _ in range(3)]) for _ in range(2)])
-    ops = prepare.prepare_reference(q, k, v, perm, config, sm_scale=0.1)
+    ops = prepare_reference(q, k, v, perm, config, sm_scale=0.1)
     kp, vp = reference.permute_tokens(k, perm), reference.permute_tokens(v, perm)
     q_q, q_sc, k_q, k_sc = reference.quantize_qk(q, kp, config, 0.1)
 
@@ -41,7 +46,7 @@ def test_operands_match_reference_quantizers(config):
 
 def test_zero_channel_gets_unit_scale():
     q, k, v = _qkv(n=1)
-    ops = prepare.prepare_reference(q, k, v, None, FIDELITY)
+    ops = prepare_reference(q, k, v, None, FIDELITY)
     # one fp16 token: the fp16 block mean is the token itself, the residual is exactly zero
     assert not ops.v_t.float().any()
     assert torch.equal(ops.v_scale, torch.ones_like(ops.v_scale))
@@ -49,11 +54,11 @@ def test_zero_channel_gets_unit_scale():
 
 @pytest.mark.parametrize("config", [FIDELITY, SPEED, PLAIN_8BIT])
 @pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
-def test_attention_from_operands_is_the_reference(config, layout):
+def test_emulated_attention_from_operands_is_the_reference(config, layout):
     q, k, v = _qkv(n=130, layout=layout)
     perm = torch.argsort(torch.rand(2, 3, 130), dim=-1)
-    ops = prepare.prepare_reference(q, k, v, perm, config, layout=layout)
-    ours = prepare.attention_from_operands(ops, config, torch.float64)
+    ops = prepare_reference(q, k, v, perm, config, layout=layout)
+    ours = emulate_attention(ops, config, torch.float64)
     ref = reference.vc_attention_reference(q.double(), k.double(), v.double(), config, layout=layout, perm=perm)
     ref = reference.to_bhnd(ref, layout)
     err = (ours - ref).norm() / ref.norm()
@@ -62,10 +67,10 @@ def test_attention_from_operands_is_the_reference(config, layout):
 
 def test_rows_aligned_is_the_cuda_backends_shared_precondition():
     x = torch.zeros(1, 2, 64, 72, dtype=torch.float16)
-    assert prepare.rows_aligned(x) and prepare.rows_aligned(x.transpose(1, 2))  # both layouts, as views
-    assert not prepare.rows_aligned(x.transpose(-1, -2))  # head dim not contiguous
-    assert not prepare.rows_aligned(torch.zeros(1, 2, 64, 68, dtype=torch.float16)[..., :64])  # rows 136 B apart
+    assert rows_aligned(x) and rows_aligned(x.transpose(1, 2))  # both layouts, as views
+    assert not rows_aligned(x.transpose(-1, -2))  # head dim not contiguous
+    assert not rows_aligned(torch.zeros(1, 2, 64, 68, dtype=torch.float16)[..., :64])  # rows 136 B apart
     misaligned = x.flatten()[1:1 + 2 * 64 * 64].view(1, 2, 64, 64)
-    assert not prepare.rows_aligned(misaligned)  # base pointer off by 2 bytes
+    assert not rows_aligned(misaligned)  # base pointer off by 2 bytes
     with pytest.raises(ValueError, match="v needs a contiguous last dim.*for the mma backend"):
-        prepare.prepare_and_run(x, x, x.transpose(-1, -2), None, FIDELITY, "bhnd", None, None, "mma")
+        prepared_run(None, "mma")(x, x, x.transpose(-1, -2), None, FIDELITY, "bhnd", None)

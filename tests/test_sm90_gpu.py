@@ -10,7 +10,7 @@ import torch
 
 from vc_attention.kernels import api, backend_sm90, backends, reference
 from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED
-from vc_attention.kernels.prepare import prepare_cuda
+from vc_attention.kernels.prepare_cuda import prepare_cuda
 
 pytestmark = [
     pytest.mark.gpu,
