@@ -134,7 +134,7 @@ def _exact_rows(q, k, v, rows: torch.Tensor) -> torch.Tensor:
 
 
 def _run_mode(name, config, clusters, iters, q, k, v, exact, rows, on_gpu, repeats) -> ModeResult:
-    chosen = backends.select(q, config, "bhnd")
+    chosen = backends.select(q, config, "bhnd", kv=(k, v))
     grouping_ms = _time_ms(lambda: _grouping(v, config, clusters, iters), 1) if on_gpu else None
     perm = _grouping(v, config, clusters, iters)
     out = vc_attention(q, k, v, config=config, perm=perm, backend=chosen)

@@ -40,7 +40,7 @@ def _attention_op(
 ) -> torch.Tensor:
     config = VCConfig(qk=qk, v=v_format, p=p, smooth_k=smooth_k)
     # the one selection of this call: here, or by the caller that passed the Backend it selected
-    chosen = backends.get(backend) if selected else backends.select(q, config, layout, backend)
+    chosen = backends.get(backend) if selected else backends.select(q, config, layout, backend, kv=(k, v))
     BACKEND_CALLS[chosen.name] += 1
     return chosen.run(q, k, v, perm, config, layout, sm_scale)
 

@@ -11,15 +11,20 @@ from typing import Optional
 import torch
 
 from . import jit, reference
-from .backends import Backend, register
+from .backends import Backend, Constraints, register
 from .config import VCConfig
-from .operands import PreparedOperands, rows_aligned
+from .operands import PreparedOperands
 from .prepared_run import prepared_run
 
 EXTENSION_NAME = "vc_attention_mma"
 SOURCES = ("attn_mma_binding.cpp", "attn_mma.cu", "attn_mma_d64.cu", "attn_mma_d128.cu")
-HEAD_DIMS = (64, 128)
-DTYPES = (torch.float16, torch.bfloat16)
+CONSTRAINTS = Constraints(
+    min_capability=jit.MIN_CAPABILITY,  # FP8 mma.sync: Ada, Hopper, Blackwell
+    dtypes=(torch.float16, torch.bfloat16),
+    head_dims=(64, 128),
+    aligned_rows=True,
+    needs_jit=True,
+)
 
 
 @functools.cache
@@ -31,30 +36,6 @@ def extension(variant_flags: tuple[str, ...] = ()):
     """
     name = EXTENSION_NAME + ("_" + "_".join(f.lstrip("-D").replace("=", "").lower() for f in variant_flags) if variant_flags else "")
     return jit.load_extension(name, SOURCES, extra_cuda_cflags=variant_flags)
-
-
-def _available_reason() -> Optional[str]:
-    reason = jit.runtime_reason()
-    if reason:
-        return reason
-    major, minor = torch.cuda.get_device_capability()
-    if (major, minor) < jit.MIN_CAPABILITY:
-        return f"GPU is sm_{major}{minor}; FP8 tensor cores need sm_89 or newer"
-    return jit.toolchain_reason()
-
-
-def _unsupported_reason(q: torch.Tensor, config: VCConfig, layout: str) -> Optional[str]:
-    if not q.is_cuda:
-        return f"inputs are on {q.device}, not a CUDA GPU"
-    if q.dtype not in DTYPES:
-        return f"dtype {q.dtype} (needs float16 or bfloat16)"
-    if q.shape[-1] not in HEAD_DIMS:
-        return f"head dim {q.shape[-1]} (supported: {HEAD_DIMS})"
-    if torch.cuda.get_device_capability(q.device) < jit.MIN_CAPABILITY:
-        return "GPU below sm_89"
-    if not rows_aligned(q):
-        return "q, k, v need a contiguous last dim and 16-byte aligned rows"
-    return None
 
 
 def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.Tensor, layout: str,
@@ -73,5 +54,4 @@ def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.
     return out
 
 
-register(Backend(name="mma", priority=50, run=prepared_run(attention_from_operands, "mma"), unsupported_reason=_unsupported_reason,
-                 available_reason=_available_reason))
+register(Backend(name="mma", priority=50, run=prepared_run(attention_from_operands), constraints=CONSTRAINTS))

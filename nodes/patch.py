@@ -116,7 +116,7 @@ class VCPatch:
         # the emulation only on CPU (the documented demo path) or when asked for by name
         allow_slow = q.device.type == "cpu"
         try:
-            chosen = backends.select(q, config, layout, requested, allow_slow=allow_slow)
+            chosen = backends.select(q, config, layout, requested, allow_slow=allow_slow, kv=(k, v))
         except backends.NoCapableBackend as err:
             if requested != "auto":
                 raise

@@ -7,7 +7,6 @@ from vc_attention.kernels import reference
 from vc_attention.kernels.operand_emulation import emulate_attention
 from vc_attention.kernels.operands import rows_aligned
 from vc_attention.kernels.prepare_reference import prepare_reference
-from vc_attention.kernels.prepared_run import prepared_run
 from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED, VCConfig
 
 
@@ -65,12 +64,10 @@ def test_emulated_attention_from_operands_is_the_reference(config, layout):
     assert err < 1e-6
 
 
-def test_rows_aligned_is_the_cuda_backends_shared_precondition():
+def test_rows_aligned_is_the_cuda_kernels_load_precondition():
     x = torch.zeros(1, 2, 64, 72, dtype=torch.float16)
     assert rows_aligned(x) and rows_aligned(x.transpose(1, 2))  # both layouts, as views
     assert not rows_aligned(x.transpose(-1, -2))  # head dim not contiguous
     assert not rows_aligned(torch.zeros(1, 2, 64, 68, dtype=torch.float16)[..., :64])  # rows 136 B apart
     misaligned = x.flatten()[1:1 + 2 * 64 * 64].view(1, 2, 64, 64)
     assert not rows_aligned(misaligned)  # base pointer off by 2 bytes
-    with pytest.raises(ValueError, match="v needs a contiguous last dim.*for the mma backend"):
-        prepared_run(None, "mma")(x, x, x.transpose(-1, -2), None, FIDELITY, "bhnd", None)
