@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from vc_attention.commands.bench import cuda_time_ms
 from vc_attention.kernels import backend_mma, reference
+from vc_attention.kernels.layout import from_bhnd, to_bhnd
 from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED, VCConfig
 from vc_attention.kernels.prepare_cuda import prepare_cuda
 from vc_attention.kernels.prepare_reference import prepare_reference
@@ -50,16 +51,16 @@ def random_qkv(b, h, n, d, dtype, layout, seed):
 
 def exact_attention_chunked(q, k, v, layout, chunk=2048):
     """fp64 softmax attention (B,H,N,D), query rows in chunks so N=32K fits in memory."""
-    qb, kb, vb = (reference.to_bhnd(t, layout).double() for t in (q, k, v))
+    qb, kb, vb = (to_bhnd(t, layout).double() for t in (q, k, v))
     scale = 1.0 / math.sqrt(qb.shape[-1])
     outs = [torch.softmax(qb[:, :, i:i + chunk] @ kb.transpose(-1, -2) * scale, -1) @ vb for i in range(0, qb.shape[2], chunk)]
-    return reference.from_bhnd(torch.cat(outs, dim=2), layout)
+    return from_bhnd(torch.cat(outs, dim=2), layout)
 
 
 def reference_bhnd(q, k, v, perm, config, layout):
     """The emulation on contiguous (B,H,N,D) copies (reference.block_absmax views its input, which
     fails on the strided bnhd->bhnd view when N is a multiple of the block)."""
-    qb, kb, vb = (reference.to_bhnd(t, layout).contiguous() for t in (q, k, v))
+    qb, kb, vb = (to_bhnd(t, layout).contiguous() for t in (q, k, v))
     return reference.vc_attention_reference(qb, kb, vb, config, perm=perm, parts=True).out
 
 
@@ -72,8 +73,8 @@ def run_mma(q, k, v, perm, config, layout):
 def check_case(q, k, v, perm, name, config, layout, label):
     out = run_mma(q, k, v, perm, config, layout)
     ref = reference_bhnd(q, k, v, perm, config, layout)
-    out = reference.to_bhnd(out, layout)
-    exact = reference.to_bhnd(exact_attention_chunked(q, k, v, layout), layout)
+    out = to_bhnd(out, layout)
+    exact = to_bhnd(exact_attention_chunked(q, k, v, layout), layout)
     # bf16 output rounding (2^-9 relative) is about the size of the gate: measured and allowed for
     rounding = rel_l2(ref.to(q.dtype), ref) if q.dtype == torch.bfloat16 else 0.0
     row = dict(case=label, config=name, layout=layout, dtype=str(q.dtype).replace("torch.", ""), shape=list(q.shape),
@@ -100,8 +101,8 @@ def correctness(rows: list, budget_s: float) -> None:
         if time.time() - start > budget_s:
             break
     try:
-        from vc_attention.kernels.fidelity import grouping_permutation
-        from vc_attention.kernels.videodata import video_like_qkv
+        from vc_attention.study.fidelity import grouping_permutation
+        from vc_attention.study.videodata import video_like_qkv
     except ImportError as err:
         rows.append(dict(case="video-like", skipped=str(err), ok=True))
         return

@@ -23,6 +23,7 @@ import torch
 
 from vc_attention.commands.bench import cuda_time_ms
 from vc_attention.kernels import FIDELITY, PLAIN_8BIT, SPEED, reference
+from vc_attention.kernels.layout import from_bhnd
 from vc_attention.kernels.prepare_reference import prepare_reference
 
 WAN_SHAPE = (1, 40, 75600, 128)
@@ -74,7 +75,7 @@ def check_case(lib, config, b, h, n, d, dtype, layout, seed):
     lib.run(ops, out, layout, config)
     torch.cuda.synchronize()
     ref = reference.vc_attention_reference(q, k, v, config, layout=layout, perm=perm, parts=True).out
-    ref = reference.from_bhnd(ref, layout)
+    ref = from_bhnd(ref, layout)
     # rel-L2 against the float64 emulation; the output dtype's own rounding is the floor under it
     floor = rel_l2(ref.to(out.dtype), ref)
     return rel_l2(out, ref), floor, bool(torch.isfinite(out).all())

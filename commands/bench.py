@@ -4,7 +4,7 @@ Per shape: torch SDPA (cuDNN and flash backends), the `sageattention` package if
 three VC configurations (plain 8-bit, fidelity, speed) through the public op, preprocessing
 included; the grouping (k-means + permutation) is timed separately because a sampling run computes
 it only in the first steps. TOPS-equivalent = 4*B*H*N^2*D / time. Fidelity: relative L2 against
-fp64 exact attention on video-like data (kernels/videodata.py) of the shape's head dim.
+fp64 exact attention on video-like data (study/videodata.py) of the shape's head dim.
 
 Shapes (tokens = latent frames x latent height x latent width after patching):
 - wan22-14b-720p  (1, 40, 75600, 128): Wan2.2-T2V-A14B, 1280x720, 81 frames -> 21 x 45 x 80.
@@ -121,7 +121,7 @@ def _fidelity(methods, head_dim: int) -> dict[str, float]:
     import torch
 
     from ..kernels import grouping, reference
-    from ..kernels.videodata import video_like_qkv
+    from ..study.videodata import video_like_qkv
 
     q, k, v = video_like_qkv(B=1, H=4, T=4, Hgrid=30, Wgrid=52, D=head_dim, dtype=torch.bfloat16, device="cuda")
     perm = grouping.group_tokens(v, grouping.DEFAULT_CLUSTERS, grouping.DEFAULT_ITERS).perm()

@@ -12,7 +12,8 @@ from typing import Optional, Union
 import torch
 
 from . import backends
-from .config import FIDELITY, LAYOUTS, VCConfig
+from .config import FIDELITY, VCConfig
+from .layout import check_layout, to_bhnd
 
 # Which backend ran how many calls in this process (tests use it to prove a fast path ran).
 BACKEND_CALLS: Counter = Counter()
@@ -71,15 +72,14 @@ def vc_attention(
     backend before it runs, like the node: the call is then not checked a second time).
     Returns a new tensor of q's shape, dtype and layout.
     """
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
+    check_layout(layout)
     if q.shape != k.shape or q.shape != v.shape:
         raise ValueError(
             "vc_attention is self-attention: q, k and v must have the same shape, got "
             f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}."
         )
     if perm is not None:
-        b, h, n = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhnd" else (q.shape[0], q.shape[2], q.shape[1])
+        b, h, n = to_bhnd(q, layout).shape[:3]
         if tuple(perm.shape) != (b, h, n):
             raise ValueError(f"perm must have shape (B, H, N) = {(b, h, n)}, got {tuple(perm.shape)}.")
     selected = isinstance(backend, backends.Backend)

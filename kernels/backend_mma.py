@@ -10,9 +10,10 @@ from typing import Optional
 
 import torch
 
-from . import jit, reference
+from . import jit
 from .backends import Backend, Constraints, register
 from .config import VCConfig
+from .layout import to_bhnd
 from .operands import PreparedOperands
 from .prepared_run import prepared_run
 
@@ -48,7 +49,7 @@ def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.
     """
     extension(variant_flags).attention(
         ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean,
-        reference.to_bhnd(out, layout), lse, ops.n_tokens, config.qk == "fp8", config.p == "expcast",
+        to_bhnd(out, layout), lse, ops.n_tokens, config.qk == "fp8", config.p == "expcast",
         config.v == "vsmooth", torch.cuda.current_stream(out.device).cuda_stream,
     )
     return out

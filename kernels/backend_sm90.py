@@ -11,9 +11,10 @@ from typing import Optional
 
 import torch
 
-from . import jit, reference
+from . import jit
 from .backends import Backend, Constraints, register
 from .config import VCConfig
+from .layout import to_bhnd
 from .operands import PreparedOperands
 from .prepared_run import prepared_run
 
@@ -41,7 +42,7 @@ def extension():
 def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.Tensor, layout: str) -> torch.Tensor:
     """Run the Hopper kernel on prepared operands into `out` (q's shape in `layout`)."""
     extension().attention(
-        ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean, reference.to_bhnd(out, layout),
+        ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean, to_bhnd(out, layout),
         ops.n_tokens, config.p == "expcast", config.v == "vsmooth", torch.cuda.current_stream(out.device).cuda_stream,
     )
     return out

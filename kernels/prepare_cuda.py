@@ -13,6 +13,7 @@ import torch
 
 from . import jit, reference
 from .config import VCConfig
+from .layout import to_bhnd
 from .operands import N_ALIGN, PreparedOperands, padded_length
 
 EXTENSION_NAME = "vc_attention_prepare"
@@ -28,7 +29,7 @@ def extension():
 def prepare_cuda(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout: str = "bhnd",
                  sm_scale: Optional[float] = None) -> PreparedOperands:
     """The operand contract computed on the GPU (q, k, v fp16/bf16 CUDA tensors in `layout`)."""
-    qb, kb, vb = (reference.to_bhnd(t, layout) for t in (q, k, v))
+    qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))
     b, h, n, d = qb.shape
     n_pad = padded_length(n)
     dev = q.device

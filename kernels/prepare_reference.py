@@ -8,6 +8,7 @@ import torch
 
 from . import reference
 from .config import VCConfig
+from .layout import to_bhnd
 from .operands import N_ALIGN, PreparedOperands, padded_length
 
 
@@ -23,7 +24,7 @@ def _qk_storage(values: torch.Tensor, config: VCConfig) -> torch.Tensor:
 def prepare_reference(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout: str = "bhnd",
                       sm_scale: Optional[float] = None) -> PreparedOperands:
     """The operand contract computed with reference.py (any device; float32 math)."""
-    qb, kb, vb = (reference.to_bhnd(t, layout) for t in (q, k, v))
+    qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))
     if perm is not None:
         kb, vb = reference.permute_tokens(kb, perm.long()), reference.permute_tokens(vb, perm.long())
     n = qb.shape[2]

@@ -25,6 +25,7 @@ from ..kernels import backends, jit
 from ..kernels.api import vc_attention
 from ..kernels.config import VCConfig
 from ..kernels.grouping import group_tokens
+from ..kernels.layout import to_bhnd
 from . import override as O
 from .cache import GroupingCache
 from .schedule import Phase, SigmaSchedule
@@ -123,7 +124,7 @@ class VCPatch:
             self.stats.fallback(O.NO_BACKEND, str(err))
             return call.model_attention()
 
-        v_bhnd = v if layout == "bhnd" else v.transpose(1, 2)
+        v_bhnd = to_bhnd(v, layout)
         key = self._layer_key(transformer_options or {}, v_bhnd.shape)
         sm_scale = call.kwargs.get("scale")
 

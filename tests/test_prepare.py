@@ -4,16 +4,16 @@ import pytest
 import torch
 
 from vc_attention.kernels import reference
+from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED, VCConfig
+from vc_attention.kernels.layout import shape_in, to_bhnd
 from vc_attention.kernels.operand_emulation import emulate_attention
 from vc_attention.kernels.operands import rows_aligned
 from vc_attention.kernels.prepare_reference import prepare_reference
-from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED, VCConfig
 
 
 def _qkv(b=2, h=3, n=200, d=64, layout="bhnd", seed=0):
     gen = torch.Generator().manual_seed(seed)
-    shape = (b, h, n, d) if layout == "bhnd" else (b, n, h, d)
-    q, k, v = (torch.randn(shape, generator=gen) for _ in range(3))
+    q, k, v = (torch.randn(shape_in(layout, b, h, n, d), generator=gen) for _ in range(3))
     v = v + 3.0 * torch.randn(d, generator=gen)  # channel offsets: what V-Smooth removes
     return q.half(), k.half(), v.half()
 
@@ -59,7 +59,7 @@ def test_emulated_attention_from_operands_is_the_reference(config, layout):
     ops = prepare_reference(q, k, v, perm, config, layout=layout)
     ours = emulate_attention(ops, config, torch.float64)
     ref = reference.vc_attention_reference(q.double(), k.double(), v.double(), config, layout=layout, perm=perm)
-    ref = reference.to_bhnd(ref, layout)
+    ref = to_bhnd(ref, layout)
     err = (ours - ref).norm() / ref.norm()
     assert err < 1e-6
 
