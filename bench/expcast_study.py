@@ -1,4 +1,4 @@
-"""Accuracy of the ExpCast variants (kernels/expcast_variants.py) on video-like data, CPU only.
+"""Accuracy of the ExpCast variants (study/expcast_variants.py) on video-like data, CPU only.
 
 For each sequence length: video-like Q/K/V (bf16), V-Smooth grouping (k-means order, as FIDELITY),
 INT8 QK quantized as the reference does; then for a few hundred query rows per head against ALL
@@ -19,12 +19,11 @@ import time
 
 import torch
 
-from vc_attention.kernels import expcast_variants as variants
-from vc_attention.kernels import fidelity
 from vc_attention.kernels import reference as ref
-from vc_attention.kernels import videodata
 from vc_attention.kernels.config import FIDELITY
 from vc_attention.kernels.grouping import DEFAULT_ITERS
+from vc_attention.study import expcast_variants as variants
+from vc_attention.study import fidelity, videodata
 
 # (T, Hgrid, Wgrid): 4096 = 2 x 32 x 64; 32760 = Wan2.1 480p (21 frames of a 30 x 52 latent)
 GRIDS = {4096: (2, 32, 64), 32760: (21, 30, 52), 16384: (8, 32, 64)}

@@ -22,9 +22,11 @@ import torch
 import torch.nn.functional as F
 
 from vc_attention.commands.bench import cuda_time_ms
-from vc_attention.kernels import backend_cuda, reference
+from vc_attention.kernels import backend_mma, reference
+from vc_attention.kernels.layout import from_bhnd, to_bhnd
 from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED, VCConfig
-from vc_attention.kernels.prepare import prepare_cuda, prepare_reference
+from vc_attention.kernels.prepare_cuda import prepare_cuda
+from vc_attention.kernels.prepare_reference import prepare_reference
 
 CONFIGS = {"fidelity": FIDELITY, "speed": SPEED, "plain8": PLAIN_8BIT, "fp8qk": VCConfig(qk="fp8")}
 TIMED_CONFIGS = ("fidelity", "speed", "plain8")
@@ -49,30 +51,30 @@ def random_qkv(b, h, n, d, dtype, layout, seed):
 
 def exact_attention_chunked(q, k, v, layout, chunk=2048):
     """fp64 softmax attention (B,H,N,D), query rows in chunks so N=32K fits in memory."""
-    qb, kb, vb = (reference.to_bhnd(t, layout).double() for t in (q, k, v))
+    qb, kb, vb = (to_bhnd(t, layout).double() for t in (q, k, v))
     scale = 1.0 / math.sqrt(qb.shape[-1])
     outs = [torch.softmax(qb[:, :, i:i + chunk] @ kb.transpose(-1, -2) * scale, -1) @ vb for i in range(0, qb.shape[2], chunk)]
-    return reference.from_bhnd(torch.cat(outs, dim=2), layout)
+    return from_bhnd(torch.cat(outs, dim=2), layout)
 
 
 def reference_bhnd(q, k, v, perm, config, layout):
     """The emulation on contiguous (B,H,N,D) copies (reference.block_absmax views its input, which
     fails on the strided bnhd->bhnd view when N is a multiple of the block)."""
-    qb, kb, vb = (reference.to_bhnd(t, layout).contiguous() for t in (q, k, v))
+    qb, kb, vb = (to_bhnd(t, layout).contiguous() for t in (q, k, v))
     return reference.vc_attention_reference(qb, kb, vb, config, perm=perm, parts=True).out
 
 
 def run_mma(q, k, v, perm, config, layout):
     ops = prepare_cuda(q, k, v, perm, config, layout)
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)  # poisoned
-    return backend_cuda.attention_from_operands(ops, config, out, layout)
+    return backend_mma.attention_from_operands(ops, config, out, layout)
 
 
 def check_case(q, k, v, perm, name, config, layout, label):
     out = run_mma(q, k, v, perm, config, layout)
     ref = reference_bhnd(q, k, v, perm, config, layout)
-    out = reference.to_bhnd(out, layout)
-    exact = reference.to_bhnd(exact_attention_chunked(q, k, v, layout), layout)
+    out = to_bhnd(out, layout)
+    exact = to_bhnd(exact_attention_chunked(q, k, v, layout), layout)
     # bf16 output rounding (2^-9 relative) is about the size of the gate: measured and allowed for
     rounding = rel_l2(ref.to(q.dtype), ref) if q.dtype == torch.bfloat16 else 0.0
     row = dict(case=label, config=name, layout=layout, dtype=str(q.dtype).replace("torch.", ""), shape=list(q.shape),
@@ -99,8 +101,8 @@ def correctness(rows: list, budget_s: float) -> None:
         if time.time() - start > budget_s:
             break
     try:
-        from vc_attention.kernels.fidelity import grouping_permutation
-        from vc_attention.kernels.videodata import video_like_qkv
+        from vc_attention.study.fidelity import grouping_permutation
+        from vc_attention.study.videodata import video_like_qkv
     except ImportError as err:
         rows.append(dict(case="video-like", skipped=str(err), ok=True))
         return
@@ -146,13 +148,13 @@ def timing(rows: list, reps: int) -> None:
             out = torch.empty_like(q)
             ops = prepare_cuda(q, k, v, p, config)
             prep_ms = cuda_time_ms(lambda: prepare_cuda(q, k, v, p, config), reps)
-            attn_ms = cuda_time_ms(lambda: backend_cuda.attention_from_operands(ops, config, out, "bhnd"), reps)
+            attn_ms = cuda_time_ms(lambda: backend_mma.attention_from_operands(ops, config, out, "bhnd"), reps)
             moved = 3 * q.numel() * 2 + 3 * q.numel()  # read q, k, v once; write q_q, k_q, v_t once
             rows.append(dict(shape=shape_name, method=f"mma-{name}", ms=prep_ms + attn_ms, prepare_ms=prep_ms, attention_ms=attn_ms,
                              tops=flops / (prep_ms + attn_ms) / 1e9, attention_tops=flops / attn_ms / 1e9,
                              prepare_gbs=moved / prep_ms / 1e6))
             for variant in VARIANTS.get((shape_name, name), ()):
-                ms = cuda_time_ms(lambda: backend_cuda.attention_from_operands(ops, config, out, "bhnd", variant_flags=variant), reps)
+                ms = cuda_time_ms(lambda: backend_mma.attention_from_operands(ops, config, out, "bhnd", variant_flags=variant), reps)
                 rows.append(dict(shape=shape_name, method=f"mma-{name}[{' '.join(variant)}]", ms=prep_ms + ms, prepare_ms=prep_ms,
                                  attention_ms=ms, tops=flops / (prep_ms + ms) / 1e9, attention_tops=flops / ms / 1e9))
             del ops, out
@@ -197,10 +199,10 @@ def main() -> int:
     env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
                cudnn=torch.backends.cudnn.version(), driver=None)
     t0 = time.time()
-    backend_cuda.extension()
+    backend_mma.extension()
     env["build_s"] = round(time.time() - t0, 1)
     for variant in {v for flag_sets in VARIANTS.values() for v in flag_sets}:
-        backend_cuda.extension(variant)
+        backend_mma.extension(variant)
     checks, times = [], []
     if not args.skip_correctness:
         correctness(checks, budget_s=120)

@@ -27,8 +27,9 @@ import time
 
 import torch
 
-from vc_attention.kernels import grouping, reference, videodata
+from vc_attention.kernels import grouping, reference
 from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT
+from vc_attention.study import videodata
 
 CLUSTERS = (8, 16, 32, 64, 128, 256)
 ITERS = (1, 2, 4, 8)
@@ -230,7 +231,7 @@ def measure(args, previous: dict | None = None) -> dict:
         q, k, v = videodata.video_like_qkv(
             B=1, H=args.heads, T=args.frames, Hgrid=args.height, Wgrid=args.width, seed=args.seed
         )
-        source = f"video-like V (kernels/videodata.py, seed {args.seed})"
+        source = f"video-like V (study/videodata.py, seed {args.seed})"
     b, h, n, d = v.shape
     rows_sampled = torch.randperm(n, generator=torch.Generator().manual_seed(7))[: args.query_rows]
     p = exact_probabilities(q, k, rows_sampled)

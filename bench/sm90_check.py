@@ -2,7 +2,7 @@
 
 Runs the kernel through its torch-free C entry point (ctypes) from one or more prebuilt shared
 libraries (variants built with different -D flags), so one device call can compare variants side by
-side. Operands come from kernels.prepare.prepare_reference (the contract's defining values).
+side. Operands come from kernels.prepare_reference (the contract's defining values).
 
   python bench/sm90_check.py --lib build/sm90_base.so [--lib build/sm90_x.so ...] [--out DIR]
 
@@ -23,7 +23,8 @@ import torch
 
 from vc_attention.commands.bench import cuda_time_ms
 from vc_attention.kernels import FIDELITY, PLAIN_8BIT, SPEED, reference
-from vc_attention.kernels.prepare import prepare_reference
+from vc_attention.kernels.layout import from_bhnd
+from vc_attention.kernels.prepare_reference import prepare_reference
 
 WAN_SHAPE = (1, 40, 75600, 128)
 
@@ -74,7 +75,7 @@ def check_case(lib, config, b, h, n, d, dtype, layout, seed):
     lib.run(ops, out, layout, config)
     torch.cuda.synchronize()
     ref = reference.vc_attention_reference(q, k, v, config, layout=layout, perm=perm, parts=True).out
-    ref = reference.from_bhnd(ref, layout)
+    ref = from_bhnd(ref, layout)
     # rel-L2 against the float64 emulation; the output dtype's own rounding is the floor under it
     floor = rel_l2(ref.to(out.dtype), ref)
     return rel_l2(out, ref), floor, bool(torch.isfinite(out).all())
@@ -97,14 +98,12 @@ def correctness(lib):
 
 
 def _fused_prepare():
-    """The fused CUDA prepare of the `mma` extension when it builds here, else the torch reference."""
+    """The fused CUDA prepare extension when it builds here, else the torch reference."""
     try:
-        from vc_attention.kernels.prepare import prepare_cuda
+        from vc_attention.kernels import prepare_cuda
 
-        from vc_attention.kernels import backend_cuda
-
-        backend_cuda.extension()
-        return prepare_cuda
+        prepare_cuda.extension()
+        return prepare_cuda.prepare_cuda
     except (ImportError, RuntimeError) as err:
         print(f"fused prepare unavailable ({err}); timing the kernel only", flush=True)
         return prepare_reference

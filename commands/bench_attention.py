@@ -27,7 +27,7 @@ def _fidelity(methods, head_dim: int) -> dict[str, float]:
     import torch
 
     from ..kernels import grouping
-    from ..kernels.videodata import video_like_qkv
+    from ..study.videodata import video_like_qkv
 
     q, k, v = video_like_qkv(B=1, H=FIDELITY_HEADS, T=FIDELITY_GRID[0], Hgrid=FIDELITY_GRID[1],
                              Wgrid=FIDELITY_GRID[2], D=head_dim, dtype=torch.bfloat16, device="cuda")

@@ -33,7 +33,7 @@ permutation gather, V-Smooth block means, transposed FP8 residual); the V-Smooth
 permutation) is timed separately (Grouping), because a sampling run computes it only inside the
 grouping window. TOPS-equiv. = 4*B*H*N^2*D / time; % of FP8 peak is against the 1979 T/s dense FP8
 rate of the H100/H200 SXM datasheet. rel-L2: relative L2 error against float64 exact attention on
-the video-like data of kernels/videodata.py (32,760 tokens = 21 x 30 x 52, 2 heads, 1,024 sampled
+the video-like data of study/videodata.py (32,760 tokens = 21 x 30 x 52, 2 heads, 1,024 sampled
 query rows, the shape's head dim), synthetic and calibrated, not a real model's activations; the
 cuDNN row is the bf16 output's own rounding floor. `x SA2.2` compares with SageAttention 2.2's
 `sageattn` (its Hopper kernel here), `x SA2.2 portable` with its portable mma.sync kernel

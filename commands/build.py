@@ -20,10 +20,11 @@ def run(args: argparse.Namespace) -> int:
     if args.verbose:
         os.environ[jit.ENV_PREFIX + "VERBOSE"] = "1"
     arch = jit.target_arch()
-    from ..kernels import backend_cuda
+    from ..kernels import backend_mma, prepare_cuda
 
-    backend_cuda.extension()
-    print(f"mma kernels ready for sm_{jit.arch_code(arch)} (cache: {jit.cache_root()})")
+    prepare_cuda.extension()
+    backend_mma.extension()
+    print(f"prepare and mma kernels ready for sm_{jit.arch_code(arch)} (cache: {jit.cache_root()})")
     if arch == "9.0a":
         from ..kernels import backend_sm90
 

@@ -17,16 +17,17 @@ from typing import Optional
 
 import torch
 
-from ..kernels import backends, reference, videodata
+from ..kernels import backends, reference
 from ..kernels.api import vc_attention
 from ..kernels.config import PLAIN_8BIT, VCConfig
-from ..kernels.fidelity import default_clusters, output_metrics
 from ..kernels.grouping import group_tokens
+from ..study import videodata
+from ..study.fidelity import default_clusters, output_metrics
 from ..nodes import presets
 
 HELP = "Run every VC-Attention mode on a built-in video-like sample; print a table and write a PNG plot."
 
-# Video-like sample sizes (kernels/videodata.py). "gpu" is one Wan2.1-1.3B layer at 480p, 81 frames
+# Video-like sample sizes (study/videodata.py). "gpu" is one Wan2.1-1.3B layer at 480p, 81 frames
 # (21 latent frames of 30x52 patches = 32,760 tokens, 12 heads); "cpu" is the embedded sample that
 # `vc-attention fidelity` also uses (3,120 tokens, 2 heads); "tiny" keeps tests fast.
 SAMPLE_SIZES = {
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         sdpa = _measure_sdpa(q, k, v, exact, rows, args.repeats)
     modes = _modes()
     for i, (name, config, preset_clusters, iters) in enumerate(modes, 1):
-        # the CPU sample is small: at most one cluster per V block (kernels/fidelity.py says why)
+        # the CPU sample is small: at most one cluster per V block (study/fidelity.py says why)
         clusters = preset_clusters if on_gpu else default_clusters(n)
         grouping = f", {clusters} clusters, {iters} k-means iterations" if config.needs_grouping else ""
         print(f"[{i}/{len(modes)}] {name} ({config.tag}{grouping}) ...", flush=True)
@@ -134,16 +135,16 @@ def _exact_rows(q, k, v, rows: torch.Tensor) -> torch.Tensor:
 
 
 def _run_mode(name, config, clusters, iters, q, k, v, exact, rows, on_gpu, repeats) -> ModeResult:
-    chosen = backends.select(q, config, "bhnd")
+    chosen = backends.select(q, config, "bhnd", kv=(k, v))
     grouping_ms = _time_ms(lambda: _grouping(v, config, clusters, iters), 1) if on_gpu else None
     perm = _grouping(v, config, clusters, iters)
-    out = vc_attention(q, k, v, config=config, perm=perm)
+    out = vc_attention(q, k, v, config=config, perm=perm, backend=chosen)
     rel, psnr = _fidelity(out[:, :, rows], exact)
     time_ms = None
     if on_gpu:
         if chosen.slow:
             print(f"  note: no fast backend can run {name} on this GPU; its time is the slow emulation's (timed once).")
-        time_ms = _time_ms(lambda: vc_attention(q, k, v, config=config, perm=perm), 1 if chosen.slow else repeats)
+        time_ms = _time_ms(lambda: vc_attention(q, k, v, config=config, perm=perm, backend=chosen), 1 if chosen.slow else repeats)
     return ModeResult(name, chosen.name, rel, psnr, time_ms, grouping_ms)
 
 
@@ -168,7 +169,7 @@ def _time_ms(fn, repeats: int) -> float:
 
 
 def _fidelity(out: torch.Tensor, exact: torch.Tensor) -> tuple[float, float]:
-    """(relative L2 error, PSNR in dB) against float64 exact attention (kernels/fidelity.py)."""
+    """(relative L2 error, PSNR in dB) against float64 exact attention (study/fidelity.py)."""
     metrics = output_metrics(out, exact)
     return metrics["rel_l2"], metrics["psnr_db"]
 

@@ -1,8 +1,8 @@
 """`vc-attention fidelity`: error of every quantization method against fp64 exact attention.
 
-Runs the bit-exact emulations (kernels/reference.py, kernels/reference_fp4.py) on the embedded
+Runs the bit-exact emulations (kernels/reference.py, study/reference_fp4.py) on the embedded
 video-like sample, a synthetic one of the size asked for, or Q/K/V captured from a real model
-(`--qkv FILE`), and prints method | rel-L2 | PSNR | TV | QK-term | V-term (kernels/fidelity.py
+(`--qkv FILE`), and prints method | rel-L2 | PSNR | TV | QK-term | V-term (study/fidelity.py
 defines each column).
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def parse_knobs(pairs: list[str]) -> dict:
     """['regions=8', 'centre_energy=0.7'] -> {'regions': 8, 'centre_energy': 0.7}, typed by the field."""
-    from ..kernels.videodata import DEFAULT_KNOBS
+    from ..study.videodata import DEFAULT_KNOBS
 
     knobs = {}
     for pair in pairs:
@@ -65,7 +65,7 @@ def _load(args):
     """(q, k, v, description) from the arguments."""
     import torch
 
-    from ..kernels import videodata
+    from ..study import videodata
 
     if args.qkv:
         q, k, v = videodata.load_captured_qkv(args.qkv, args.entry)
@@ -88,7 +88,7 @@ def _load(args):
     knobs = parse_knobs(args.knob)
     q, k, v = videodata.video_like_qkv(**size, **knobs, dtype=torch.float32)
     kind = "embedded sample" if size == videodata.EMBEDDED_SIZE and not knobs else "video-like"
-    return q, k, v, f"{kind} (synthetic, calibrated data; kernels/videodata.py)"
+    return q, k, v, f"{kind} (synthetic, calibrated data; study/videodata.py)"
 
 
 def _fmt_pct(x: float) -> str:
@@ -116,7 +116,8 @@ def _finite_or_none(value):
 def run(args) -> int:
     import torch
 
-    from ..kernels import fidelity, grouping
+    from ..kernels import grouping
+    from ..study import fidelity
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:

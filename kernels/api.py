@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
 from . import backends
-from .config import FIDELITY, LAYOUTS, VCConfig
+from .config import FIDELITY, VCConfig
+from .layout import check_layout, to_bhnd
 
 # Which backend ran how many calls in this process (tests use it to prove a fast path ran).
 BACKEND_CALLS: Counter = Counter()
@@ -36,15 +37,17 @@ def _attention_op(
     smooth_k: bool,
     sm_scale: Optional[float],
     backend: str,
+    selected: bool,
 ) -> torch.Tensor:
     config = VCConfig(qk=qk, v=v_format, p=p, smooth_k=smooth_k)
-    chosen = backends.select(q, config, layout, backend)
+    # the one selection of this call: here, or by the caller that passed the Backend it selected
+    chosen = backends.get(backend) if selected else backends.select(q, config, layout, backend, kv=(k, v))
     BACKEND_CALLS[chosen.name] += 1
     return chosen.run(q, k, v, perm, config, layout, sm_scale)
 
 
 @_attention_op.register_fake
-def _attention_fake(q, k, v, perm, layout, qk, v_format, p, smooth_k, sm_scale, backend):
+def _attention_fake(q, k, v, perm, layout, qk, v_format, p, smooth_k, sm_scale, backend, selected):
     return torch.empty_like(q)
 
 
@@ -57,25 +60,28 @@ def vc_attention(
     config: VCConfig = FIDELITY,
     perm: Optional[torch.Tensor] = None,
     sm_scale: Optional[float] = None,
-    backend: str = "auto",
+    backend: Union[str, backends.Backend] = "auto",
 ) -> torch.Tensor:
     """Non-causal self-attention with VC-Attention quantization.
 
     q, k, v: fp16/bf16 (fp32 on the reference backend), one shape, layout "bhnd" = (B,H,N,D) or
     "bnhd" = (B,N,H,D); any strides with a contiguous last dim. perm: (B,H,N) integer permutation of
     the key/value tokens (V-Smooth grouping, from kernels.grouping); None keeps the original order.
-    sm_scale: defaults to 1/sqrt(D). backend: "auto" or a registered name (see `vc-attention doctor`).
+    sm_scale: defaults to 1/sqrt(D). backend: "auto", a registered name (see `vc-attention doctor`), or
+    the Backend that `backends.select` returned for this very call (a caller that must know the
+    backend before it runs, like the node: the call is then not checked a second time).
     Returns a new tensor of q's shape, dtype and layout.
     """
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
+    check_layout(layout)
     if q.shape != k.shape or q.shape != v.shape:
         raise ValueError(
             "vc_attention is self-attention: q, k and v must have the same shape, got "
             f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}."
         )
     if perm is not None:
-        b, h, n = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhnd" else (q.shape[0], q.shape[2], q.shape[1])
+        b, h, n = to_bhnd(q, layout).shape[:3]
         if tuple(perm.shape) != (b, h, n):
             raise ValueError(f"perm must have shape (B, H, N) = {(b, h, n)}, got {tuple(perm.shape)}.")
-    return _attention_op(q, k, v, perm, layout, config.qk, config.v, config.p, config.smooth_k, sm_scale, backend)
+    selected = isinstance(backend, backends.Backend)
+    name = backend.name if selected else backend
+    return _attention_op(q, k, v, perm, layout, config.qk, config.v, config.p, config.smooth_k, sm_scale, name, selected)

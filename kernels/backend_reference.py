@@ -2,16 +2,15 @@
 from __future__ import annotations
 
 from . import reference
-from .backends import Backend, register
+from .backends import Backend, Constraints, register
 from .config import VCConfig
 
-
-def _unsupported(q, config: VCConfig, layout: str):
-    return None  # the emulation takes any shape, dtype, device and configuration
+# the emulation takes any device, dtype, head dim, configuration and strides
+CONSTRAINTS = Constraints(device_type="any")
 
 
 def _run(q, k, v, perm, config: VCConfig, layout: str, sm_scale):
     return reference.vc_attention_reference(q, k, v, config, layout=layout, perm=perm, sm_scale=sm_scale)
 
 
-register(Backend(name="reference", priority=0, run=_run, unsupported_reason=_unsupported, slow=True))
+register(Backend(name="reference", priority=0, run=_run, constraints=CONSTRAINTS, slow=True))

@@ -1,8 +1,11 @@
-"""Backend registry: each backend declares what it supports; the first capable one runs.
+"""Backend registry: each backend declares what it supports as data; the first capable one runs.
 
-A backend that cannot run keeps the reason (import error text, arch, dtype, head dim) so that
-`vc-attention doctor`, the node's stats and error messages can say why. No try/except selection:
-`unsupported_reason` is asked first, and only a backend that says None is called.
+A backend's `Constraints` (device type, arch range, dtypes, head dims, QK / V / P formats, layouts,
+row alignment, JIT target) is the one declaration both questions are answered from, by the shared
+code below: can it run in this process at all (`availability`, asked once), and can it take this
+call (`why_not`, one readable sentence or None). A backend that cannot run keeps the reason (import
+error text, arch, dtype, head dim) so that `vc-attention doctor`, the node's stats and error
+messages can say why. No try/except selection: only a backend whose reason is None is called.
 """
 from __future__ import annotations
 
@@ -13,12 +16,90 @@ from typing import Callable, Optional
 
 import torch
 
-from .config import VCConfig
+from . import jit
+from .config import LAYOUTS, P_ENCODINGS, QK_FORMATS, V_FORMATS, VCConfig
+from .operands import rows_aligned
 
 # run(q, k, v, perm, config, layout, sm_scale) -> out (same dtype as q, in `layout`)
 RunFn = Callable[..., torch.Tensor]
-# unsupported_reason(q, config, layout) -> None if this backend can take the call, else a sentence
-ReasonFn = Callable[[torch.Tensor, VCConfig, str], Optional[str]]
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """What one backend can run. None in dtypes / head_dims / a capability bound means "any"."""
+
+    device_type: str = "cuda"  # "cuda": a CUDA GPU and a CUDA build of torch; "any": every device
+    min_capability: Optional[tuple[int, int]] = None  # compute capability range, inclusive
+    max_capability: Optional[tuple[int, int]] = None
+    dtypes: Optional[tuple[torch.dtype, ...]] = None
+    head_dims: Optional[tuple[int, ...]] = None
+    qk_formats: tuple[str, ...] = QK_FORMATS
+    v_formats: tuple[str, ...] = V_FORMATS
+    p_encodings: tuple[str, ...] = P_ENCODINGS
+    layouts: tuple[str, ...] = LAYOUTS
+    aligned_rows: bool = False  # q, k, v: contiguous head dim, 16-byte aligned rows (operands.rows_aligned)
+    jit_arch: Optional[str] = None  # arch its JIT build targets ("9.0a"); None: the GPU's own
+    needs_jit: bool = False  # built by kernels/jit.py: needs a toolchain (or a cached build)
+
+
+def _sm(cap: tuple[int, int]) -> str:
+    return f"sm_{cap[0]}{cap[1]}"
+
+
+def _capability_reason(c: Constraints, cap: tuple[int, int]) -> Optional[str]:
+    low, high = c.min_capability, c.max_capability
+    if (low is None or cap >= low) and (high is None or cap <= high):
+        return None
+    if low is not None and low == high:
+        return f"the GPU is {_sm(cap)}; this kernel runs on {_sm(low)} only"
+    if high is None:
+        return f"the GPU is {_sm(cap)}; this kernel needs {_sm(low)} or newer"
+    if low is None:
+        return f"the GPU is {_sm(cap)}; this kernel needs {_sm(high)} or older"
+    return f"the GPU is {_sm(cap)}; this kernel needs {_sm(low)} to {_sm(high)}"
+
+
+def _names(values) -> str:
+    return ", ".join(str(v).replace("torch.", "") for v in values)
+
+
+def availability_reason(c: Constraints) -> Optional[str]:
+    """Why a backend with these constraints cannot run in this process at all (None: it can)."""
+    if c.device_type == "any":
+        return None
+    reason = jit.runtime_reason()
+    if reason:
+        return reason
+    reason = _capability_reason(c, torch.cuda.get_device_capability())
+    if reason:
+        return reason
+    return jit.toolchain_reason(c.jit_arch) if c.needs_jit else None
+
+
+def call_reason(c: Constraints, config: VCConfig, layout: str, q: torch.Tensor, *kv: torch.Tensor) -> Optional[str]:
+    """Why a backend with these constraints cannot take this call (None: it can), one sentence.
+
+    q decides device, dtype and head dim; the alignment precondition is checked on q and on k, v
+    when they are given."""
+    if c.device_type == "cuda":
+        if not q.is_cuda:
+            return f"the inputs are on {q.device}, not a CUDA GPU"
+        reason = _capability_reason(c, torch.cuda.get_device_capability(q.device))
+        if reason:
+            return reason
+    if c.dtypes is not None and q.dtype not in c.dtypes:
+        return f"dtype {_names([q.dtype])} is not supported (supported: {_names(c.dtypes)})"
+    if c.head_dims is not None and q.shape[-1] not in c.head_dims:
+        return f"head dim {q.shape[-1]} is not supported (supported: {_names(c.head_dims)})"
+    for what, value, allowed in (("QK format", config.qk, c.qk_formats), ("V format", config.v, c.v_formats),
+                                 ("P encoding", config.p, c.p_encodings), ("layout", layout, c.layouts)):
+        if value not in allowed:
+            return f"{what} {value!r} is not implemented in this kernel (supported: {_names(allowed)})"
+    if c.aligned_rows:
+        for name, t in zip("qkv", (q, *kv)):
+            if not rows_aligned(t):
+                return f"{name} needs a contiguous last dim and 16-byte aligned rows"
+    return None
 
 
 @dataclass
@@ -26,9 +107,8 @@ class Backend:
     name: str
     priority: int  # higher runs first under "auto"
     run: RunFn
-    unsupported_reason: ReasonFn
+    constraints: Constraints
     slow: bool = False  # the emulation: never chosen silently in place of a fast path
-    available_reason: Callable[[], Optional[str]] = field(default=lambda: None)
     # availability (toolkit, GPU arch) cannot change within a process, and checking it can spawn
     # `nvcc --version` (milliseconds): it is asked once, not on every attention call
     _availability: tuple[Optional[str]] | None = field(default=None, init=False, repr=False)
@@ -36,15 +116,16 @@ class Backend:
     def availability(self) -> Optional[str]:
         """Why this backend cannot run in this process at all (None: it can), computed once."""
         if self._availability is None:
-            self._availability = (self.available_reason(),)
+            self._availability = (availability_reason(self.constraints),)
         return self._availability[0]
 
     def disable(self, reason: str) -> None:
         """Mark the backend unusable for the rest of the process (e.g. its CUDA build failed)."""
         self._availability = (reason,)
 
-    def why_not(self, q: torch.Tensor, config: VCConfig, layout: str) -> Optional[str]:
-        return self.availability() or self.unsupported_reason(q, config, layout)
+    def why_not(self, q: torch.Tensor, config: VCConfig, layout: str, *kv: torch.Tensor) -> Optional[str]:
+        """None if this backend can take the call (q, and k, v when given), else one sentence."""
+        return self.availability() or call_reason(self.constraints, config, layout, q, *kv)
 
 
 _REGISTRY: dict[str, Backend] = {}
@@ -72,21 +153,22 @@ class NoCapableBackend(RuntimeError):
     """Raised when no backend can take a call; the message lists each backend's reason."""
 
 
-def select(q: torch.Tensor, config: VCConfig, layout: str, backend: str = "auto", allow_slow: bool = True) -> Backend:
-    """The backend that will run this call.
+def select(q: torch.Tensor, config: VCConfig, layout: str, backend: str = "auto", allow_slow: bool = True,
+           kv: tuple[torch.Tensor, ...] = ()) -> Backend:
+    """The backend that will run this call (kv: k and v, checked too when given).
 
     backend="auto": the highest-priority capable backend; the slow emulation only if allow_slow.
     A named backend must be capable, else NoCapableBackend says why (never a silent swap).
     """
     if backend != "auto":
         chosen = get(backend)
-        reason = chosen.why_not(q, config, layout)
+        reason = chosen.why_not(q, config, layout, *kv)
         if reason:
             raise NoCapableBackend(f"backend {backend!r} cannot run this call: {reason}")
         return chosen
     reasons = []
     for cand in backends():
-        reason = cand.why_not(q, config, layout)
+        reason = cand.why_not(q, config, layout, *kv)
         if reason is None and (allow_slow or not cand.slow):
             return cand
         reasons.append(f"{cand.name}: {reason or 'slow emulation not allowed here'}")
@@ -102,7 +184,7 @@ def describe(q: torch.Tensor | None = None, config: VCConfig | None = None, layo
 
 
 # Modules that register the built-in backends when imported (lazily: no CUDA work at import).
-_BUILTIN_MODULES = ("backend_reference", "backend_cuda", "backend_sm90")
+_BUILTIN_MODULES = ("backend_reference", "backend_mma", "backend_sm90")
 _loaded = False
 
 

@@ -1,7 +1,7 @@
 """Bit-exact emulation of every VC-Attention quantizer: the spec the CUDA kernels must match.
 
-Pure PyTorch, vectorized, CPU or CUDA. Internally everything is (B, H, N, D); `to_bhnd` /
-`from_bhnd` convert the (B, N, H, D) layout as views (no copy).
+Pure PyTorch, vectorized, CPU or CUDA. Internally everything is (B, H, N, D); kernels/layout.py
+converts the (B, N, H, D) layout as views (no copy).
 
 Arithmetic conventions (every kernel reproduces them):
 - All quantizer math is float32. "rint" is round-half-to-even (torch.round, CUDA __float2int_rn,
@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import LAYOUTS, VCConfig
+from .config import VCConfig
+from .layout import from_bhnd, to_bhnd
 
 LOG2E = 1.4426950408889634
 E4M3_MAX = 448.0
@@ -35,22 +36,6 @@ V_BLOCK = K_BLOCK
 P_LOG2_MAX = 8  # the row offset M maps to 2^8 = 256
 EXPCAST_BETA = -0.35  # centres eps(m) = m - 8 log2(1 + m/8) in the min-max sense (-0.3443 rounded)
 EXPCAST_MAX_CODE = 8 * P_LOG2_MAX + 56  # 120 = 0x78 = 256.0
-
-
-# ----------------------------------------------------------------------------------------------
-# layouts
-def to_bhnd(x: torch.Tensor, layout: str) -> torch.Tensor:
-    """View (B,H,N,D) of a tensor given in `layout` ("bhnd" or "bnhd"); never copies."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
-    if x.dim() != 4:
-        raise ValueError(f"expected a 4-D tensor in layout {layout!r}, got shape {tuple(x.shape)}.")
-    return x if layout == "bhnd" else x.transpose(1, 2)
-
-
-def from_bhnd(x: torch.Tensor, layout: str) -> torch.Tensor:
-    """Inverse of to_bhnd (a view)."""
-    return to_bhnd(x, layout)
 
 
 def _blocks(n: int, block: int) -> int:

@@ -1,6 +1,6 @@
 """The "VC-Attention Capture" node: save Q/K/V of chosen blocks and steps for offline fidelity runs.
 
-Output file (read by kernels.videodata.load_captured_qkv and `vc-attention fidelity --qkv FILE`):
+Output file (read by study.videodata.load_captured_qkv and `vc-attention fidelity --qkv FILE`):
 safetensors in ComfyUI's output folder, tensors "<entry>.q", "<entry>.k", "<entry>.v", each
 (B, H, N, D) contiguous fp16/bf16 (fp32 models are stored as bf16), entry =
 "block{index}_step{n}_{cond|uncond}", metadata {"format": "vc_attention_capture", "version": "1"}.
@@ -18,8 +18,9 @@ from typing import Optional
 import torch
 from comfy_api.latest import io
 
-from ..kernels.videodata import CAPTURE_FORMAT, CAPTURE_VERSION
+from ..kernels.layout import to_bhnd
 from . import override as O
+from .capture_format import CAPTURE_FORMAT, CAPTURE_VERSION
 from .node_attention import CATEGORY
 from .patch import CALLBACK_KEY, install_handler
 
@@ -109,7 +110,7 @@ class QKVRecorder:
                 continue
             for name, t in (("q", q), ("k", k), ("v", v)):
                 bhnd, layout = O.to_kernel_layout(t[i * per_branch : (i + 1) * per_branch], heads, skip_reshape)
-                bhnd = bhnd if layout == "bhnd" else bhnd.transpose(1, 2)
+                bhnd = to_bhnd(bhnd, layout)
                 dtype = t.dtype if t.dtype in O.SUPPORTED_DTYPES else torch.bfloat16
                 self.tensors[f"{entry}.{name}"] = bhnd.to(device="cpu", dtype=dtype).contiguous()
 

@@ -17,6 +17,8 @@ from typing import Callable, Optional
 
 import torch
 
+from ..kernels.layout import to_bhnd
+
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 
 # Fallback reasons (keys of the stats' "fallbacks"; the web extension shows them as they are).
@@ -71,7 +73,7 @@ def to_kernel_layout(t: torch.Tensor, heads: int, skip_reshape: bool) -> tuple[t
 
 def to_output_layout(out: torch.Tensor, layout: str, skip_output_reshape: bool) -> torch.Tensor:
     """(B,H,N,D) if skip_output_reshape, else (B,N,H*D): what ComfyUI's attention functions return."""
-    bhnd = out if layout == "bhnd" else out.transpose(1, 2)
+    bhnd = to_bhnd(out, layout)
     if skip_output_reshape:
         return bhnd
     b, h, n, d = bhnd.shape

@@ -25,6 +25,7 @@ from ..kernels import backends, jit
 from ..kernels.api import vc_attention
 from ..kernels.config import VCConfig
 from ..kernels.grouping import group_tokens
+from ..kernels.layout import to_bhnd
 from . import override as O
 from .cache import GroupingCache
 from .schedule import Phase, SigmaSchedule
@@ -116,21 +117,21 @@ class VCPatch:
         # the emulation only on CPU (the documented demo path) or when asked for by name
         allow_slow = q.device.type == "cpu"
         try:
-            chosen = backends.select(q, config, layout, requested, allow_slow=allow_slow)
+            chosen = backends.select(q, config, layout, requested, allow_slow=allow_slow, kv=(k, v))
         except backends.NoCapableBackend as err:
             if requested != "auto":
                 raise
             self.stats.fallback(O.NO_BACKEND, str(err))
             return call.model_attention()
 
-        v_bhnd = v if layout == "bhnd" else v.transpose(1, 2)
+        v_bhnd = to_bhnd(v, layout)
         key = self._layer_key(transformer_options or {}, v_bhnd.shape)
         sm_scale = call.kwargs.get("scale")
 
         def run():
             perm = self._permutation(key, v_bhnd) if config.needs_grouping else None
             return vc_attention(q, k, v, layout=layout, config=config, perm=perm, sm_scale=sm_scale,
-                                backend=chosen.name)
+                                backend=chosen)
 
         try:
             out = self.stats.timed_vc_call(tuple(v_bhnd.shape), q.device, run, call.own_attention)

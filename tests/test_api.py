@@ -53,17 +53,41 @@ def test_a_second_copy_of_the_package_gets_its_own_op(tmp_path):
             del sys.modules[name]
 
 
-def test_backend_availability_is_checked_once_not_per_call():
+def test_backend_availability_is_checked_once_not_per_call(monkeypatch):
     """Availability can spawn `nvcc --version`: asking it per attention call cost ms per call."""
     calls = []
-
-    def available():
-        calls.append(1)
-        return None
-
+    monkeypatch.setattr(backends, "availability_reason", lambda c: calls.append(c) and None)
     backend = backends.Backend(name="probe", priority=-1, run=lambda *a: None,
-                               unsupported_reason=lambda q, c, l: None, available_reason=available)
+                               constraints=backends.Constraints(device_type="any"))
     q = torch.randn(1, 1, 4, 64)
     for _ in range(5):
         assert backend.why_not(q, FIDELITY, "bhnd") is None
     assert len(calls) == 1
+
+
+def test_one_call_selects_its_backend_once(monkeypatch):
+    """The node selects (it must know the backend before running); the op then must not select again."""
+    q = torch.randn(1, 1, 8, 64)
+    chosen = backends.select(q, FIDELITY, "bhnd", "reference")
+    selections = []
+    real_select = backends.select
+    monkeypatch.setattr(backends, "select", lambda *a, **kw: selections.append(a) or real_select(*a, **kw))
+    api.vc_attention(q, q, q, backend=chosen)
+    assert selections == []
+    api.vc_attention(q, q, q, backend="reference")
+    assert len(selections) == 1
+
+
+def test_prepare_is_its_own_extension_and_imports_no_backend():
+    """Every CUDA backend runs the prepare extension; none builds another backend's kernels for it."""
+    import subprocess
+
+    script = ("import sys; import vc_attention.kernels.prepared_run; "
+              "print(sorted(m for m in sys.modules if m.startswith('vc_attention.kernels.backend')))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    from vc_attention.kernels import backend_mma, backend_sm90, prepare_cuda
+
+    assert "prepare.cu" in prepare_cuda.SOURCES
+    assert "prepare.cu" not in backend_mma.SOURCES and "prepare.cu" not in backend_sm90.SOURCES
+    assert not set(backend_mma.SOURCES) & set(backend_sm90.SOURCES)

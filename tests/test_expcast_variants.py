@@ -1,13 +1,13 @@
-"""ExpCast accuracy variants (kernels/expcast_variants.py): valid codes, monotone, agree with the
+"""ExpCast accuracy variants (study/expcast_variants.py): valid codes, monotone, agree with the
 paper's ExpCast where they should, and the subnormal fixes never lose to the paper on a long row."""
 import math
 
 import pytest
 import torch
 
-from vc_attention.kernels import expcast_variants as X
 from vc_attention.kernels import reference as R
 from vc_attention.kernels.config import FIDELITY, SPEED
+from vc_attention.study import expcast_variants as X
 
 ALL = sorted(X.VARIANTS)
 # variants whose normal range (u >= -14) is the paper's ExpCast by construction

@@ -7,9 +7,9 @@ import torch
 from safetensors.torch import save_file
 
 from vc_attention import cli
-from vc_attention.kernels import fidelity as fi
 from vc_attention.kernels import reference as ref
-from vc_attention.kernels import videodata as vd
+from vc_attention.study import fidelity as fi
+from vc_attention.study import videodata as vd
 
 
 def test_output_metrics_on_a_known_error():

@@ -8,9 +8,11 @@ import math
 import pytest
 import torch
 
-from vc_attention.kernels import api, backend_cuda, backends, reference
+from vc_attention.kernels import api, backend_mma, backends, reference
 from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED, VCConfig
-from vc_attention.kernels.prepare import prepare_cuda, prepare_reference
+from vc_attention.kernels.layout import from_bhnd, to_bhnd
+from vc_attention.kernels.prepare_cuda import prepare_cuda
+from vc_attention.kernels.prepare_reference import prepare_reference
 
 pytestmark = [
     pytest.mark.gpu,
@@ -37,30 +39,30 @@ def _qkv(b, h, n, d, dtype, layout, seed=0):
 def _reference(q, k, v, perm, config, layout):
     """The emulation on contiguous (B,H,N,D) copies, returned in `layout` (reference.block_absmax
     views its input, which fails on a strided bnhd view when N is a multiple of the block)."""
-    qb, kb, vb = (reference.to_bhnd(t, layout).contiguous() for t in (q, k, v))
-    return reference.from_bhnd(reference.vc_attention_reference(qb, kb, vb, config, perm=perm), layout)
+    qb, kb, vb = (to_bhnd(t, layout).contiguous() for t in (q, k, v))
+    return from_bhnd(reference.vc_attention_reference(qb, kb, vb, config, perm=perm), layout)
 
 
 def _within_gate(out, q, k, v, perm, config, layout):
     """rel-L2 vs the emulation <= 1e-3, measured against its float64 output; a bf16 output may add
     its own rounding (2^-9 relative, about the size of the gate itself) on top."""
-    qb, kb, vb = (reference.to_bhnd(t, layout).contiguous() for t in (q, k, v))
+    qb, kb, vb = (to_bhnd(t, layout).contiguous() for t in (q, k, v))
     ref64 = reference.vc_attention_reference(qb, kb, vb, config, perm=perm, parts=True).out
     rounding = _rel_l2(ref64.to(q.dtype), ref64) if q.dtype == torch.bfloat16 else 0.0
-    return _rel_l2(reference.to_bhnd(out, layout), ref64) <= GATE + rounding
+    return _rel_l2(to_bhnd(out, layout), ref64) <= GATE + rounding
 
 
 def _mma(q, k, v, perm, config, layout):
     ops = prepare_cuda(q, k, v, perm, config, layout)
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")
-    return backend_cuda.attention_from_operands(ops, config, out, layout)
+    return backend_mma.attention_from_operands(ops, config, out, layout)
 
 
 def _exact(q, k, v, layout, chunk=2048):
-    qb, kb, vb = (reference.to_bhnd(t, layout).double() for t in (q, k, v))
+    qb, kb, vb = (to_bhnd(t, layout).double() for t in (q, k, v))
     scale = 1.0 / math.sqrt(qb.shape[-1])
     parts = [torch.softmax(qb[:, :, i:i + chunk] @ kb.transpose(-1, -2) * scale, -1) @ vb for i in range(0, qb.shape[2], chunk)]
-    return reference.from_bhnd(torch.cat(parts, dim=2), layout)
+    return from_bhnd(torch.cat(parts, dim=2), layout)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -86,8 +88,8 @@ def test_long_sequences(n):
 
 
 def test_video_like_data_with_grouping():
-    from vc_attention.kernels.fidelity import grouping_permutation
-    from vc_attention.kernels.videodata import video_like_qkv
+    from vc_attention.study.fidelity import grouping_permutation
+    from vc_attention.study.videodata import video_like_qkv
 
     q, k, v = video_like_qkv(B=2, H=2, T=4, Hgrid=30, Wgrid=52, D=128, dtype=torch.bfloat16, device="cuda")
     perm = grouping_permutation(v, 64, 8)
@@ -118,7 +120,7 @@ def test_lse_output():
     config = PLAIN_8BIT.with_(smooth_k=False)  # K smoothing shifts the LSE (see attention_from_operands)
     ops = prepare_cuda(q, k, v, None, config)
     lse = torch.full((1, 2, 300), float("nan"), device="cuda")
-    backend_cuda.attention_from_operands(ops, config, torch.empty_like(q), "bhnd", lse=lse)
+    backend_mma.attention_from_operands(ops, config, torch.empty_like(q), "bhnd", lse=lse)
     exact = torch.logsumexp(q.double() @ k.double().transpose(-1, -2) / 8.0, dim=-1)
     assert (lse.double() - exact).abs().max() < 0.05
 

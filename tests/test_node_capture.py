@@ -10,7 +10,7 @@ def test_capture_writes_the_chosen_entries_and_leaves_the_output_unchanged(tmp_p
     from comfy.samplers import sample, simple_scheduler
     from safetensors import safe_open
     from toy_dit import toy_inputs, toy_model
-    from vc_attention.kernels.videodata import load_captured_qkv
+    from vc_attention.study.videodata import load_captured_qkv
     from vc_attention.nodes.node_capture import VCAttentionCapture
 
     folder_paths.output_directory = str(tmp_path)

@@ -199,7 +199,7 @@ def test_a_failed_kernel_build_falls_back_counted_and_drops_that_backend(monkeyp
         builds.append(1)
         raise jit.JitError("nvcc failed: (compiler output here)")
 
-    broken = backends.Backend(name="broken", priority=1000, run=broken_run, unsupported_reason=lambda q, c, l: None)
+    broken = backends.Backend(name="broken", priority=1000, run=broken_run, constraints=backends.Constraints(device_type="any"))
     backends.backends()  # load the built-in backends before adding ours
     monkeypatch.setitem(backends._REGISTRY, "broken", broken)
     patch = make_patch(backend="auto")
@@ -221,7 +221,7 @@ def test_a_failed_build_of_a_backend_chosen_by_name_stops_the_run_with_the_compi
 
     backends.backends()
     monkeypatch.setitem(backends._REGISTRY, "broken", backends.Backend(
-        name="broken", priority=1000, run=broken_run, unsupported_reason=lambda q, c, l: None))
+        name="broken", priority=1000, run=broken_run, constraints=backends.Constraints(device_type="any")))
     patch = make_patch(backend="broken")
     q, k, v = qkv((B, H, N, D))
     with pytest.raises(jit.JitError, match="compiler output"):

@@ -1,15 +1,19 @@
-"""The prepare contract (kernels/prepare.py) against reference.py, on the CPU."""
+"""The operand contract (kernels/operands.py) built by prepare_reference, and its float64 emulation,
+against reference.py on the CPU."""
 import pytest
 import torch
 
-from vc_attention.kernels import prepare, reference
+from vc_attention.kernels import reference
 from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED, VCConfig
+from vc_attention.kernels.layout import shape_in, to_bhnd
+from vc_attention.kernels.operand_emulation import emulate_attention
+from vc_attention.kernels.operands import rows_aligned
+from vc_attention.kernels.prepare_reference import prepare_reference
 
 
 def _qkv(b=2, h=3, n=200, d=64, layout="bhnd", seed=0):
     gen = torch.Generator().manual_seed(seed)
-    shape = (b, h, n, d) if layout == "bhnd" else (b, n, h, d)
-    q, k, v = (torch.randn(shape, generator=gen) for _ in range(3))
+    q, k, v = (torch.randn(shape_in(layout, b, h, n, d), generator=gen) for _ in range(3))
     v = v + 3.0 * torch.randn(d, generator=gen)  # channel offsets: what V-Smooth removes
     return q.half(), k.half(), v.half()
 
@@ -18,7 +22,7 @@ def _qkv(b=2, h=3, n=200, d=64, layout="bhnd", seed=0):
 def test_operands_match_reference_quantizers(config):
     q, k, v = _qkv()
     perm = torch.stack([torch.stack([torch.randperm(200) for _ in range(3)]) for _ in range(2)])
-    ops = prepare.prepare_reference(q, k, v, perm, config, sm_scale=0.1)
+    ops = prepare_reference(q, k, v, perm, config, sm_scale=0.1)
     kp, vp = reference.permute_tokens(k, perm), reference.permute_tokens(v, perm)
     q_q, q_sc, k_q, k_sc = reference.quantize_qk(q, kp, config, 0.1)
 
@@ -41,7 +45,7 @@ def test_operands_match_reference_quantizers(config):
 
 def test_zero_channel_gets_unit_scale():
     q, k, v = _qkv(n=1)
-    ops = prepare.prepare_reference(q, k, v, None, FIDELITY)
+    ops = prepare_reference(q, k, v, None, FIDELITY)
     # one fp16 token: the fp16 block mean is the token itself, the residual is exactly zero
     assert not ops.v_t.float().any()
     assert torch.equal(ops.v_scale, torch.ones_like(ops.v_scale))
@@ -49,23 +53,21 @@ def test_zero_channel_gets_unit_scale():
 
 @pytest.mark.parametrize("config", [FIDELITY, SPEED, PLAIN_8BIT])
 @pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
-def test_attention_from_operands_is_the_reference(config, layout):
+def test_emulated_attention_from_operands_is_the_reference(config, layout):
     q, k, v = _qkv(n=130, layout=layout)
     perm = torch.argsort(torch.rand(2, 3, 130), dim=-1)
-    ops = prepare.prepare_reference(q, k, v, perm, config, layout=layout)
-    ours = prepare.attention_from_operands(ops, config, torch.float64)
+    ops = prepare_reference(q, k, v, perm, config, layout=layout)
+    ours = emulate_attention(ops, config, torch.float64)
     ref = reference.vc_attention_reference(q.double(), k.double(), v.double(), config, layout=layout, perm=perm)
-    ref = reference.to_bhnd(ref, layout)
+    ref = to_bhnd(ref, layout)
     err = (ours - ref).norm() / ref.norm()
     assert err < 1e-6
 
 
-def test_rows_aligned_is_the_cuda_backends_shared_precondition():
+def test_rows_aligned_is_the_cuda_kernels_load_precondition():
     x = torch.zeros(1, 2, 64, 72, dtype=torch.float16)
-    assert prepare.rows_aligned(x) and prepare.rows_aligned(x.transpose(1, 2))  # both layouts, as views
-    assert not prepare.rows_aligned(x.transpose(-1, -2))  # head dim not contiguous
-    assert not prepare.rows_aligned(torch.zeros(1, 2, 64, 68, dtype=torch.float16)[..., :64])  # rows 136 B apart
+    assert rows_aligned(x) and rows_aligned(x.transpose(1, 2))  # both layouts, as views
+    assert not rows_aligned(x.transpose(-1, -2))  # head dim not contiguous
+    assert not rows_aligned(torch.zeros(1, 2, 64, 68, dtype=torch.float16)[..., :64])  # rows 136 B apart
     misaligned = x.flatten()[1:1 + 2 * 64 * 64].view(1, 2, 64, 64)
-    assert not prepare.rows_aligned(misaligned)  # base pointer off by 2 bytes
-    with pytest.raises(ValueError, match="v needs a contiguous last dim.*for the mma backend"):
-        prepare.prepare_and_run(x, x, x.transpose(-1, -2), None, FIDELITY, "bhnd", None, None, "mma")
+    assert not rows_aligned(misaligned)  # base pointer off by 2 bytes

@@ -212,7 +212,7 @@ def test_mismatched_shapes_raise_a_sentence():
     with pytest.raises(ValueError, match="self-attention"):
         R.vc_attention_reference(q, q[:, :, :5], q[:, :, :5], FIDELITY)
     with pytest.raises(ValueError, match="layout"):
-        R.to_bhnd(q, "nhd")
+        R.vc_attention_reference(q, q, q, FIDELITY, layout="nhd")
 
 
 def test_kmeans_empty_cluster_keeps_its_centroid_and_is_deterministic():

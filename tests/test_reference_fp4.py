@@ -1,10 +1,10 @@
-"""NVFP4-style 4-bit emulation (kernels/reference_fp4.py): E2M1 rounding, two-level scales, attention."""
+"""NVFP4-style 4-bit emulation (study/reference_fp4.py): E2M1 rounding, two-level scales, attention."""
 import pytest
 import torch
 
 from vc_attention.kernels import reference as ref
-from vc_attention.kernels import reference_fp4 as fp4
-from vc_attention.kernels import videodata as vd
+from vc_attention.study import reference_fp4 as fp4
+from vc_attention.study import videodata as vd
 
 E2M1_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 

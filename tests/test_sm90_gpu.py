@@ -10,7 +10,8 @@ import torch
 
 from vc_attention.kernels import api, backend_sm90, backends, reference
 from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED
-from vc_attention.kernels.prepare import prepare_cuda
+from vc_attention.kernels.layout import from_bhnd, to_bhnd
+from vc_attention.kernels.prepare_cuda import prepare_cuda
 
 pytestmark = [
     pytest.mark.gpu,
@@ -36,9 +37,9 @@ def _qkv(b, h, n, d, dtype, layout, seed):
 
 def _emulation(q, k, v, perm, config, layout):
     """The float64 emulation in `layout` (computed on contiguous (B,H,N,D) copies)."""
-    qb, kb, vb = (reference.to_bhnd(t, layout).contiguous() for t in (q, k, v))
+    qb, kb, vb = (to_bhnd(t, layout).contiguous() for t in (q, k, v))
     parts = reference.vc_attention_reference(qb, kb, vb, config, perm=perm, parts=True)
-    return reference.from_bhnd(parts.out, layout)
+    return from_bhnd(parts.out, layout)
 
 
 def _sm90(q, k, v, perm, config, layout):

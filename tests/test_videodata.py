@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import save_file
 
 from vc_attention.kernels import reference as ref
-from vc_attention.kernels import videodata as vd
+from vc_attention.study import videodata as vd
 
 
 def test_shapes_dtype_and_determinism():
@@ -106,7 +106,7 @@ def test_embedded_sample_is_the_documented_size():
 # capped at N/128 clusters
 @pytest.fixture(scope="module")
 def calibration():
-    from vc_attention.kernels.fidelity import calibration_stats, default_clusters
+    from vc_attention.study.fidelity import calibration_stats, default_clusters
     from vc_attention.kernels.grouping import DEFAULT_ITERS
 
     q, k, v = vd.embedded_sample()
@@ -122,11 +122,11 @@ def test_block_mean_removal_is_about_36_percent_after_kmeans_sorting(calibration
 
 
 def test_v_term_is_about_82_percent_of_the_8bit_baseline_error(calibration):
-    assert 0.77 < calibration["v_share"] < 0.88  # paper: 82% (energy share, see kernels/fidelity.py)
+    assert 0.77 < calibration["v_share"] < 0.88  # paper: 82% (energy share, see study/fidelity.py)
 
 
 def test_knobs_move_their_statistics():
-    from vc_attention.kernels.fidelity import calibration_stats
+    from vc_attention.study.fidelity import calibration_stats
 
     def stats(**knobs):
         return calibration_stats(*vd.video_like_qkv(T=1, Hgrid=16, Wgrid=16, seed=0, **knobs), clusters=4, iters=2)

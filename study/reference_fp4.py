@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import torch
 
-from . import reference as ref
+from ..kernels import reference as ref
+from ..kernels.layout import from_bhnd, to_bhnd
 
 E2M1_MAX = 6.0
 FP4_BLOCK = 16
@@ -96,7 +97,7 @@ def fp4_attention_reference(
     if v_format not in FP4_V_FORMATS:
         raise ValueError(f"v_format must be one of {FP4_V_FORMATS}, got {v_format!r}.")
     ref.check_inputs(q, k, v)
-    qb, kb, vb = (ref.to_bhnd(t, layout) for t in (q, k, v))
+    qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))
     if perm is not None:
         kb, vb = ref.permute_tokens(kb, perm), ref.permute_tokens(vb, perm)
     scale = ref.qk_scale(qb.shape[-1], sm_scale)
@@ -118,4 +119,4 @@ def fp4_attention_reference(
     out = torch.cat(outs, dim=2)
     if parts:
         return ref.ReferenceParts(out, torch.cat(outs_v, dim=2), torch.cat(tvs, dim=2))
-    return ref.from_bhnd(out.to(q.dtype), layout)
+    return from_bhnd(out.to(q.dtype), layout)

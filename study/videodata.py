@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-CAPTURE_FORMAT = "vc_attention_capture"
-CAPTURE_VERSION = "1"
+from ..nodes.capture_format import CAPTURE_FORMAT, CAPTURE_VERSION
+
 ROPE_THETA = 10000.0
 
 

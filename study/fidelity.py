@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from . import reference as ref
+from ..kernels import reference as ref
 from . import reference_fp4
-from .config import FIDELITY, PLAIN_8BIT, SPEED
+from ..kernels.config import FIDELITY, PLAIN_8BIT, SPEED
 
 
 @dataclass
@@ -152,7 +152,7 @@ def default_clusters(n_tokens: int) -> int:
     mixes several unrelated clusters (docs/videodata.md). The cap only binds below
     DEFAULT_CLUSTERS * 128 tokens (8,192 with 64 clusters), i.e. on small samples, never at video sizes.
     """
-    from .grouping import DEFAULT_CLUSTERS
+    from ..kernels.grouping import DEFAULT_CLUSTERS
 
     return max(1, min(DEFAULT_CLUSTERS, n_tokens // ref.V_BLOCK))
 

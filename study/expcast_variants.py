@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from . import reference as ref
+from ..kernels import reference as ref
 
 LOG2_448 = math.log2(ref.E4M3_MAX)
 # 8 u + 8*log2(448) + 56 + beta = 126.108 at u = 0: the row max gets code 126 = 448.0.

@@ -1,0 +1,56 @@
+// Torch binding of the portable mma.sync attention kernel: tensor checks, raw pointers, launch.
+// The kernels themselves are torch-free (vc_params.h); the stream comes from Python as an integer
+// (torch.cuda.current_stream().cuda_stream), so this file needs no CUDA headers.
+#include <torch/extension.h>
+
+#include <optional>
+
+#include "binding_checks.h"
+#include "vc_params.h"
+
+namespace {
+
+using vc::check_cuda_contiguous;
+using vc::fill_strides;
+using vc::raise_on_error;
+
+void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const torch::Tensor& k_q, const torch::Tensor& k_scale,
+               const torch::Tensor& v_t, const torch::Tensor& v_scale, const torch::Tensor& v_mean, torch::Tensor out,
+               const std::optional<torch::Tensor>& lse, int64_t n, bool qk_fp8, bool expcast, bool vsmooth, int64_t stream) {
+  for (const auto* t : {&q_q, &q_scale, &k_q, &k_scale, &v_t, &v_scale, &v_mean}) check_cuda_contiguous(*t, "prepared operand");
+  TORCH_CHECK_VALUE(out.is_cuda() && out.dim() == 4 && out.stride(3) == 1, "out must be a 4-D CUDA (B, H, N, D) view with a contiguous last dim.");
+  TORCH_CHECK_VALUE(out.scalar_type() == torch::kHalf || out.scalar_type() == torch::kBFloat16, "out must be float16 or bfloat16.");
+  const int64_t head_dim = q_q.size(3);
+  TORCH_CHECK_VALUE(head_dim == 64 || head_dim == 128, "head dim must be 64 or 128, got ", head_dim, ".");
+  vc::AttnParams p{};
+  p.q_q = q_q.data_ptr();
+  p.q_scale = q_scale.data_ptr<float>();
+  p.k_q = k_q.data_ptr();
+  p.k_scale = k_scale.data_ptr<float>();
+  p.v_t = static_cast<const uint8_t*>(v_t.data_ptr());
+  p.v_scale = v_scale.data_ptr<float>();
+  p.v_mean = static_cast<const uint16_t*>(v_mean.data_ptr());
+  p.out = out.data_ptr();
+  fill_strides(p.o_stride, out);
+  if (lse.has_value()) {
+    check_cuda_contiguous(*lse, "lse");
+    p.lse = lse->data_ptr<float>();
+  }
+  p.batch = q_q.size(0);
+  p.heads = q_q.size(1);
+  p.n = n;
+  p.n_pad = q_q.size(2);
+  p.head_dim = head_dim;
+  p.out_bf16 = out.scalar_type() == torch::kBFloat16;
+  p.qk_fp8 = qk_fp8;
+  p.expcast = expcast;
+  p.vsmooth = vsmooth;
+  raise_on_error(vc::launch_attn_mma(p, reinterpret_cast<void*>(stream)), "attention");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "VC-Attention portable mma.sync attention over prepared operands.";
+  m.def("attention", &attention, "prepared operands -> out (B,H,N,D view), optional lse (B,H,N)");
+}

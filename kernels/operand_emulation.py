@@ -1,0 +1,26 @@
+"""What an attention kernel computes from prepared operands, emulated in float64 (tests and docs).
+
+It reads only the operand contract (kernels/operands.py), so a test can feed it what the CUDA
+prepare produced and separate a prepare error from an attention-kernel error.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import reference
+from .config import VCConfig
+from .operands import N_ALIGN, PreparedOperands
+
+
+def emulate_attention(ops: PreparedOperands, config: VCConfig, out_dtype: torch.dtype) -> torch.Tensor:
+    """The kernel's output (B,H,N,D) from the operands, in float64 rounded to out_dtype.
+
+    O = (sum_j P_j (v_scale * R_j) + l_j mu_j) / sum_j l_j with P from the integer-offset softmax of
+    reference.quantize_p and l_j the row sums of the same quantized P over key block j.
+    """
+    n = ops.n_tokens
+    s = reference.scores_log2(ops.q_q[:, :, :n].float(), ops.q_scale, ops.k_q[:, :, :n].float(), ops.k_scale, n)
+    p = reference.quantize_p(s, config).double()
+    v_res = ops.v_t.float()[:, :, :, :n].transpose(-1, -2).double() * ops.v_scale.double().unsqueeze(-2)
+    mean = reference.expand_rows(ops.v_mean.double(), N_ALIGN, n)
+    return ((p @ (v_res + mean)) / p.sum(-1, keepdim=True)).to(out_dtype)

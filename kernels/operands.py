@@ -1,0 +1,55 @@
+"""The operand contract: what the prepare step (q, k, v + grouping) hands every attention kernel.
+
+`PreparedOperands` is the fixed contract between preprocessing and the attention kernels (the
+portable `mma` kernel and the Hopper `sm90` one read exactly this):
+- n_pad = ceil(N/128)*128; every tensor contiguous; padded rows/columns are zero.
+- q_q (B,H,n_pad,D) int8 (float8_e4m3fn for qk="fp8"); q_scale (B,H,ceil(N/64)) float32, which
+  includes sm_scale*log2(e), so q_q.k_q * q_scale * k_scale is the score in log2 units.
+- k_q (B,H,n_pad,D) int8/e4m3: K smoothed (if config.smooth_k), then permuted, then quantized;
+  k_scale (B,H,n_pad/128) float32.
+- v_t (B,H,D,n_pad) float8_e4m3fn: permuted V (per_channel) or V-Smooth residual, TRANSPOSED so the
+  PV MMA reads it K-major; v_scale (B,H,D) float32 = amax/448 per channel, except 1.0 where the
+  channel's amax is 0 (its codes are all 0, so any scale gives the same V; a nonzero one lets a
+  kernel pre-divide the mean by it); v_mean (B,H,n_pad/128,D) float16 block means of the permuted V,
+  all zeros for per_channel (kernels may skip the restore at compile time for per_channel).
+
+Who builds and reads it: prepare_reference.py (reference.py's quantizers: the defining values),
+prepare_cuda.py (the fused CUDA kernels, the same values up to the K mean's float32 summation order),
+operand_emulation.py (what a kernel computes from them, in float64) and the CUDA backends' kernels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import reference
+
+N_ALIGN = reference.K_BLOCK
+
+
+@dataclass
+class PreparedOperands:
+    q_q: torch.Tensor
+    q_scale: torch.Tensor
+    k_q: torch.Tensor
+    k_scale: torch.Tensor
+    v_t: torch.Tensor
+    v_scale: torch.Tensor
+    v_mean: torch.Tensor
+    n_tokens: int  # N, the number of valid rows (n_pad = q_q.shape[2])
+
+    @property
+    def n_pad(self) -> int:
+        return self.q_q.shape[2]
+
+
+def padded_length(n: int) -> int:
+    return -(-n // N_ALIGN) * N_ALIGN
+
+
+def rows_aligned(t: torch.Tensor) -> bool:
+    """The CUDA kernels' load precondition on q, k and v: unit stride along the head dim, every other
+    stride a multiple of 8 elements and a 16-byte aligned base, so every 16-bit row starts on a
+    16-byte boundary (vectorized loads, TMA)."""
+    return t.stride(-1) == 1 and all(s % 8 == 0 for s in t.stride()[:-1]) and t.data_ptr() % 16 == 0

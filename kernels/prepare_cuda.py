@@ -1,0 +1,53 @@
+"""The fused CUDA prepare kernels (quantize, permute, block means, V residual) as their own JIT
+extension, `vc_attention_prepare`, which every CUDA backend runs before its attention kernel.
+
+Two passes per 128-token block: statistics (K channel sums, V channel amax), then quantize +
+permute + transpose into the operand contract (kernels/operands.py). Built on first use.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+
+from . import jit, reference
+from .config import VCConfig
+from .layout import to_bhnd
+from .operands import N_ALIGN, PreparedOperands, padded_length
+
+EXTENSION_NAME = "vc_attention_prepare"
+SOURCES = ("prepare_binding.cpp", "prepare.cu")
+
+
+@functools.cache
+def extension():
+    """The compiled module (built once per process, cached on disk across processes)."""
+    return jit.load_extension(EXTENSION_NAME, SOURCES)
+
+
+def prepare_cuda(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout: str = "bhnd",
+                 sm_scale: Optional[float] = None) -> PreparedOperands:
+    """The operand contract computed on the GPU (q, k, v fp16/bf16 CUDA tensors in `layout`)."""
+    qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))
+    b, h, n, d = qb.shape
+    n_pad = padded_length(n)
+    dev = q.device
+    qk_dtype = torch.int8 if config.qk == "int8" else torch.float8_e4m3fn
+    ops = PreparedOperands(
+        q_q=torch.empty(b, h, n_pad, d, dtype=qk_dtype, device=dev),
+        q_scale=torch.empty(b, h, -(-n // reference.Q_BLOCK), dtype=torch.float32, device=dev),
+        k_q=torch.empty(b, h, n_pad, d, dtype=qk_dtype, device=dev),
+        k_scale=torch.empty(b, h, n_pad // N_ALIGN, dtype=torch.float32, device=dev),
+        v_t=torch.empty(b, h, d, n_pad, dtype=torch.float8_e4m3fn, device=dev),
+        v_scale=torch.empty(b, h, d, dtype=torch.float32, device=dev),
+        v_mean=(torch.empty if config.v == "vsmooth" else torch.zeros)(b, h, n_pad // N_ALIGN, d, dtype=torch.float16, device=dev),
+        n_tokens=n,
+    )
+    perm32 = None if perm is None else perm.to(device=dev, dtype=torch.int32).contiguous()
+    extension().prepare(
+        qb, kb, vb, perm32, ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean,
+        reference.qk_scale(d, sm_scale), config.qk == "fp8", config.v == "vsmooth", config.smooth_k,
+        torch.cuda.current_stream(dev).cuda_stream,
+    )
+    return ops

@@ -1,0 +1,51 @@
+"""The prepare step computed with reference.py's quantizers: the defining values of the operand
+contract (kernels/operands.py). Any device, float32 math; CPU-testable."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import reference
+from .config import VCConfig
+from .layout import to_bhnd
+from .operands import N_ALIGN, PreparedOperands, padded_length
+
+
+def _pad_to_length(x: torch.Tensor, n_pad: int) -> torch.Tensor:
+    """Zero rows appended along dim -2 up to n_pad rows (the kernels' N_ALIGN-padded length)."""
+    return torch.nn.functional.pad(x, (0, 0, 0, n_pad - x.shape[-2]))
+
+
+def _qk_storage(values: torch.Tensor, config: VCConfig) -> torch.Tensor:
+    return values if config.qk == "int8" else values.to(torch.float8_e4m3fn)
+
+
+def prepare_reference(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout: str = "bhnd",
+                      sm_scale: Optional[float] = None) -> PreparedOperands:
+    """The operand contract computed with reference.py (any device; float32 math)."""
+    qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))
+    if perm is not None:
+        kb, vb = reference.permute_tokens(kb, perm.long()), reference.permute_tokens(vb, perm.long())
+    n = qb.shape[2]
+    n_pad = padded_length(n)
+    q_q, q_scale, k_q, k_scale = reference.quantize_qk(qb, kb, config, sm_scale)
+    if config.v == "vsmooth":
+        vs = reference.quantize_v_vsmooth(vb)
+        resid, scale, mean = vs.residual_q, vs.scale, vs.mean
+    else:
+        resid, scale = reference.quantize_fp8_per_channel(vb)
+        b, h, _, d = vb.shape
+        mean = torch.zeros(b, h, n_pad // N_ALIGN, d, dtype=torch.float16, device=vb.device)
+    v_t = _pad_to_length(resid, n_pad).transpose(-1, -2).contiguous().to(torch.float8_e4m3fn)
+    scale = scale.squeeze(-2)
+    return PreparedOperands(
+        q_q=_qk_storage(_pad_to_length(q_q, n_pad), config).contiguous(),
+        q_scale=q_scale.contiguous(),
+        k_q=_qk_storage(_pad_to_length(k_q, n_pad), config).contiguous(),
+        k_scale=k_scale.contiguous(),
+        v_t=v_t,
+        v_scale=torch.where(scale > 0, scale, torch.ones_like(scale)).contiguous(),
+        v_mean=mean.contiguous(),
+        n_tokens=n,
+    )

@@ -1,0 +1,29 @@
+"""The run of every CUDA backend: the fused prepare, then the backend's attention over the operands.
+
+A CUDA backend is "attention over prepared operands": it supplies only
+`attend(ops, config, out, layout) -> out` and registers `run=prepared_run(attend)`. The inputs (q, k
+and v) were checked against the backend's declared constraints when it was selected.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .config import VCConfig
+from .operands import PreparedOperands
+from .prepare_cuda import prepare_cuda
+
+# attend(ops, config, out, layout) -> out: the backend's kernel, writing q's shape in `layout`
+AttendFn = Callable[[PreparedOperands, VCConfig, torch.Tensor, str], torch.Tensor]
+
+
+def prepared_run(attend: AttendFn):
+    """The backend `run(q, k, v, perm, config, layout, sm_scale)` that prepares, then calls `attend`."""
+
+    def run(q, k, v, perm, config: VCConfig, layout: str, sm_scale) -> torch.Tensor:
+        with torch.cuda.device(q.device):
+            ops = prepare_cuda(q, k, v, perm, config, layout, sm_scale)
+            return attend(ops, config, torch.empty(q.shape, dtype=q.dtype, device=q.device), layout)
+
+    return run
