@@ -15,8 +15,8 @@ pack's V3 node class executed as ComfyUI's executor does (PREPARE_CLASS_CLONE + 
 HTTP server is not started: a stand-in `server` module records the node's stats events. Loading the
 pack through ComfyUI's own custom-node loader is the real-host test tier's job
 (tests/test_real_comfyui.py).
-SIZE `tiny` (2 blocks, 2 heads, 4 x 8 x 8 latent, on the CPU) checks the harness in the real-host
-test tier without a GPU. Writes OUT_DIR/MODE.json (seconds, event counts) and OUT_DIR/MODE.pt (the final latent).
+SIZE `tiny` (2 blocks, 2 heads of 64, 4 x 8 x 8 latent, on the CPU) and `tiny-gpu` (the same on the
+GPU) are the real-host test tier's checks of the harness and of the node on the GPU. Writes OUT_DIR/MODE.json (seconds, event counts) and OUT_DIR/MODE.pt (the final latent).
 """
 import json
 import sys
@@ -32,6 +32,7 @@ TINY = dict(WAN21_1_3B, dim=128, ffn_dim=256, text_dim=64, text_len=16, num_head
 SIZES = {  # name: (model config, latent shape, device)
     "wan1.3b": (WAN21_1_3B, (1, 16, 21, 60, 104), "cuda"),
     "tiny": (TINY, (1, 16, 4, 16, 16), "cpu"),
+    "tiny-gpu": (TINY, (1, 16, 4, 16, 16), "cuda"),
 }
 CFG, WARMUP_STEPS = 5.0, 2
 PRESETS = ("fidelity", "balanced", "speed")
