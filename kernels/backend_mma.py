@@ -15,7 +15,6 @@ from .backends import Backend, Constraints, register
 from .config import VCConfig
 from .layout import to_bhnd
 from .operands import PreparedOperands
-from .prepared_run import prepared_run
 
 EXTENSION_NAME = "vc_attention_mma"
 SOURCES = ("attn_mma_binding.cpp", "attn_mma.cu", "attn_mma_d64.cu", "attn_mma_d128.cu")
@@ -55,4 +54,4 @@ def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.
     return out
 
 
-register(Backend(name="mma", priority=50, run=prepared_run(attention_from_operands), constraints=CONSTRAINTS))
+register(Backend(name="mma", priority=50, constraints=CONSTRAINTS, attend=attention_from_operands))

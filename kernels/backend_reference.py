@@ -13,4 +13,4 @@ def _run(q, k, v, perm, config: VCConfig, layout: str, sm_scale):
     return reference.vc_attention_reference(q, k, v, config, layout=layout, perm=perm, sm_scale=sm_scale)
 
 
-register(Backend(name="reference", priority=0, run=_run, constraints=CONSTRAINTS, slow=True))
+register(Backend(name="reference", priority=0, constraints=CONSTRAINTS, run=_run, slow=True))

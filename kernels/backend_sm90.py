@@ -16,7 +16,6 @@ from .backends import Backend, Constraints, register
 from .config import VCConfig
 from .layout import to_bhnd
 from .operands import PreparedOperands
-from .prepared_run import prepared_run
 
 EXTENSION_NAME = "vc_attention_sm90"
 SOURCES = ("sm90_binding.cpp", "sm90_launch.cu")
@@ -48,4 +47,4 @@ def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.
     return out
 
 
-register(Backend(name="sm90", priority=60, run=prepared_run(attention_from_operands), constraints=CONSTRAINTS))
+register(Backend(name="sm90", priority=60, constraints=CONSTRAINTS, attend=attention_from_operands))

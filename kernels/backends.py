@@ -19,6 +19,7 @@ import torch
 from . import jit
 from .config import LAYOUTS, P_ENCODINGS, QK_FORMATS, V_FORMATS, VCConfig
 from .operands import rows_aligned
+from .prepared_run import AttendFn, prepared_run
 
 # run(q, k, v, perm, config, layout, sm_scale) -> out (same dtype as q, in `layout`)
 RunFn = Callable[..., torch.Tensor]
@@ -104,14 +105,24 @@ def call_reason(c: Constraints, config: VCConfig, layout: str, q: torch.Tensor, 
 
 @dataclass
 class Backend:
+    """One way to run the op. A CUDA backend gives `attend`, its attention over prepared operands
+    (kernels/prepared_run.py runs the shared prepare first); the emulation gives `run` directly."""
+
     name: str
     priority: int  # higher runs first under "auto"
-    run: RunFn
     constraints: Constraints
+    attend: Optional[AttendFn] = None
+    run: Optional[RunFn] = None
     slow: bool = False  # the emulation: never chosen silently in place of a fast path
     # availability (toolkit, GPU arch) cannot change within a process, and checking it can spawn
     # `nvcc --version` (milliseconds): it is asked once, not on every attention call
     _availability: tuple[Optional[str]] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if (self.attend is None) == (self.run is None):
+            raise ValueError(f"backend {self.name!r} needs exactly one of attend (over prepared operands) or run.")
+        if self.attend is not None:
+            self.run = prepared_run(self.attend)
 
     def availability(self) -> Optional[str]:
         """Why this backend cannot run in this process at all (None: it can), computed once."""

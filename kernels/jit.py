@@ -32,6 +32,8 @@ from typing import Optional
 
 import torch
 
+from . import constants
+
 ENV_PREFIX = "VC_ATTENTION_"
 CSRC_DIR = Path(__file__).resolve().parent / "csrc"
 
@@ -40,8 +42,9 @@ MIN_NVCC = (12, 4)
 MIN_NVCC_FOR_ARCH = {"12.0a": (12, 8), "10.0a": (12, 8)}
 MIN_CAPABILITY = (8, 9)
 
-# Flags every extension is built with (torch adds its own -std); the JIT hash covers them.
-BASE_CUDA_FLAGS = ("-O3", "--expt-relaxed-constexpr", "-lineinfo", "-DNDEBUG")
+# Flags every extension is built with (torch adds its own -std); the JIT hash covers them. The
+# numeric constants shared with the Python spec come in as -D flags (kernels/constants.py).
+BASE_CUDA_FLAGS = ("-O3", "--expt-relaxed-constexpr", "-lineinfo", "-DNDEBUG", *constants.cuda_defines())
 BASE_CXX_FLAGS = ("-O3",)
 
 

@@ -1,8 +1,8 @@
 """The run of every CUDA backend: the fused prepare, then the backend's attention over the operands.
 
 A CUDA backend is "attention over prepared operands": it supplies only
-`attend(ops, config, out, layout) -> out` and registers `run=prepared_run(attend)`. The inputs (q, k
-and v) were checked against the backend's declared constraints when it was selected.
+`attend(ops, config, out, layout) -> out` (backends.Backend(attend=...) wraps it with prepared_run).
+The inputs (q, k and v) were checked against the backend's declared constraints when it was selected.
 """
 from __future__ import annotations
 

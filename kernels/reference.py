@@ -23,19 +23,18 @@ from dataclasses import dataclass
 import torch
 
 from .config import VCConfig
+from .constants import (  # noqa: F401 (re-exported: the spec's parameters, shared with the CUDA build)
+    E4M3_MAX,
+    EXPCAST_BETA,
+    EXPCAST_MAX_CODE,
+    INT8_MAX,
+    K_BLOCK,
+    LOG2E,
+    P_LOG2_MAX,
+    Q_BLOCK,
+    V_BLOCK,
+)
 from .layout import from_bhnd, to_bhnd
-
-LOG2E = 1.4426950408889634
-E4M3_MAX = 448.0
-INT8_MAX = 127.0
-
-Q_BLOCK = 64  # query rows sharing one INT8 / FP8 scale (one wgmma warpgroup tile)
-K_BLOCK = 128  # key rows sharing one scale; also the V-Smooth block B_v (one KV tile)
-V_BLOCK = K_BLOCK
-
-P_LOG2_MAX = 8  # the row offset M maps to 2^8 = 256
-EXPCAST_BETA = -0.35  # centres eps(m) = m - 8 log2(1 + m/8) in the min-max sense (-0.3443 rounded)
-EXPCAST_MAX_CODE = 8 * P_LOG2_MAX + 56  # 120 = 0x78 = 256.0
 
 
 def _blocks(n: int, block: int) -> int:

@@ -294,12 +294,12 @@ struct AttnMma {
       // spacing of 1.0 would otherwise drop the fractional beta; rint by the magic, no F2I
       uint32_t code[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) code[j] = __float_as_uint(fmaxf(fmaf(u[j], 8.0f, kExpCastBias), 0.0f) + kRoundMagic);
+      for (int j = 0; j < 4; ++j) code[j] = __float_as_uint(fmaxf(fmaf(u[j], kE4m3OctaveCodes, kExpCastBias), 0.0f) + kRoundMagic);
       return __byte_perm(__byte_perm(code[0], code[1], 0x0040), __byte_perm(code[2], code[3], 0x0040), 0x5410);
     } else {
       float v[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) v[j] = fast_exp2(u[j] + 8.0f);
+      for (int j = 0; j < 4; ++j) v[j] = fast_exp2(u[j] + kPLog2Max);
       return e4m3x4(v[0], v[1], v[2], v[3]);
     }
   }
@@ -323,7 +323,7 @@ struct AttnMma {
       }
       if (p.lse != nullptr && t == 0) {
         // sum_j 2^s_ij = l * 2^(M - 8); natural-log units for the caller
-        p.lse[int64_t(bh) * p.n + row] = (row_offset[half] - 8.0f + log2f(row_sum[half])) * kLn2;
+        p.lse[int64_t(bh) * p.n + row] = (row_offset[half] - kPLog2Max + log2f(row_sum[half])) * kLn2;
       }
     }
   }

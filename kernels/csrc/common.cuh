@@ -8,20 +8,15 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "vc_constants.h"
+
 namespace vc {
 
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-constexpr float kE4m3Max = 448.0f;
-constexpr float kInt8Max = 127.0f;
-constexpr int kQBlock = 64;   // query rows per scale (reference.Q_BLOCK) = rows per attention CTA
-constexpr int kKBlock = 128;  // key rows per scale and per V-Smooth mean (reference.K_BLOCK)
 // Adding 1.5*2^23 to a float in [-2^22, 2^22] leaves round-to-nearest-even(x) in the low mantissa
 // bits: rint without F2I (which runs on the slow MUFU-class pipe), and the exact inverse for ints.
 constexpr float kRoundMagic = 12582912.0f;
 constexpr int kRoundMagicBits = 0x4B400000;
-constexpr float kExpCastBias = 119.65f;  // 8*8 + 56 + beta (reference.expcast_code)
-constexpr uint32_t kE4m3OnesX4 = 0x38383838u;  // four E4M3 1.0 bytes
 
 // ---------------------------------------------------------------------------------------------
 // 16-bit inputs: 8 consecutive elements (one 16-byte load) to float

@@ -10,12 +10,13 @@
 #include <cstdint>
 
 #include "sm90_ptx.cuh"
+#include "vc_constants.h"
 #include "sm90_wgmma.cuh"
 
 namespace vc_sm90 {
 
 constexpr int kBlockM = 128;  // query rows per CTA: two consumer warpgroups of 64 rows
-constexpr int kBlockN = 128;  // keys per KV tile = K scale block = V-Smooth block
+constexpr int kBlockN = vc::kKBlock;  // keys per KV tile = K scale block = V-Smooth block
 constexpr int kThreads = 384;  // warpgroup 0: producer (one active warp); 1 and 2: consumers
 #ifndef VC_SM90_CONSUMER_REGS
 #define VC_SM90_CONSUMER_REGS 240
@@ -193,7 +194,7 @@ __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], float sc, i
     alpha[r] = exp2_of_int(row_off[r] - m_new);
     row_off[r] = m_new;
     // fidelity: arg = s - M + 8;  speed: arg = (8(s - M) + 119.65) / 256, saturated to [0, 1]
-    base[r] = EXPCAST ? (119.65f - 8.f * m_new) * (1.f / 256.f) : 8.f - m_new;
+    base[r] = EXPCAST ? (vc::kExpCastBias - vc::kE4m3OctaveCodes * m_new) * (1.f / 256.f) : vc::kPLog2Max - m_new;
   }
   const float mul = EXPCAST ? sc * (1.f / 32.f) : sc;
   // register r of k-step kk holds row g (r even) or g+8 (r odd) at keys 32kk + 16(r/2) + 4t + 0..3,
@@ -453,10 +454,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(&bar_empty[s], 8);  // lane 0 of each of the 8 consumer warps
     }
   }
-  // E4M3 ones (0x38) in the 8 rows after V^T of every stage: written once, never overwritten by TMA
+  // E4M3 ones in the 8 rows after V^T of every stage: written once, never overwritten by TMA
   for (int i = threadIdx.x; i < STAGES * 2 * kBlockN; i += kThreads) {
     const int s = i / (2 * kBlockN), w = i % (2 * kBlockN);
-    reinterpret_cast<uint32_t*>(smem + L::kVOff + s * L::kVBytes + L::kVLoadBytes)[w] = 0x38383838u;
+    reinterpret_cast<uint32_t*>(smem + L::kVOff + s * L::kVBytes + L::kVLoadBytes)[w] = vc::kE4m3OnesX4;
   }
   fence_proxy_async();
   __syncthreads();

@@ -1,0 +1,28 @@
+// Numeric constants shared with the Python spec. Defined once, in kernels/constants.py; kernels/jit.py
+// passes them as -D flags (print them with
+//   python -c "from vc_attention.kernels import constants; print(' '.join(constants.cuda_defines()))"
+// for a hand-made nvcc build). No default here: a missing flag stops the build instead of letting a
+// copy drift from the spec.
+#pragma once
+#include <cstdint>
+
+#if !defined(VC_LOG2E) || !defined(VC_E4M3_MAX) || !defined(VC_INT8_MAX) || !defined(VC_Q_BLOCK) ||      \
+    !defined(VC_K_BLOCK) || !defined(VC_P_LOG2_MAX) || !defined(VC_E4M3_OCTAVE_CODES) ||                \
+    !defined(VC_E4M3_ONE_CODE) || !defined(VC_EXPCAST_MAX_CODE) || !defined(VC_EXPCAST_BIAS)
+#error "VC-Attention numeric constants are missing: build through kernels/jit.py, or pass kernels.constants.cuda_defines() to nvcc"
+#endif
+
+namespace vc {
+
+constexpr float kLog2e = VC_LOG2E;
+constexpr float kE4m3Max = VC_E4M3_MAX;
+constexpr float kInt8Max = VC_INT8_MAX;
+constexpr int kQBlock = VC_Q_BLOCK;  // query rows per scale = rows per mma attention CTA
+constexpr int kKBlock = VC_K_BLOCK;  // key rows per scale and per V-Smooth mean
+constexpr float kPLog2Max = VC_P_LOG2_MAX;  // the row offset M maps to 2^kPLog2Max
+constexpr float kE4m3OctaveCodes = VC_E4M3_OCTAVE_CODES;  // ExpCast: code = rint(8u + bias)
+constexpr float kExpCastBias = VC_EXPCAST_BIAS;  // 8 * kPLog2Max + 56 + beta
+constexpr int kExpCastMaxCode = VC_EXPCAST_MAX_CODE;
+constexpr uint32_t kE4m3OnesX4 = uint32_t(VC_E4M3_ONE_CODE) * 0x01010101u;  // four E4M3 1.0 bytes
+
+}  // namespace vc
