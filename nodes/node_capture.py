@@ -92,7 +92,7 @@ class QKVRecorder:
 
     def observe(self, call: O.AttentionCall) -> torch.Tensor:
         reason = O.ineligible(call.q, call.k, call.v, call.heads, call.mask, call.skip_reshape, call.kwargs)
-        if reason is None or reason[0] == O.DTYPE:
+        if reason is None:  # fp32 tensors too: they are stored as bf16
             self._record(call.q, call.k, call.v, call.heads, call.skip_reshape,
                          call.kwargs.get("transformer_options") or {})
         return call.model_attention()
