@@ -134,9 +134,9 @@ def benchmark(shapes: dict, backend: str = "auto", reps: int = 5, fidelity: bool
 
     from ..kernels import backends, grouping
     from ..kernels.config import SPEED
+    from .errors import require_cuda
 
-    if not torch.cuda.is_available():
-        raise ValueError("vc-attention bench needs a CUDA GPU; `vc-attention doctor` says what is missing.")
+    require_cuda("vc-attention bench")
     methods = _methods(backend)
     rows, errors = [], {}
     for name, (b, h, n, d) in shapes.items():
