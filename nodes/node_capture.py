@@ -133,7 +133,7 @@ class VCAttentionCapture(io.ComfyNode):
                 io.String.Input("filename_prefix", default="vc_attention/capture",
                                 tooltip="File name prefix inside ComfyUI's output folder; a counter and .safetensors are appended."),
             ],
-            outputs=[io.Model.Output(display_name="model", tooltip="The same model, recording its attention inputs.")],
+            outputs=[io.Model.Output(display_name="model", tooltip="A patched copy of the model that records its attention inputs (the input model is left unchanged).")],
         )
 
     @classmethod

@@ -22,6 +22,13 @@ def run_node(node_cls, unique_id="5", **inputs):
     return node_cls.PREPARE_CLASS_CLONE({"hidden_inputs": {"UNIQUE_ID": unique_id}}).execute(**inputs)
 
 
+def test_capture_tooltips_agree_that_a_patched_copy_is_returned():
+    from vc_attention.nodes.node_capture import VCAttentionCapture
+
+    schema = VCAttentionCapture.GET_SCHEMA()
+    assert "patched copy" in schema.inputs[0].tooltip and "patched copy" in schema.outputs[0].tooltip
+
+
 def test_the_extension_lists_the_three_frozen_nodes():
     from vc_attention.nodes.extension import comfy_entrypoint
 
