@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One GPU call that produces every published number: JIT build, the GPU test tiers not yet run on a
-# GPU, `vc-attention bench --save`, the grouping benchmark (B1/B2) and the end-to-end Wan-14B
+# One GPU call that produces every published number: JIT build, the grouping, node and sm90 GPU
+# test tiers, `vc-attention bench --save`, the grouping benchmark (B1/B2) and the end-to-end Wan-14B
 # forward. Each step has its own time limit so a slow step cannot starve the others; every log lands
 # in $OUT. Usage on the device machine, from the repo root, with wheels carried in .whl/:
 #   bash bench/device_run.sh
