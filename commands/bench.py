@@ -129,10 +129,9 @@ def run(args: argparse.Namespace) -> int:
         for path in bench_report.write_all():
             print(f"wrote {path}")
         return 0
-    import torch
+    from .errors import require_cuda
 
-    if not torch.cuda.is_available():
-        raise ValueError("vc-attention bench needs a CUDA GPU; `vc-attention doctor` says what is missing.")
+    require_cuda("vc-attention bench")
     command = bench_results.command_line()
     produced: dict[str, list[dict]] = {}
     for section in _sections(args):

@@ -20,6 +20,7 @@ import torch
 from ..kernels import grouping
 from ..kernels.api import vc_attention
 from ..kernels.config import FIDELITY, SPEED, VCConfig
+from .errors import require_cuda
 
 WAN_14B = dict(
     patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16,
@@ -117,8 +118,7 @@ def _timed_forward(model, inputs) -> tuple[float, torch.Tensor]:
 def run_e2e(layers: int = 40, frames: int = 81, height: int = 720, width: int = 1280, repeats: int = 2,
             clusters: int = grouping.DEFAULT_CLUSTERS, iters: int = grouping.DEFAULT_ITERS, log=print) -> dict:
     """Time SDPA vs VC fidelity vs VC speed forwards; returns a dict of results (ms, speed-ups, error)."""
-    if not torch.cuda.is_available():
-        raise RuntimeError("the end-to-end benchmark needs a CUDA GPU.")
+    require_cuda("vc-attention bench --e2e")
     t0 = time.time()
     model = build_model(layers)
     inputs = _inputs(frames, height, width, "cuda", torch.bfloat16)

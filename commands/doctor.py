@@ -31,7 +31,35 @@ def _facts() -> dict:
     facts["cache_dir"] = str(jit.cache_root())
     facts["env"] = {k: v for k, v in os.environ.items() if k.startswith(jit.ENV_PREFIX)}
     facts["backends"] = {name: reason or "available" for name, reason in backends.describe()}
+    facts["fix"] = _fixes(facts)
     return facts
+
+
+def _fixes(facts: dict) -> list[str]:
+    """What to do so that the kernels can run here (empty when every backend is available)."""
+    import torch
+
+    from ..kernels import jit
+    from .errors import cuda_unavailable_remedy
+
+    if all(state == "available" for state in facts["backends"].values()):
+        return []
+    fixes = []
+    remedy = cuda_unavailable_remedy()
+    if remedy:
+        fixes.append(remedy[0].upper() + remedy[1:] + ".")
+    elif torch.cuda.get_device_capability() < jit.MIN_CAPABILITY:
+        fixes.append(f"This GPU ({facts['arch']}) has no FP8 tensor cores: the kernels need sm_89 or newer (Ada, "
+                     "Hopper, Blackwell). The node runs the model's own attention here; `vc-attention fidelity` "
+                     "shows the numerics through the emulation.")
+    if not jit.env_flag("DISABLE_JIT"):
+        try:
+            jit.find_nvcc()
+        except jit.JitError as err:
+            fixes.append(str(err)[0].upper() + str(err)[1:])
+    if not fixes:
+        fixes.append("See each backend's reason above; `vc-attention build --verbose` shows a build's full output.")
+    return fixes
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,4 +74,7 @@ def run(args: argparse.Namespace) -> int:
     print("backends")
     for name, state in facts["backends"].items():
         print(f"  {name:10s} {state}")
+    print("fix" if facts["fix"] else "fix        nothing: every backend can run here")
+    for line in facts["fix"]:
+        print(f"  - {line}")
     return 0

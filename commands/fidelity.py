@@ -11,12 +11,40 @@ import argparse
 import json
 import math
 import sys
+import time
 
 HELP = "Fidelity table of every quantization method against fp64 attention (synthetic or captured Q/K/V)."
+
+# The keys of `--json` (shown by --help; README.md's "Command line" section holds the same text).
+JSON_LEGEND = """\
+--json keys (errors against fp64 exact attention; definitions in study/fidelity.py):
+  data      where Q/K/V came from (embedded sample, synthetic size, or the captured file)
+  shape     [B, H, N, D] of q, k and v
+  dtype     dtype of the loaded Q/K/V (the methods quantize from it)
+  grouping  clusters, iters: the V-Smooth k-means used by the grouped methods
+  device    cpu or the CUDA GPU's name
+  torch     the PyTorch version
+  rows      one object per method:
+    method    method name (the table's first column)
+    rel_l2    ||O_q - O|| / ||O||
+    cosine    cosine similarity of O_q and O (whole tensor)
+    max_abs   max |O_q - O|
+    psnr_db   20 log10(max|O| / rms(O_q - O)), null when the error is 0
+    tv_mean   total-variation distance of the quantized softmax rows, mean over rows
+    tv_max    the same, largest row
+    qk_term   ||(P - P_q) V|| / ||O||: the error with V exact
+    v_term    ||P_q (V - V_q)|| / ||O||: the error the value path adds
+    v_share   ||v_term||^2 / (||qk_term||^2 + ||v_term||^2)
+  calibration  (with --calibration, instead of rows): removal_token_order, removal_kmeans_order
+            (block-mean energy removal without / with the k-means order), v_share (of plain 8-bit),
+            effective_keys (exp of the softmax entropy, mean over rows); see docs/videodata.md
+"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     # no package imports here: `vc-attention --help` builds every parser and must not load torch
+    parser.epilog = JSON_LEGEND
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     data = parser.add_argument_group("data (default: the embedded video-like sample; unset sizes take its values)")
     data.add_argument("--qkv", metavar="FILE", help="captured Q/K/V (safetensors from the Capture node)")
     data.add_argument("--entry", help="entry in FILE (default: the first one)")
@@ -34,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--clusters", type=int, help="V-Smooth k-means clusters (default: grouping default, at most N/128)"
     )
     parser.add_argument("--iters", type=int, help="V-Smooth k-means iterations (default: grouping default)")
-    parser.add_argument("--device", help="cpu or cuda (default: cuda if available)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     parser.add_argument(
         "--calibration",
@@ -118,8 +146,12 @@ def run(args) -> int:
 
     from ..kernels import grouping
     from ..study import fidelity
+    from .errors import require_cuda
 
+    if args.device == "cuda":
+        require_cuda("vc-attention fidelity --device cuda")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    started = time.perf_counter()
     try:
         q, k, v, source = _load(args)
     except ValueError as err:
@@ -139,10 +171,11 @@ def run(args) -> int:
     }
     print(f"fidelity: {source}, (B,H,N,D)={tuple(q.shape)}, {info['dtype']}, on {info['device']}", file=sys.stderr)
 
-    def progress(method):
-        print(f"  {method} ...", file=sys.stderr, flush=True)
+    def progress(stage):
+        print(f"  [{time.perf_counter() - started:6.1f} s] {stage} ...", file=sys.stderr, flush=True)
 
     if args.calibration:
+        progress("calibration statistics")
         stats = fidelity.calibration_stats(q, k, v, clusters=clusters, iters=iters, attention=not args.removal_only)
         if args.json:
             print(json.dumps(dict(info, calibration=stats), indent=2))
@@ -152,6 +185,7 @@ def run(args) -> int:
                 print(f"{name:22s} {value:.4f}")
         return 0
     rows = fidelity.fidelity_table(q, k, v, clusters=clusters, iters=iters, progress=progress)
+    progress(f"done, {len(rows)} methods")
     if args.json:
         out = dict(info, rows=[{key: _finite_or_none(val) for key, val in r.as_dict().items()} for r in rows])
         print(json.dumps(out, indent=2))

@@ -6,6 +6,7 @@ trace through a model that calls it without graph breaks inside the kernel.
 from __future__ import annotations
 
 import re
+import warnings
 from collections import Counter
 from typing import Optional, Union
 
@@ -17,6 +18,27 @@ from .layout import check_layout, to_bhnd
 
 # Which backend ran how many calls in this process (tests use it to prove a fast path ran).
 BACKEND_CALLS: Counter = Counter()
+
+
+# Devices on which `auto` runs the emulation without a word: the CPU, where it is the documented
+# way to see the numerics. Anywhere else a user expects a kernel, so the swap is announced.
+SILENT_EMULATION_DEVICES = ("cpu",)
+_announced: set[str] = set()
+
+
+def _announce_emulation(q: torch.Tensor, config: VCConfig, layout: str) -> None:
+    """Warn once per distinct set of reasons that `auto` fell back to the slow emulation."""
+    reasons = "; ".join(f"{name}: {why}" for name, why in backends.describe(q, config, layout) if why)
+    if reasons in _announced:
+        return
+    _announced.add(reasons)
+    warnings.warn(
+        f"VC-Attention: no fast backend can run this call on {q.device} ({reasons}), so backend 'auto' runs "
+        "the exact emulation, which is far slower than PyTorch's attention. Pass backend='reference' to "
+        "choose it knowingly, or see `vc-attention doctor`. Calls are counted in BACKEND_CALLS['reference'].",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 # One op per loaded copy of the package: ComfyUI imports the pack by folder name while a pip install
@@ -42,6 +64,8 @@ def _attention_op(
     config = VCConfig(qk=qk, v=v_format, p=p, smooth_k=smooth_k)
     # the one selection of this call: here, or by the caller that passed the Backend it selected
     chosen = backends.get(backend) if selected else backends.select(q, config, layout, backend, kv=(k, v))
+    if chosen.slow and backend == "auto" and q.device.type not in SILENT_EMULATION_DEVICES:
+        _announce_emulation(q, config, layout)
     BACKEND_CALLS[chosen.name] += 1
     return chosen.run(q, k, v, perm, config, layout, sm_scale)
 
@@ -69,7 +93,9 @@ def vc_attention(
     the key/value tokens (V-Smooth grouping, from kernels.grouping); None keeps the original order.
     sm_scale: defaults to 1/sqrt(D). backend: "auto", a registered name (see `vc-attention doctor`), or
     the Backend that `backends.select` returned for this very call (a caller that must know the
-    backend before it runs, like the node: the call is then not checked a second time).
+    backend before it runs, like the node: the call is then not checked a second time). "auto" runs
+    the slow exact emulation where no kernel can take the call: quietly on the CPU, with a
+    RuntimeWarning (once per reason) anywhere else.
     Returns a new tensor of q's shape, dtype and layout.
     """
     check_layout(layout)

@@ -24,13 +24,35 @@ def backend_options() -> list[str]:
     return ["auto"] + [b.name for b in backends.backends()]
 
 
+def unavailable_backends() -> dict[str, str]:
+    """{backend: why it cannot run on this machine} for each registered backend that cannot."""
+    return {b.name: reason for b in backends.backends() if (reason := b.availability())}
+
+
+def _backend_marks() -> dict:
+    """Tooltip and front-end data that mark the backends this machine cannot run.
+
+    The options stay the plain names (a workflow saved on a GPU machine must load anywhere); the
+    tooltip says which cannot run here and why, and the web extension marks them from
+    `vc_attention_unavailable` (ComfyUI >= 0.3.4x passes extra_dict to the front end).
+    """
+    unavailable = unavailable_backends()
+    here = "; ".join(f"{name} cannot ({reason})" for name, reason in unavailable.items())
+    marks = {"tooltip": presets.WIDGETS["backend"]["tooltip"] + (f" On this machine: {here}." if here else "")}
+    params = inspect.signature(io.Combo.Input.__init__).parameters
+    if "extra_dict" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        marks["extra_dict"] = {"vc_attention_unavailable": unavailable}
+    return marks
+
+
 def widget_input(name: str, spec: dict):
     """One schema input built from its row of the widget table."""
     common = dict(default=spec["default"], tooltip=spec["tooltip"], **_advanced(spec))
     kind = spec["kind"]
     if kind == "combo":
-        options = spec["options"] if "options" in spec else backend_options()
-        return io.Combo.Input(name, options=options, **common)
+        if "options" in spec:
+            return io.Combo.Input(name, options=spec["options"], **common)
+        return io.Combo.Input(name, options=backend_options(), **(common | _backend_marks()))
     if kind == "boolean":
         return io.Boolean.Input(name, **common)
     number = io.Int if kind == "int" else io.Float
@@ -75,5 +97,13 @@ class VCAttention(io.ComfyNode):
             )
         if presets.PRECISIONS[resolved["precision"]] is None:
             return io.NodeOutput(model)
+        # checked here, not per call: a named backend must stop the run even when every call
+        # would have fallen back for another reason (masks, cross-attention, the sigma window)
+        reason = unavailable_backends().get(resolved["backend"])
+        if reason:
+            raise ValueError(
+                f"VC-Attention: backend {resolved['backend']!r} cannot run on this machine: {reason}. "
+                "Choose backend 'auto' to run the fastest kernel that can (or the model's own attention, counted)."
+            )
         patch = VCPatch(settings_from_widgets(resolved), node_id=str(cls.hidden.unique_id))
         return io.NodeOutput(install(model, patch))

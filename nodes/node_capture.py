@@ -93,7 +93,7 @@ class QKVRecorder:
 
     def observe(self, call: O.AttentionCall) -> torch.Tensor:
         reason = O.ineligible(call.q, call.k, call.v, call.heads, call.mask, call.skip_reshape, call.kwargs)
-        if reason is None or reason[0] == O.DTYPE:
+        if reason is None:  # fp32 tensors too: they are stored as bf16
             self._record(call.q, call.k, call.v, call.heads, call.skip_reshape,
                          call.kwargs.get("transformer_options") or {})
         return call.model_attention()
@@ -134,7 +134,7 @@ class VCAttentionCapture(io.ComfyNode):
                 io.String.Input("filename_prefix", default="vc_attention/capture",
                                 tooltip="File name prefix inside ComfyUI's output folder; a counter and .safetensors are appended."),
             ],
-            outputs=[io.Model.Output(display_name="model", tooltip="The same model, recording its attention inputs.")],
+            outputs=[io.Model.Output(display_name="model", tooltip="A patched copy of the model that records its attention inputs (the input model is left unchanged).")],
         )
 
     @classmethod

@@ -30,15 +30,17 @@ DTYPE = "dtype"
 SHAPE = "shape"
 OUTSIDE_RANGE = "outside_start_end"
 NO_SIGMA = "no_sigma"
+NO_GPU = "no_cuda_gpu"
 NO_BACKEND = "no_capable_backend"
 BUILD_FAILED = "kernel_build_failed"
 
 
 def ineligible(q, k, v, heads: int, mask, skip_reshape: bool, kwargs: dict) -> Optional[tuple[str, str]]:
-    """(reason, detail) if this call must stay on the model's attention, else None.
+    """(reason, detail) if this call must stay on the model's attention whatever the machine, else None.
 
-    Only what the tensors say is checked here; device, GPU arch and head dim are the backends'
-    business (kernels.backends.select says which one can run, or why none can).
+    Only the call's structure is checked here; device, GPU arch and head dim are the backends'
+    business (kernels.backends.select says which one can run, or why none can), dtype and memory
+    layout that of `unsupported_tensors`.
     """
     if mask is not None:
         return MASK, "attention masks are not supported (VC-Attention is unmasked, non-causal)"
@@ -56,6 +58,15 @@ def ineligible(q, k, v, heads: int, mask, skip_reshape: bool, kwargs: dict) -> O
         return CROSS_ATTENTION, f"cross-attention ({q.shape[token_dim]} queries, {k.shape[token_dim]} keys)"
     if k.shape != q.shape or v.shape != q.shape:
         return GQA, f"grouped/multi-query attention (q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)})"
+    return None
+
+
+def unsupported_tensors(q, k, v) -> Optional[tuple[str, str]]:
+    """(reason, detail) if the chosen kernel cannot read these tensors, else None.
+
+    Asked after a backend was chosen: on a machine where no kernel runs at all (no CUDA GPU) the
+    backend's reason is the one worth showing, not the dtype the CPU happens to compute in.
+    """
     if q.dtype not in SUPPORTED_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         return DTYPE, f"dtype {q.dtype}/{k.dtype}/{v.dtype} (the kernels take fp16 or bf16)"
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:

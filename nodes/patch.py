@@ -89,20 +89,19 @@ class VCPatch:
             return
         sigma = float(torch.as_tensor(sigmas).reshape(-1)[0])
         self._phase = self.schedule.phase(sigma)
-        if self._phase.active:
-            self.stats.sigmas.add(sigma)
+        self.stats.sigmas.add(sigma)  # every step the model ran, VC-Attention active or not
         if self._phase.active and not self._phase.grouping and not self._window_closed:
             self._window_closed = True  # nothing warm-starts from here on
             self.cache.drop_centroids()
 
     # ------------------------------------------------------------------ one attention call
     def attend(self, call: O.AttentionCall) -> torch.Tensor:
+        transformer_options = call.kwargs.get("transformer_options")
+        self._enter_forward(transformer_options)  # first: a step counts even when every call falls back
         reason = O.ineligible(call.q, call.k, call.v, call.heads, call.mask, call.skip_reshape, call.kwargs)
         if reason is not None:
             self.stats.fallback(*reason)
             return call.model_attention()
-        transformer_options = call.kwargs.get("transformer_options")
-        self._enter_forward(transformer_options)
         if self._phase is None:
             self.stats.fallback(O.NO_SIGMA, "the call carries no sampling sigma, so its step is unknown")
             return call.model_attention()
@@ -114,14 +113,17 @@ class VCPatch:
         k, _ = O.to_kernel_layout(call.k, call.heads, call.skip_reshape)
         v, _ = O.to_kernel_layout(call.v, call.heads, call.skip_reshape)
         config, requested = self.settings.config, self.settings.backend
-        # the emulation only on CPU (the documented demo path) or when asked for by name
-        allow_slow = q.device.type == "cpu"
         try:
-            chosen = backends.select(q, config, layout, requested, allow_slow=allow_slow, kv=(k, v))
+            # auto never picks the emulation: it is exact but far slower than the model's attention
+            chosen = backends.select(q, config, layout, requested, allow_slow=False, kv=(k, v))
         except backends.NoCapableBackend as err:
             if requested != "auto":
                 raise
-            self.stats.fallback(O.NO_BACKEND, str(err))
+            self.stats.fallback(O.NO_BACKEND if q.is_cuda else O.NO_GPU, str(err))
+            return call.model_attention()
+        reason = O.unsupported_tensors(call.q, call.k, call.v)
+        if reason is not None:
+            self.stats.fallback(*reason)
             return call.model_attention()
 
         v_bhnd = to_bhnd(v, layout)

@@ -1,7 +1,7 @@
 """The VC-Attention node's widgets: presets, defaults, ranges and tooltips in ONE table.
 
 The node schema (nodes/node_attention.py), the web extension (web/presets.json, written from this
-module by `python -m vc_attention.nodes.presets`) and the README's widget table
+module by `python -m vc_attention.nodes.presets --write-web`) and the README's widget table
 (`python -m vc_attention.nodes.presets --markdown`) all come from this file, so a default can never
 differ between them.
 
@@ -246,10 +246,22 @@ def write_web_presets(path: Path = WEB_PRESETS_PATH) -> Path:
     return path
 
 
-if __name__ == "__main__":
-    import sys
+def main(argv: list[str] | None = None) -> int:
+    """`python -m vc_attention.nodes.presets --write-web | --markdown`: nothing is written unasked."""
+    import argparse
 
-    if "--markdown" in sys.argv:
+    parser = argparse.ArgumentParser(prog="python -m vc_attention.nodes.presets",
+                                     description="Generate the files that come from the widget table.")
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--write-web", action="store_true", help=f"rewrite {WEB_PRESETS_PATH}")
+    action.add_argument("--markdown", action="store_true", help="print the README's widget table")
+    args = parser.parse_args(argv)
+    if args.markdown:
         print(widgets_markdown(), end="")
     else:
         print(f"wrote {write_web_presets()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

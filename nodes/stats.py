@@ -118,7 +118,7 @@ class RunStats:
         speed = "n/a" if payload["est_speedup"] is None else f"{payload['est_speedup']:.2f}x"
         return (
             f"VC-Attention (node {payload['node_id']}): VC calls {calls}; model attention {falls}; "
-            f"{payload['grouping_calls']} groupings over {payload['steps']} noise levels; "
+            f"{payload['grouping_calls']} groupings over {payload['steps']} steps; "
             f"{payload['attention_ms']:.3f} ms per VC call ({payload['sampled_calls']} timed); "
             f"est. speed-up over the model's attention {speed}"
         )

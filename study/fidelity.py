@@ -177,17 +177,22 @@ def fidelity_table(
 ) -> list[FidelityRow]:
     """One FidelityRow per method on (B,H,N,D) q, k, v against fp64 exact attention.
 
-    progress(method) is called before each method (the CLI prints it; the table takes seconds).
+    progress(stage) is called before each stage: the exact attention, the grouping, each method
+    (the CLI prints it with the elapsed time; the table takes seconds to a minute on a CPU).
     """
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown methods {unknown}; choose from {list(METHODS)}.")
+    progress = progress or (lambda stage: None)
+    progress("exact fp64 attention")
     exact = ref.exact_attention(q, k, v, sm_scale)
-    perm = grouping_permutation(v, clusters, iters, seed) if any(METHODS[m][1] for m in methods) else None
+    perm = None
+    if any(METHODS[m][1] for m in methods):
+        progress(f"V-Smooth grouping (k-means, {clusters} clusters, {iters} iterations)")
+        perm = grouping_permutation(v, clusters, iters, seed)
     rows = []
     for method in methods:
-        if progress is not None:
-            progress(method)
+        progress(method)
         rows.append(fidelity_row(method, method_parts(method, q, k, v, perm, sm_scale), exact))
     return rows
 

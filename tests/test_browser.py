@@ -6,6 +6,7 @@ Python that has ComfyUI's requirements (default: this one); the `playwright` Pyt
 the browser (never its own browser download: /usr/bin/chromium, Debian's `chromium` package).
 VC_ATTENTION_SCREENSHOT=path also writes the node screenshot there (docs/screenshot-node.png).
 """
+import importlib.util
 import json
 import os
 import shutil
@@ -180,6 +181,37 @@ def test_every_workflow_loads_with_known_node_types(page, name):
               .map((n) => n.type)"""
     )
     assert unknown == []
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "workflows").glob("*.json")))
+def test_no_two_nodes_overlap_as_drawn(page, name):
+    """Every node's box as the front end lays it out (its size after the widgets and the web
+    extension's panel were added, the title bar included) is clear of every other node's."""
+    load_template(page, name)
+    page.evaluate("() => window.comfyAPI.app.app.canvas.setDirty(true, true)")
+    page.wait_for_timeout(300)
+    boxes = page.evaluate(
+        """() => {
+          const title = window.LiteGraph?.NODE_TITLE_HEIGHT ?? 30;
+          return window.comfyAPI.app.app.graph._nodes.map((n) => ({
+            id: n.id, type: n.type, box: [n.pos[0], n.pos[1] - title, n.pos[0] + n.size[0], n.pos[1] + n.size[1]],
+          }));
+        }"""
+    )
+    overlaps = [(a["id"], a["type"], b["id"], b["type"])
+                for i, a in enumerate(boxes) for b in boxes[i + 1:]
+                if a["box"][0] < b["box"][2] and b["box"][0] < a["box"][2]
+                and a["box"][1] < b["box"][3] and b["box"][1] < a["box"][3]]
+    assert overlaps == [], boxes
+    # the CPU test's table of drawn sizes (tests/test_workflows.py) holds what the page draws
+    spec = importlib.util.spec_from_file_location("workflow_checks", Path(__file__).with_name("test_workflows.py"))
+    workflow_checks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(workflow_checks)
+    for entry in boxes:
+        if entry["type"] in workflow_checks.DRAWN_SIZES:
+            width, height = workflow_checks.DRAWN_SIZES[entry["type"]]
+            drawn = (entry["box"][2] - entry["box"][0], entry["box"][3] - entry["box"][1] - workflow_checks.TITLE_HEIGHT)
+            assert drawn[0] <= width and drawn[1] <= height, (entry["type"], drawn)
 
 
 def test_wan22_workflow_has_a_control_on_both_nodes(page):

@@ -8,7 +8,7 @@ from vc_attention.nodes import presets as P
 
 def test_web_presets_json_equals_the_table():
     on_disk = json.loads(P.WEB_PRESETS_PATH.read_text(encoding="utf-8"))
-    assert on_disk == json.loads(P.web_json()), "run `python -m vc_attention.nodes.presets` to regenerate"
+    assert on_disk == json.loads(P.web_json()), "run `python -m vc_attention.nodes.presets --write-web` to regenerate"
 
 
 def test_every_preset_value_passes_its_own_widget_validation():
@@ -73,3 +73,13 @@ def test_config_from_widgets_maps_each_kernel_widget():
     assert P.config_from_widgets(custom) == VCConfig(qk="fp8", v="per_channel", p="expcast")
     with pytest.raises(ValueError, match="model's own attention"):
         P.config_from_widgets(custom | {"precision": "off"})
+
+
+@pytest.mark.parametrize("argv", [[], ["--help"], ["--bogus"]])
+def test_the_module_rewrites_presets_json_only_when_asked(argv, monkeypatch, tmp_path):
+    written = []
+    monkeypatch.setattr(P, "write_web_presets", lambda *a: written.append(1) or tmp_path)
+    with pytest.raises(SystemExit):
+        P.main(argv)
+    assert written == []
+    assert P.main(["--write-web"]) == 0 and written == [1]

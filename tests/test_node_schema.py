@@ -22,6 +22,13 @@ def run_node(node_cls, unique_id="5", **inputs):
     return node_cls.PREPARE_CLASS_CLONE({"hidden_inputs": {"UNIQUE_ID": unique_id}}).execute(**inputs)
 
 
+def test_capture_tooltips_agree_that_a_patched_copy_is_returned():
+    from vc_attention.nodes.node_capture import VCAttentionCapture
+
+    schema = VCAttentionCapture.GET_SCHEMA()
+    assert "patched copy" in schema.inputs[0].tooltip and "patched copy" in schema.outputs[0].tooltip
+
+
 def test_the_extension_lists_the_three_frozen_nodes():
     from vc_attention.nodes.extension import comfy_entrypoint
 
@@ -42,7 +49,8 @@ def test_vc_attention_widgets_come_from_the_preset_table():
     assert schema.inputs[0].io_type == "MODEL" and schema.outputs[0].io_type == "MODEL"
     for widget in schema.inputs[1:]:
         spec = presets.WIDGETS[widget.id]
-        assert widget.default == spec["default"] and widget.tooltip == spec["tooltip"], widget.id
+        # the backend's tooltip goes on to say which backends cannot run on this machine
+        assert widget.default == spec["default"] and widget.tooltip.startswith(spec["tooltip"]), widget.id
         assert bool(widget.advanced) == bool(spec.get("advanced")), widget.id
         for bound in ("min", "max", "step"):
             if bound in spec:
@@ -97,6 +105,33 @@ def test_invalid_inputs_raise_readable_errors():
         run_node(VCAttention, model=toy_model(), mode="balanced", **(widgets() | {"backend": "sm999"}))
     with pytest.raises(ValueError, match="start_percent"):
         run_node(VCAttention, model=toy_model(), mode="balanced", **(widgets() | {"start_percent": 0.9, "end_percent": 0.1}))
+
+
+def test_a_named_backend_this_machine_cannot_run_stops_the_run_with_its_reason():
+    """Even a graph whose every call would fall back for another reason must not finish green."""
+    from toy_dit import toy_model
+    from vc_attention.kernels import backends
+    from vc_attention.nodes.node_attention import VCAttention
+
+    reason = backends.get("mma").availability()
+    if reason is None:
+        pytest.skip("mma can run on this machine")
+    with pytest.raises(ValueError, match="backend 'mma' cannot run on this machine") as err:
+        run_node(VCAttention, model=toy_model(), mode="balanced", **(widgets() | {"backend": "mma"}))
+    assert reason in str(err.value)
+    run_node(VCAttention, model=toy_model(), mode="balanced", **(widgets() | {"backend": "reference"}))
+
+
+def test_the_backend_list_marks_what_this_machine_cannot_run():
+    from vc_attention.kernels import backends
+    from vc_attention.nodes.node_attention import VCAttention
+
+    (backend,) = [i for i in VCAttention.GET_SCHEMA().inputs if i.id == "backend"]
+    unavailable = {name: why for name, why in backends.describe() if why}
+    assert backend.extra_dict == {"vc_attention_unavailable": unavailable}
+    for name, why in unavailable.items():
+        assert f"{name} cannot ({why})" in backend.tooltip
+    assert "reference cannot" not in backend.tooltip
 
 
 def test_root_package_exposes_the_v3_entry_point_inside_comfyui(comfy_standin):

@@ -44,3 +44,22 @@ def test_a_run_without_calls_publishes_nothing():
     server = PromptServer()
     VCPatch(Settings(FIDELITY, 16, 2, 0.25, 0.0, 1.0)).end_run()
     assert server.messages == []
+
+
+def test_steps_are_counted_when_every_call_falls_back():
+    """4 steps with no eligible call still report 4 steps (not '0 groupings over 0 steps')."""
+    from comfy.samplers import sample, simple_scheduler
+    from server import PromptServer
+    from toy_dit import toy_inputs, toy_model
+    from vc_attention.nodes import presets
+    from vc_attention.nodes.node_attention import VCAttention
+
+    server = PromptServer()
+    model = toy_model()
+    widgets = {k: s["default"] for k, s in presets.WIDGETS.items() if k != "mode"} | {"backend": "auto"}
+    patched = VCAttention.PREPARE_CLASS_CLONE({"hidden_inputs": {"UNIQUE_ID": "9"}}).execute(model, "balanced", **widgets).result[0]
+    x, context = toy_inputs()
+    sample(patched, x, simple_scheduler(model.model.model_sampling, 4), context)
+    (_, payload, _), = server.messages
+    assert not payload["backend_calls"] and payload["fallbacks"]["no_cuda_gpu"] == 4 * 2
+    assert payload["steps"] == 4 and payload["grouping_calls"] == 0

@@ -94,6 +94,8 @@ def test_core_helpers_under_node():
       baseUnknown: core.basePreset("custom", undefined, table),
       status: core.statusLines(stats),
       untimed: core.statusLines({{...stats, sampled_calls: 0, est_speedup: null, backend_calls: {{}}}}),
+      unavailable: core.backendWarning("mma", {{mma: "no CUDA GPU is visible"}}),
+      available: [core.backendWarning("auto", {{mma: "x"}}), core.backendWarning("sm90", undefined)],
     }}));
     """
     proc = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60)
@@ -113,6 +115,14 @@ def test_core_helpers_under_node():
         "grouping: 5 calls over 20 steps",
     ]
     assert out["untimed"][0] == "backend: no VC-Attention calls | attention not timed | est. speed-up n/a"
+    assert out["unavailable"] == "backend mma cannot run on this machine (no CUDA GPU is visible): the run will stop"
+    assert out["available"] == ["", ""]
+
+
+def test_the_backend_marks_come_from_the_schema_key_the_node_sends():
+    node_py = (Path(__file__).resolve().parent.parent / "nodes" / "node_attention.py").read_text(encoding="utf-8")
+    key = re.search(r'"(vc_attention_unavailable)"', node_py).group(1)
+    assert f"backend?.[1]?.{key}" in MAIN_JS and "backendWarning(" in MAIN_JS
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js")

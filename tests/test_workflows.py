@@ -72,6 +72,13 @@ MODEL_WIDGETS = {"unet_name": "diffusion_models", "clip_name": "text_encoders", 
                  "clip_name2": "text_encoders", "vae_name": "vae", "ckpt_name": "checkpoints"}
 
 
+# How tall and wide ComfyUI's front end draws our nodes (px at scale 1, title bar excluded): the
+# widgets plus the web extension's panel (preset buttons, difference line, status lines) make the
+# VC-Attention node taller than its widgets alone. tests/test_browser.py measures the real page.
+DRAWN_SIZES = {"VCAttention": (340, 398)}
+TITLE_HEIGHT = 30  # LiteGraph draws the title bar above a node's pos
+
+
 def load(path):
     return json.loads(path.read_text(encoding="utf-8"))
 
@@ -168,8 +175,7 @@ def test_required_sockets_connected_and_widget_counts(path):
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
 def test_our_widget_values_are_valid(path):
-    """Every value passes the node's own validation. With a preset mode the preset's values run
-    (and the web extension shows them on load), so stored values need not track preset tweaks."""
+    """Every value passes the node's own validation (including the ones a preset overrides)."""
     doc = load(path)
     ours = [n for n in doc["nodes"] if n["type"] == "VCAttention"]
     assert ours, "every example workflow uses the VC-Attention node"
@@ -203,6 +209,50 @@ def test_note_says_where_every_model_file_goes(path):
                 assert value.endswith(".safetensors")
                 assert f"models/{MODEL_WIDGETS[name]}/{value}" in notes, f"the Note does not say where {value} goes"
     assert files >= 2
+
+
+def drawn_box(node) -> tuple[float, float, float, float]:
+    """(left, top, right, bottom) of a node as drawn: our nodes at their drawn size (the saved size
+    if larger), core nodes at their saved size; the title bar included."""
+    width, height = node["size"]
+    drawn = DRAWN_SIZES.get(node["type"])
+    if drawn is not None:
+        width, height = max(width, drawn[0]), max(height, drawn[1])
+    x, y = node["pos"]
+    return x, y - TITLE_HEIGHT, x + width, y + height
+
+
+def overlapping_nodes(nodes) -> list[tuple]:
+    boxes = [(n["id"], n["type"], drawn_box(n)) for n in nodes]
+    pairs = []
+    for i, (id_a, type_a, a) in enumerate(boxes):
+        for id_b, type_b, b in boxes[i + 1 :]:
+            if a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]:
+                pairs.append(((id_a, type_a), (id_b, type_b)))
+    return pairs
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
+def test_no_two_nodes_overlap_at_their_drawn_size(path):
+    assert overlapping_nodes(load(path)["nodes"]) == []
+
+
+def test_the_overlap_check_sees_a_title_bar_covered():
+    below = {"id": 2, "type": "VCAttention", "pos": [0, 420], "size": [340, 330]}
+    above = {"id": 1, "type": "VCAttention", "pos": [0, 0], "size": [340, 330]}
+    assert overlapping_nodes([above, below]) == [((1, "VCAttention"), (2, "VCAttention"))]  # drawn 398 tall
+    below["pos"] = [0, 398 + TITLE_HEIGHT]
+    assert overlapping_nodes([above, below]) == []
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
+def test_stored_preset_values_are_the_presets(path):
+    """With a preset mode the preset's values run; the file must say the same, not stale ones."""
+    for node in load(path)["nodes"]:
+        if node["type"] == "VCAttention":
+            values = widget_values_by_name(node)
+            preset = presets.PRESETS[values["mode"]]
+            assert {k: values[k] for k in preset} == preset, node["id"]
 
 
 def test_wan22_a14b_patches_both_experts_with_split_sampling():

@@ -3,6 +3,7 @@
 // preset, and shows a status line from the stats the node sends after each run.
 import {
   PRESET_MODES,
+  backendWarning,
   basePreset,
   differenceLine,
   presetDifferences,
@@ -15,6 +16,7 @@ const { api } = window.comfyAPI.api;
 const NODE_ID = "VCAttention";
 const STATS_EVENT = "vc_attention.stats";
 const MARK = "\u25C6 "; // prefix on the label of a widget that differs from the preset
+const UNAVAILABLE_MARK = "\u26A0 "; // prefix on the backend label when that backend cannot run here
 
 // One fetch for every node; a failure is shown on each node instead of breaking the graph.
 const presetTable = fetch(new URL("./presets.json", import.meta.url)).then((response) => {
@@ -37,6 +39,7 @@ function injectStyle() {
     .vc-attention-row button.base { border-style: dashed; border-color: #6a9be0; }
     .vc-attention-diff.custom { color: #e0b050; }
     .vc-attention-status { opacity: 0.85; white-space: pre-wrap; }
+    .vc-attention-warning { color: #e06050; white-space: pre-wrap; }
   `;
   document.head.appendChild(style);
 }
@@ -46,8 +49,9 @@ function widgetByName(node, name) {
 }
 
 class VCAttentionPanel {
-  constructor(node) {
+  constructor(node, unavailable) {
     this.node = node;
+    this.unavailable = unavailable || {}; // backend -> why it cannot run on this machine
     this.table = null;
     this.originalLabels = new Map();
     this.element = document.createElement("div");
@@ -70,7 +74,8 @@ class VCAttentionPanel {
       className: "vc-attention-status",
       textContent: "status: appears here after a run",
     });
-    this.element.append(this.row, this.diff, this.status);
+    this.warning = Object.assign(document.createElement("div"), { className: "vc-attention-warning" });
+    this.element.append(this.row, this.diff, this.warning, this.status);
     this.widget = node.addDOMWidget("vc_attention_panel", "vc_attention_panel", this.element, {
       serialize: false,
       hideOnZoom: false,
@@ -88,7 +93,7 @@ class VCAttentionPanel {
       this.diff.textContent = `VC-Attention presets unavailable (${error.message}); widgets still work.`;
       return;
     }
-    for (const name of ["mode", ...Object.keys(this.presetOf(this.table.default_mode))]) {
+    for (const name of ["mode", "backend", ...Object.keys(this.presetOf(this.table.default_mode))]) {
       const widget = widgetByName(this.node, name);
       if (!widget) continue;
       this.originalLabels.set(name, widget.label);
@@ -165,6 +170,12 @@ class VCAttentionPanel {
       button.classList.toggle("active", button.dataset.mode === this.mode);
       button.classList.toggle("base", this.mode === "custom" && button.dataset.mode === base);
     }
+    const backend = widgetByName(this.node, "backend");
+    if (backend) {
+      const original = this.originalLabels.get("backend");
+      backend.label = this.unavailable[backend.value] ? UNAVAILABLE_MARK + (original ?? "backend") : original;
+    }
+    this.warning.textContent = backendWarning(backend?.value, this.unavailable);
     this.diff.textContent = differenceLine(base, diffs);
     this.diff.classList.toggle("custom", diffs.length > 0);
     this.node.setDirtyCanvas?.(true, true);
@@ -187,10 +198,12 @@ app.registerExtension({
   },
   async beforeRegisterNodeDef(nodeType, nodeData) {
     if (nodeData.name !== NODE_ID) return;
+    // backend -> reason for each backend this machine cannot run (nodes/node_attention.py)
+    const unavailable = nodeData.input?.required?.backend?.[1]?.vc_attention_unavailable ?? {};
     const onNodeCreated = nodeType.prototype.onNodeCreated;
     nodeType.prototype.onNodeCreated = function () {
       const result = onNodeCreated?.apply(this, arguments);
-      this.vcAttentionPanel = new VCAttentionPanel(this);
+      this.vcAttentionPanel = new VCAttentionPanel(this, unavailable);
       this.vcAttentionPanel.init();
       return result;
     };

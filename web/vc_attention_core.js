@@ -56,3 +56,10 @@ export function statusLines(stats) {
     `grouping: ${stats.grouping_calls} calls over ${stats.steps} steps`,
   ];
 }
+
+// The warning shown when the selected backend cannot run on this machine ("" when it can or is
+// auto). `unavailable` maps backend -> reason, as the node's schema sends it.
+export function backendWarning(backend, unavailable) {
+  const reason = (unavailable || {})[backend];
+  return reason ? `backend ${backend} cannot run on this machine (${reason}): the run will stop` : "";
+}
