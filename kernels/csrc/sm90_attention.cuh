@@ -35,7 +35,18 @@ struct Params {
   int heads, n, n_pad, n_qblocks;
 };
 
-template <int D, int STAGES>
+#ifndef VC_SM90_P_SMEM
+#define VC_SM90_P_SMEM 0  // head dim 128: P through shared memory (0 off, 1 ExpCast only, 2 every P mode)
+#endif
+
+// Head dim 128 has no registers for a second P fragment set, so to overlap the softmax with its own
+// PV the quantized P goes through shared memory (the PV wgmma reads A from there).
+template <int D, bool EXPCAST>
+constexpr bool p_through_smem() {
+  return D == 128 && (VC_SM90_P_SMEM == 2 || (VC_SM90_P_SMEM == 1 && EXPCAST));
+}
+
+template <int D, int STAGES, bool PSMEM = false>
 struct SmemLayout {
   static constexpr int kQBytes = kBlockM * D;
   static constexpr int kKBytes = kBlockN * D;
@@ -47,7 +58,10 @@ struct SmemLayout {
   static constexpr int kMuOff = kVOff + STAGES * kVBytes;  // float [STAGES][D]: mean / v_scale
   static constexpr int kKscOff = kMuOff + STAGES * D * 4;  // float [STAGES]: K tile scale
   static constexpr int kBarOff = (kKscOff + STAGES * 4 + 7) / 8 * 8;
-  static constexpr int kBytes = kBarOff + (1 + 2 * STAGES) * 8;
+  // P staging (PSMEM): per consumer warpgroup two 64x128 E4M3 tiles, 128B-swizzled like Q
+  static constexpr int kPTileBytes = 64 * kBlockN;
+  static constexpr int kPOff = (kBarOff + (1 + 2 * STAGES) * 8 + 1023) / 1024 * 1024;
+  static constexpr int kBytes = PSMEM ? kPOff + 4 * kPTileBytes : kBarOff + (1 + 2 * STAGES) * 8;
   static constexpr int kAlloc = kBytes + 1024;  // slack: tiles need 1024-byte (swizzle atom) alignment
   static_assert(kKBytes % 1024 == 0 && kVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tile alignment");
 };
@@ -259,6 +273,31 @@ __device__ __forceinline__ void issue_pv(float (&pv)[D / 2 + 4], const uint32_t 
   }
 }
 
+template <int D>
+__device__ __forceinline__ void issue_pv_smem(float (&pv)[D / 2 + 4], const uint8_t* p_tile, const uint8_t* vt_tile) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    if constexpr (D == 128)
+      wgmma_e4m3_m64n136k32_ss(pv, smem_desc(p_tile + kk * 32, 128), smem_desc(vt_tile + kk * 32, 128), kk > 0);
+    else
+      wgmma_e4m3_m64n72k32_ss(pv, smem_desc(p_tile + kk * 32, 128), smem_desc(vt_tile + kk * 32, 128), kk > 0);
+  }
+}
+
+// The A fragments of P into a 64x128-byte tile in the 128B-swizzled K-major layout the wgmma
+// descriptor reads (16-byte chunk c of row R at chunk c ^ (R % 8)). Register r of k-step kk holds
+// row 16 warp + g + 8 (r & 1), keys 32 kk + 16 (r / 2) + 4t .. +3. Conflict-free: the 8 rows g of a
+// store instruction hit 8 different chunks, the 4 t of a quad the 4 banks inside one.
+__device__ __forceinline__ void store_p_tile(uint8_t* p_tile, const uint32_t (&pa)[4][4], int warp, int g, int t) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int row = 16 * warp + g + 8 * (r & 1), chunk = 2 * kk + (r >> 1);
+      *reinterpret_cast<uint32_t*>(p_tile + row * 128 + ((chunk ^ g) << 4) + 4 * t) = pa[kk][r];
+    }
+}
+
 // Software pipeline per warpgroup: the wgmma batch of step j is [PV(j-1), QK(j)]; once both are done,
 // the fold of PV(j-1) and the softmax of tile j run as one instruction stream (one warp per scheduler
 // runs this phase, so interleaving two independent streams is what hides the latencies) while the
@@ -268,7 +307,8 @@ __device__ __forceinline__ void issue_pv(float (&pv)[D / 2 + 4], const uint32_t 
 template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES>
 __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, uint64_t* bar_q, uint64_t* bar_full,
                                               uint64_t* bar_empty) {
-  using L = SmemLayout<D, STAGES>;
+  constexpr bool kPSmem = p_through_smem<D, EXPCAST>();
+  using L = SmemLayout<D, STAGES, kPSmem>;
   const int wg = threadIdx.x / 128 - 1;
   const int tid = threadIdx.x % 128;
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -341,7 +381,56 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     release(sl);
   };
 
-  if constexpr (D == 64 && EXPCAST) {
+  if constexpr (kPSmem) {
+    // Batch [QK(j), PV(j-1)] with P(j-1) read from shared memory: the softmax of tile j overlaps
+    // this warpgroup's own PV(j-1) without a second P register set. Two P tiles per warpgroup: the
+    // softmax of tile j writes one while PV(j-1) reads the other. Before a PV is issued every thread
+    // of the warpgroup has stored its part of P and fenced it for the async proxy (barrier 3 + wg).
+    uint8_t* p_base = smem + L::kPOff + wg * 2 * L::kPTileBytes;
+    auto p_tile = [&](int j) { return p_base + (j & 1) * L::kPTileBytes; };
+    auto publish_p = [&](int j) {
+      store_p_tile(p_tile(j), pa, warp, g, t);
+      fence_proxy_async();
+    };
+    float alpha_prev[2];
+    publish_p(0);
+    for (int j = 1; j < n_kv; ++j) {
+      const int sj = j % STAGES, sp = (j - 1) % STAGES;
+      mbar_wait(&bar_full[sj], (j / STAGES) & 1);
+      named_sync(3 + wg, 128);  // P(j-1) complete in shared memory
+      turn_begin();
+      reg_fence(pv);
+      reg_fence(s_acc);
+      wgmma_fence();
+      issue_qk<D>(s_acc, q_tile, k_tile(sj));
+      wgmma_commit();
+      issue_pv_smem<D>(pv, p_tile(j - 1), vt_tile(sp));
+      wgmma_commit();
+      turn_end();
+      wgmma_wait<1>();
+      reg_fence(s_acc);
+      alpha_prev[0] = alpha[0];
+      alpha_prev[1] = alpha[1];
+      softmax(s_acc, q_sc * ksc_smem[sj], has_tail && j == n_kv - 1, row_off, alpha, pa);
+      publish_p(j);
+      wgmma_wait<0>();
+      reg_fence(pv);
+      fold_tile<D, VSMOOTH>(o, row_sum, pv, alpha_prev, mu_smem + sp * D, t);
+      release(sp);
+    }
+    const int sl = (n_kv - 1) % STAGES;
+    named_sync(3 + wg, 128);
+    turn_begin();
+    reg_fence(pv);
+    wgmma_fence();
+    issue_pv_smem<D>(pv, p_tile(n_kv - 1), vt_tile(sl));
+    wgmma_commit();
+    if (VC_SM90_PINGPONG && wg == 0) named_arrive(2, 256);  // the other warpgroup's last turn
+    wgmma_wait<0>();
+    reg_fence(pv);
+    fold_tile<D, VSMOOTH>(o, row_sum, pv, alpha, mu_smem + sl * D, t);
+    release(sl);
+  } else if constexpr (D == 64 && EXPCAST) {
     // Head dim 64 has the registers for a second P fragment set, so the batch is [QK(j), PV(j-1)]
     // and the softmax of tile j also overlaps this warpgroup's own PV(j-1) (H200: 16.8 -> 14.5 ms at
     // (1,32,32768,64); with MUFU exp2 the single-stream fold+softmax below is faster). Unrolled by
@@ -437,7 +526,7 @@ template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES>
 __global__ void __launch_bounds__(kThreads, 1)
     vc_attention_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                              const __grid_constant__ CUtensorMap tm_vt, const Params p) {
-  using L = SmemLayout<D, STAGES>;
+  using L = SmemLayout<D, STAGES, p_through_smem<D, EXPCAST>()>;
   extern __shared__ uint8_t smem_raw[];
   // offset from the __shared__ array itself (not an integer round trip) so that every pointer below
   // stays provably in shared memory: the compiler then emits LDS/STS, not generic LD/ST
