@@ -90,9 +90,33 @@ __device__ __forceinline__ float fma_sat(float a, float b, float c) {
   return d;
 }
 
+#ifndef VC_SM90_EXP2_POLY
+#define VC_SM90_EXP2_POLY 0  // fidelity mode: how many of every 4 exp2 run on the FMA pipe (0..4)
+#endif
+
+// 2^a on the FMA pipe, to take load off MUFU.EX2 (quarter rate): a = n + f with n = rint(a) read
+// from the low mantissa bits of a + 1.5*2^23, 2^f on [-0.5, 0.5] by a degree-5 polynomial fitted for
+// relative error (7.5e-8, 2.3e-7 in float32), 2^n added into the exponent field. Emulated on 8M
+// arguments (docs/kernel-notes.md): E4M3 codes differ from those of exact exp2 in 1.3e-7 of the
+// cases, MUFU-class. Arguments below -120 (masked -inf included) give 2^-120, which is E4M3 zero.
+__device__ __forceinline__ float exp2_poly(float a) {
+  a = fmaxf(a, -120.f);
+  const float r = a + 12582912.f;
+  const float f = a - (r - 12582912.f);
+  float p = 1.3276375e-3f;
+  p = fmaf(p, f, 9.6755151e-3f);
+  p = fmaf(p, f, 5.5507135e-2f);
+  p = fmaf(p, f, 2.4022120e-1f);
+  p = fmaf(p, f, 6.9314694e-1f);
+  p = fmaf(p, f, 1.0000001f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(r) << 23));
+}
+
+__device__ __forceinline__ float exp2_split(float a, int k) { return k < VC_SM90_EXP2_POLY ? exp2_poly(a) : ex2_approx(a); }
+
 // Fidelity encoding: P = E4M3(exp2(s - M + 8)); `arg` = s - M + 8, four values packed low byte first.
 __device__ __forceinline__ uint32_t encode_exp2(float a0, float a1, float a2, float a3) {
-  const float x0 = ex2_approx(a0), x1 = ex2_approx(a1), x2 = ex2_approx(a2), x3 = ex2_approx(a3);
+  const float x0 = exp2_split(a0, 3), x1 = exp2_split(a1, 2), x2 = exp2_split(a2, 1), x3 = exp2_split(a3, 0);
   uint32_t packed;
   asm("{\n.reg .b16 lo, hi;\n"
       "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
