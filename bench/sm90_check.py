@@ -5,6 +5,7 @@ libraries (variants built with different -D flags), so one device call can compa
 side. Operands come from kernels.prepare.prepare_reference (the contract's defining values).
 
   python bench/sm90_check.py --lib build/sm90_base.so [--lib build/sm90_x.so ...] [--out DIR]
+  bash bench/sm90_variants.sh   # builds the compile-time variants and runs this on all of them
 
 Prints a short table last and writes sm90_check.json (and the SASS summary) under --out.
 """
@@ -110,6 +111,15 @@ def _fused_prepare():
         return prepare_reference
 
 
+def _sageattention():
+    """SageAttention's sageattn when installed (the issue's second baseline), else None."""
+    try:
+        from sageattention import sageattn
+    except ImportError:
+        return None
+    return sageattn
+
+
 def timing(libs, shape, iters):
     b, h, n, d = shape
     flops = 4.0 * b * h * n * n * d
@@ -121,6 +131,11 @@ def timing(libs, shape, iters):
         ms = cuda_time_ms(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v), iters, warmup=3)
     rows.append(dict(method="sdpa-cudnn-bf16", ms=ms, tflops=flops / ms / 1e9))
     base = ms
+    sage = _sageattention()
+    sage_ms = None
+    if sage is not None:
+        sage_ms = cuda_time_ms(lambda: sage(q, k, v, tensor_layout="HND"), iters, warmup=3)
+        rows.append(dict(method="sageattention", ms=sage_ms, tflops=flops / sage_ms / 1e9, speedup=base / sage_ms))
     perm = torch.argsort(torch.rand(b, h, n, device="cuda"), dim=-1)  # grouping itself is excluded
     prepare = _fused_prepare()
     for config in (SPEED, FIDELITY, PLAIN_8BIT):
@@ -135,7 +150,8 @@ def timing(libs, shape, iters):
             rows.append(dict(method=f"{lib.name}:{config.tag} kernel", ms=ms, tflops=flops / ms / 1e9, speedup=base / ms))
             total = ms + prep_ms
             rows.append(dict(method=f"{lib.name}:{config.tag} +prepare", ms=total, tflops=flops / total / 1e9,
-                             speedup=base / total, prepare_ms=prep_ms))
+                             speedup=base / total, prepare_ms=prep_ms,
+                             vs_sage=None if sage_ms is None else sage_ms / total))
         del ops
         torch.cuda.empty_cache()
     return rows
@@ -205,7 +221,8 @@ def main() -> int:
     for shape, rows in result.get("timing", {}).items():
         print(f"shape (B,H,N,D) = {shape}")
         for r in rows:
-            print(f"  {r['method']:<48} {r['ms']:8.2f} ms {r['tflops']:7.1f} TFLOPS-eq  {r.get('speedup', 1.0):5.2f}x")
+            vs_sage = f"  {r['vs_sage']:5.2f}x SA" if r.get("vs_sage") is not None else ""
+            print(f"  {r['method']:<48} {r['ms']:8.2f} ms {r['tflops']:7.1f} TFLOPS-eq  {r.get('speedup', 1.0):5.2f}x{vs_sage}")
     return 0
 
 

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# One GPU call for the Hopper kernel's compile-time variants (docs/kernel-notes.md section 8):
+# builds every variant as a torch-free shared library in parallel (ptxas -v logs kept), checks each
+# against the float64 emulation (15 cases: both P modes + plain 8-bit, odd N, both head dims, both
+# layouts, video-like data) and times each with CUDA events at the issue-11 shapes next to cuDNN and
+# SageAttention 2.2 (when installed). The table is printed last; JSON, SASS and build logs go to $OUT.
+#
+#   bash bench/sm90_variants.sh            # on the H200, from the repository root; ~4-6 minutes
+#   SM90_VARIANTS="base mean" SM90_BUILD_ONLY=1 bash bench/sm90_variants.sh   # CPU: builds + ptxas only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out}
+BUILD=${SM90_BUILD_DIR:-build/sm90_variants}
+mkdir -p "$OUT" "$BUILD"
+
+# name -> extra nvcc flags (the macros are documented where sm90_attention.cuh defines them)
+declare -A FLAGS=(
+  [base]=""
+  [mean]="-DVC_SM90_MEAN_MMA=1"
+  [psmem]="-DVC_SM90_P_SMEM=1"
+  [psmem_mean]="-DVC_SM90_P_SMEM=1 -DVC_SM90_MEAN_MMA=1"
+  [psmem2_mean]="-DVC_SM90_P_SMEM=2 -DVC_SM90_MEAN_MMA=1"
+  [poly1_mean]="-DVC_SM90_EXP2_POLY=1 -DVC_SM90_MEAN_MMA=1"
+  [poly2_mean]="-DVC_SM90_EXP2_POLY=2 -DVC_SM90_MEAN_MMA=1"
+)
+NAMES=${SM90_VARIANTS:-"base mean psmem psmem_mean psmem2_mean poly1_mean poly2_mean"}
+NVCC=${NVCC:-$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")}
+
+build() {  # name: one nvcc process per variant (16 kernel instantiations each)
+  local name=$1
+  # shellcheck disable=SC2086
+  "$NVCC" -shared -Xcompiler -fPIC -std=c++17 -O3 --expt-relaxed-constexpr -lineinfo -DNDEBUG \
+    -gencode=arch=compute_90a,code=sm_90a -Ikernels/csrc ${FLAGS[$name]} -Xptxas=-v \
+    -o "$BUILD/sm90_$name.so" kernels/csrc/sm90_launch.cu >"$OUT/build_$name.log" 2>&1
+}
+
+start=$(date +%s)
+pids=()
+for name in $NAMES; do
+  build "$name" &
+  pids+=("$!")
+done
+failed=0
+for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+echo "built $(echo $NAMES | wc -w) variants in $(( $(date +%s) - start )) s"
+libs=()
+for name in $NAMES; do
+  log="$OUT/build_$name.log"
+  if [[ ! -f "$BUILD/sm90_$name.so" ]]; then
+    echo "[$name] BUILD FAILED:"; tail -20 "$log"; continue
+  fi
+  warn=$(grep -c -E "C751[0-9]|C7508|warning" "$log" || true)
+  stack=$(grep -oE "[0-9]+ bytes stack frame" "$log" | sort -n | tail -1)
+  spill=$(grep -oE "[0-9]+ bytes spill stores" "$log" | sort -n | tail -1)
+  echo "[$name] ${FLAGS[$name]:-(default)}: worst ${stack:-0 bytes stack frame}, ${spill:-0 bytes spill stores}, $warn ptxas warnings"
+  libs+=(--lib "$BUILD/sm90_$name.so")
+done
+[[ $failed == 0 ]] || echo "some variants failed to build; continuing with the rest"
+[[ -n "${SM90_BUILD_ONLY:-}" ]] && exit 0
+
+# vc_attention is the repository root: import it through a symlink unless it is installed
+if ! python -c "import vc_attention" 2>/dev/null; then
+  mkdir -p "$BUILD/pkg" && ln -sfn "$PWD" "$BUILD/pkg/vc_attention"
+  export PYTHONPATH="$PWD/$BUILD/pkg${PYTHONPATH:+:$PYTHONPATH}"
+fi
+python bench/sm90_check.py "${libs[@]}" --out "$OUT" --iters "${SM90_ITERS:-10}" \
+  --shape 1,40,75600,128 --shape 1,32,32768,64 --shape 1,32,6144,64 --shape 1,12,32760,128
+echo "total $(( $(date +%s) - start )) s"
