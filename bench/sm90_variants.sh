@@ -7,6 +7,7 @@
 #
 #   bash bench/sm90_variants.sh            # on the H200, from the repository root; ~4-6 minutes
 #   SM90_VARIANTS="base mean" SM90_BUILD_ONLY=1 bash bench/sm90_variants.sh   # CPU: builds + ptxas only
+#   SM90_NCU=psmem_mean bash bench/sm90_variants.sh   # + one ncu-profiled launch of that variant
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -43,7 +44,6 @@ done
 failed=0
 for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
 echo "built $(echo $NAMES | wc -w) variants in $(( $(date +%s) - start )) s"
-libs=()
 for name in $NAMES; do
   log="$OUT/build_$name.log"
   if [[ ! -f "$BUILD/sm90_$name.so" ]]; then
@@ -53,7 +53,6 @@ for name in $NAMES; do
   stack=$(grep -oE "[0-9]+ bytes stack frame" "$log" | sort -n | tail -1)
   spill=$(grep -oE "[0-9]+ bytes spill stores" "$log" | sort -n | tail -1)
   echo "[$name] ${FLAGS[$name]:-(default)}: worst ${stack:-0 bytes stack frame}, ${spill:-0 bytes spill stores}, $warn ptxas warnings"
-  libs+=(--lib "$BUILD/sm90_$name.so")
 done
 [[ $failed == 0 ]] || echo "some variants failed to build; continuing with the rest"
 [[ -n "${SM90_BUILD_ONLY:-}" ]] && exit 0
@@ -63,6 +62,34 @@ if ! python -c "import vc_attention" 2>/dev/null; then
   mkdir -p "$BUILD/pkg" && ln -sfn "$PWD" "$BUILD/pkg/vc_attention"
   export PYTHONPATH="$PWD/$BUILD/pkg${PYTHONPATH:+:$PYTHONPATH}"
 fi
-python bench/sm90_check.py "${libs[@]}" --out "$OUT" --iters "${SM90_ITERS:-10}" \
+# correctness first, one process per variant (in parallel, time-limited): a variant that hangs or
+# corrupts its CUDA context cannot take the others down; only passing variants are timed
+for name in $NAMES; do
+  [[ -f "$BUILD/sm90_$name.so" ]] || continue
+  timeout -k 10 300 python bench/sm90_check.py --lib "$BUILD/sm90_$name.so" --skip-timing --out "$OUT/check_$name" \
+    >"$OUT/check_$name.log" 2>&1 &
+done
+wait || true
+timed=()
+for name in $NAMES; do
+  [[ -f "$BUILD/sm90_$name.so" ]] || continue
+  line=$(grep -E "^\[sm90_$name\] correctness" "$OUT/check_$name.log" || true)
+  if [[ "$line" =~ correctness:\ ([0-9]+)/([0-9]+)\ ok && "${BASH_REMATCH[1]}" == "${BASH_REMATCH[2]}" ]]; then
+    echo "$line"; timed+=(--lib "$BUILD/sm90_$name.so")
+  else
+    echo "[$name] correctness FAILED or hung (not timed):"; grep -E "FAIL|Error|error" "$OUT/check_$name.log" | head -5
+  fi
+done
+echo "checks done at $(( $(date +%s) - start )) s"
+[[ ${#timed[@]} -gt 0 ]] && python bench/sm90_check.py "${timed[@]}" --skip-correctness --out "$OUT" --iters "${SM90_ITERS:-10}" \
   --shape 1,40,75600,128 --shape 1,32,32768,64 --shape 1,32,6144,64 --shape 1,12,32760,128
 echo "total $(( $(date +%s) - start )) s"
+
+# optional: SM90_NCU=<variant> profiles one launch of it in speed mode at (1,8,32768,128) (~1 minute)
+if [[ -n "${SM90_NCU:-}" ]]; then
+  ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+    --section ComputeWorkloadAnalysis --section LaunchStats -k regex:vc_attention_sm90 -c 1 \
+    python bench/sm90_check.py --lib "$BUILD/sm90_$SM90_NCU.so" --profile-once speed >"$OUT/ncu_$SM90_NCU.txt" 2>&1 || true
+  grep -E "SM Frequency|Duration|Issue Slots Busy|Eligible Warps|Issued Warp|No Eligible|Registers Per|Compute \(SM\)|Stall" \
+    "$OUT/ncu_$SM90_NCU.txt" | head -30
+fi

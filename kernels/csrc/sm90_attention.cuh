@@ -381,7 +381,8 @@ __device__ __forceinline__ void store_p_tile(uint8_t* p_tile, const uint32_t (&p
 // runs this phase, so interleaving two independent streams is what hides the latencies) while the
 // other warpgroup's batch is on the tensor cores.
 // (Issuing [QK(j), PV(j-1)] so that the softmax also overlaps the own PV needs a second P fragment
-// set live; at head dim 128 that spills under 240 registers and measured slower: kernel-notes.md.)
+// set live; at head dim 128 that spills under 240 registers and measured slower: kernel-notes.md.
+// The VC_SM90_P_SMEM variant gets the same overlap by staging P through shared memory instead.)
 template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES>
 __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, uint64_t* bar_q, uint64_t* bar_full,
                                               uint64_t* bar_empty) {
@@ -531,8 +532,14 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       reg_fence(s_acc);
       alpha_prev[0] = alpha[0];
       alpha_prev[1] = alpha[1];
-      softmax(s_acc, q_sc * ksc_smem[sj], has_tail && j == n_kv - 1, row_off, alpha, pa);
-      publish_p(j);
+      const float sc = q_sc * ksc_smem[sj];
+      if (has_tail && j == n_kv - 1) {  // the store inside each branch: P is stored as it is encoded
+        softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
+        publish_p(j);
+      } else {
+        softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa);
+        publish_p(j);
+      }
       wgmma_wait<0>();
       reg_fence(pv);
       fold(j - 1, alpha_prev, sp);
