@@ -22,9 +22,9 @@ declare -A FLAGS=(
   [psmem_mean]="-DVC_SM90_P_SMEM=1 -DVC_SM90_MEAN_MMA=1"
   [psmem2_mean]="-DVC_SM90_P_SMEM=2 -DVC_SM90_MEAN_MMA=1"
   [poly1_mean]="-DVC_SM90_EXP2_POLY=1 -DVC_SM90_MEAN_MMA=1"
-  [poly2_mean]="-DVC_SM90_EXP2_POLY=2 -DVC_SM90_MEAN_MMA=1"
+  [psmem2_poly1_mean]="-DVC_SM90_P_SMEM=2 -DVC_SM90_EXP2_POLY=1 -DVC_SM90_MEAN_MMA=1"
 )
-NAMES=${SM90_VARIANTS:-"base mean psmem psmem_mean psmem2_mean poly1_mean poly2_mean"}
+NAMES=${SM90_VARIANTS:-"base mean psmem psmem_mean psmem2_mean poly1_mean psmem2_poly1_mean"}
 NVCC=${NVCC:-$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")}
 
 build() {  # name: one nvcc process per variant (16 kernel instantiations each)
