@@ -3,7 +3,9 @@
 # builds every variant as a torch-free shared library in parallel (ptxas -v logs kept), checks each
 # against the float64 emulation (15 cases: both P modes + plain 8-bit, odd N, both head dims, both
 # layouts, video-like data) and times each with CUDA events at the issue-11 shapes next to cuDNN and
-# SageAttention 2.2 (when installed). The table is printed last; JSON, SASS and build logs go to $OUT.
+# SageAttention 2.2 (when installed). Kernel time only (the fused prepare, ~2 ms at the Wan shape,
+# needs the JIT-built prepare extension; SM90_PREPARE=1 times it too). The table is printed last;
+# JSON, SASS and build logs go to $OUT.
 #
 #   bash bench/sm90_variants.sh            # on the H200, from the repository root; ~4-6 minutes
 #   SM90_VARIANTS="base mean" SM90_BUILD_ONLY=1 bash bench/sm90_variants.sh   # CPU: builds + ptxas only
@@ -82,6 +84,7 @@ for name in $NAMES; do
 done
 echo "checks done at $(( $(date +%s) - start )) s"
 [[ ${#timed[@]} -gt 0 ]] && python bench/sm90_check.py "${timed[@]}" --skip-correctness --out "$OUT" --iters "${SM90_ITERS:-10}" \
+  $([[ -n "${SM90_PREPARE:-}" ]] || echo --no-prepare) \
   --shape 1,40,75600,128 --shape 1,32,32768,64 --shape 1,32,6144,64 --shape 1,12,32760,128
 echo "total $(( $(date +%s) - start )) s"
 

@@ -65,13 +65,16 @@ def test_wgmma_pipeline_and_register_reallocation_are_kept(ptxas_report):
 MAX_VARIANT_STACK_BYTES = 64
 
 
+VARIANTS = variant_flags()
+
+
 def test_variant_list_is_read():
-    assert {"mean", "psmem", "psmem_mean"} <= set(variant_flags())
+    assert {"mean", "psmem", "psmem_mean"} <= set(VARIANTS)
 
 
-@pytest.mark.parametrize("name", sorted(variant_flags()))
+@pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_variant_compiles_cleanly(name, tmp_path):
-    cmd = jit.nvcc_compile_only_command(LAUNCHER, "9.0a", tmp_path / f"{name}.cubin") + ["-Xptxas=-v", *variant_flags()[name]]
+    cmd = jit.nvcc_compile_only_command(LAUNCHER, "9.0a", tmp_path / f"{name}.cubin") + ["-Xptxas=-v", *VARIANTS[name]]
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert result.returncode == 0, f"nvcc failed for variant {name}:\n{result.stderr}"
     report = result.stderr
