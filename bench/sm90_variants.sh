@@ -31,6 +31,7 @@ NVCC=${NVCC:-$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")
 
 build() {  # name: one nvcc process per variant (16 kernel instantiations each)
   local name=$1
+  rm -f "$BUILD/sm90_$name.so"  # a stale library must not pass for a fresh build
   # shellcheck disable=SC2086
   "$NVCC" -shared -Xcompiler -fPIC -std=c++17 -O3 --expt-relaxed-constexpr -lineinfo -DNDEBUG \
     -gencode=arch=compute_90a,code=sm_90a -Ikernels/csrc ${FLAGS[$name]} -Xptxas=-v \
@@ -38,18 +39,17 @@ build() {  # name: one nvcc process per variant (16 kernel instantiations each)
 }
 
 start=$(date +%s)
-pids=()
-for name in $NAMES; do
+for name in $NAMES; do  # at most MAX_JOBS builds at once (default: all; each is one nvcc process)
+  while [[ -n "${MAX_JOBS:-}" && $(jobs -rp | wc -l) -ge $MAX_JOBS ]]; do wait -n || true; done
   build "$name" &
-  pids+=("$!")
 done
-failed=0
-for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+wait || true
 echo "built $(echo $NAMES | wc -w) variants in $(( $(date +%s) - start )) s"
+failed=0
 for name in $NAMES; do
   log="$OUT/build_$name.log"
   if [[ ! -f "$BUILD/sm90_$name.so" ]]; then
-    echo "[$name] BUILD FAILED:"; tail -20 "$log"; continue
+    echo "[$name] BUILD FAILED:"; tail -20 "$log"; failed=1; continue
   fi
   warn=$(grep -c -E "C751[0-9]|C7508|warning" "$log" || true)
   stack=$(grep -oE "[0-9]+ bytes stack frame" "$log" | sort -n | tail -1)
