@@ -5,6 +5,7 @@ libraries (variants built with different -D flags), so one device call can compa
 side. Operands come from kernels.prepare_reference (the contract's defining values).
 
   python bench/sm90_check.py --lib build/sm90_base.so [--lib build/sm90_x.so ...] [--out DIR]
+  bash bench/sm90_variants.sh   # builds the compile-time variants and runs this on all of them
 
 Prints a short table last and writes sm90_check.json (and the SASS summary) under --out.
 """
@@ -109,7 +110,16 @@ def _fused_prepare():
         return prepare_reference
 
 
-def timing(libs, shape, iters):
+def _sageattention():
+    """SageAttention's sageattn when installed (the issue's second baseline), else None."""
+    try:
+        from sageattention import sageattn
+    except ImportError:
+        return None
+    return sageattn
+
+
+def timing(libs, shape, iters, fused_prepare=True):
     b, h, n, d = shape
     flops = 4.0 * b * h * n * n * d
     q, k, v = make_inputs(b, h, n, d, torch.bfloat16, "bhnd", seed=1234)
@@ -120,8 +130,13 @@ def timing(libs, shape, iters):
         ms = cuda_time_ms(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v), iters, warmup=3)
     rows.append(dict(method="sdpa-cudnn-bf16", ms=ms, tflops=flops / ms / 1e9))
     base = ms
+    sage = _sageattention()
+    sage_ms = None
+    if sage is not None:
+        sage_ms = cuda_time_ms(lambda: sage(q, k, v, tensor_layout="HND"), iters, warmup=3)
+        rows.append(dict(method="sageattention", ms=sage_ms, tflops=flops / sage_ms / 1e9, speedup=base / sage_ms))
     perm = torch.argsort(torch.rand(b, h, n, device="cuda"), dim=-1)  # grouping itself is excluded
-    prepare = _fused_prepare()
+    prepare = _fused_prepare() if fused_prepare else prepare_reference
     for config in (SPEED, FIDELITY, PLAIN_8BIT):
         p = perm if config.v == "vsmooth" else None
         ops = prepare(q, k, v, p, config)
@@ -131,10 +146,14 @@ def timing(libs, shape, iters):
         out = torch.empty_like(q)
         for lib in libs:
             ms = cuda_time_ms(lambda: lib.run(ops, out, "bhnd", config), iters, warmup=3)
-            rows.append(dict(method=f"{lib.name}:{config.tag} kernel", ms=ms, tflops=flops / ms / 1e9, speedup=base / ms))
+            rows.append(dict(method=f"{lib.name}:{config.tag} kernel", ms=ms, tflops=flops / ms / 1e9, speedup=base / ms,
+                             vs_sage=None if sage_ms is None else sage_ms / ms))
+            if prepare is prepare_reference:
+                continue
             total = ms + prep_ms
             rows.append(dict(method=f"{lib.name}:{config.tag} +prepare", ms=total, tflops=flops / total / 1e9,
-                             speedup=base / total, prepare_ms=prep_ms))
+                             speedup=base / total, prepare_ms=prep_ms,
+                             vs_sage=None if sage_ms is None else sage_ms / total))
         del ops
         torch.cuda.empty_cache()
     return rows
@@ -168,6 +187,8 @@ def main() -> int:
                         help="B,H,N,D timing shape (repeatable; default the Wan2.2-14B 720p shape)")
     parser.add_argument("--skip-timing", action="store_true")
     parser.add_argument("--skip-correctness", action="store_true")
+    parser.add_argument("--no-prepare", action="store_true",
+                        help="time the kernel only (operands from the torch reference prepare; no extension build)")
     parser.add_argument("--profile-once", choices=["speed", "fidelity"],
                         help="only launch the first --lib twice at (1, 8, 32768, 128) in this mode (run under ncu)")
     args = parser.parse_args()
@@ -198,13 +219,14 @@ def main() -> int:
     print(json.dumps(result["sass"], indent=1), flush=True)
     shapes = [tuple(int(x) for x in s.split(",")) for s in args.shape] if args.shape else [WAN_SHAPE]
     if not args.skip_timing:
-        result["timing"] = {str(shape): timing(libs, shape, args.iters) for shape in shapes}
+        result["timing"] = {str(shape): timing(libs, shape, args.iters, not args.no_prepare) for shape in shapes}
     (out_dir / "sm90_check.json").write_text(json.dumps(result, indent=1))
     print(f"\nGPU {result['gpu']}, torch {result['torch']}, CUDA {result['cuda']}; bf16 in, median of {args.iters}")
     for shape, rows in result.get("timing", {}).items():
         print(f"shape (B,H,N,D) = {shape}")
         for r in rows:
-            print(f"  {r['method']:<48} {r['ms']:8.2f} ms {r['tflops']:7.1f} TFLOPS-eq  {r.get('speedup', 1.0):5.2f}x")
+            vs_sage = f"  {r['vs_sage']:5.2f}x SA" if r.get("vs_sage") is not None else ""
+            print(f"  {r['method']:<48} {r['ms']:8.2f} ms {r['tflops']:7.1f} TFLOPS-eq  {r.get('speedup', 1.0):5.2f}x{vs_sage}")
     return 0
 
 

@@ -19,6 +19,13 @@ pytestmark = [
 ]
 
 LAUNCHER = jit.CSRC_DIR / "sm90_launch.cu"
+VARIANTS_SCRIPT = jit.CSRC_DIR.parent.parent / "bench" / "sm90_variants.sh"
+
+
+def variant_flags() -> dict[str, list[str]]:
+    """The compile-time variants the GPU benchmark builds (bench/sm90_variants.sh is the one list)."""
+    found = re.findall(r'^\s*\[(\w+)\]="([^"]*)"', VARIANTS_SCRIPT.read_text(), flags=re.M)
+    return {name: flags.split() for name, flags in found if flags}
 
 
 @pytest.fixture(scope="module")
@@ -51,3 +58,27 @@ def test_wgmma_pipeline_and_register_reallocation_are_kept(ptxas_report):
     assert "C7513" not in ptxas_report, "ptxas serialized the wgmma pipeline:\n" + ptxas_report
     assert "C7508" not in ptxas_report, "ptxas ignored setmaxnreg:\n" + ptxas_report
     assert "warning" not in ptxas_report.lower(), ptxas_report
+
+
+# The variants may spill a little more than the default (P staged through shared memory needs the
+# registers of the PV accumulator, O and S at once), but never serialize the wgmma pipeline.
+MAX_VARIANT_STACK_BYTES = 64
+
+
+VARIANTS = variant_flags()
+
+
+def test_variant_list_is_read():
+    assert {"mean", "psmem", "psmem_mean"} <= set(VARIANTS)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_variant_compiles_cleanly(name, tmp_path):
+    cmd = jit.nvcc_compile_only_command(LAUNCHER, "9.0a", tmp_path / f"{name}.cubin") + ["-Xptxas=-v", *VARIANTS[name]]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, f"nvcc failed for variant {name}:\n{result.stderr}"
+    report = result.stderr
+    assert len(set(re.findall(r"Compiling entry function '(\w*vc_attention_sm90_kernel\w*)'", report))) == 16
+    assert "warning" not in report.lower(), report  # C7510-C7515 serialization, C7508 setmaxnreg ignored
+    frames = re.findall(r"(\d+) bytes stack frame", report)
+    assert max(int(f) for f in frames) <= MAX_VARIANT_STACK_BYTES, report

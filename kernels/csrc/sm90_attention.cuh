@@ -36,7 +36,35 @@ struct Params {
   int heads, n, n_pad, n_qblocks;
 };
 
-template <int D, int STAGES>
+#ifndef VC_SM90_P_SMEM
+#define VC_SM90_P_SMEM 0  // head dim 128: P through shared memory (0 off, 1 ExpCast only, 2 every P mode)
+#endif
+
+// Head dim 128 has no registers for a second P fragment set, so to overlap the softmax with its own
+// PV the quantized P goes through shared memory (the PV wgmma reads A from there).
+template <int D, bool EXPCAST>
+constexpr bool p_through_smem() {
+  return D == 128 && (VC_SM90_P_SMEM == 2 || (VC_SM90_P_SMEM == 1 && EXPCAST));
+}
+
+#ifndef VC_SM90_MEAN_MMA
+#define VC_SM90_MEAN_MMA 0  // V-Smooth: restore the block means by a TF32 wgmma every 8 tiles (1) or per tile (0)
+#endif
+
+template <bool VSMOOTH>
+constexpr bool mean_by_mma() {
+  return VSMOOTH && VC_SM90_MEAN_MMA != 0;
+}
+constexpr int kMeanChunk = 8;  // tiles per batched mean restore = the K of one TF32 wgmma
+
+// The batched mean restore's B operand, mu/v_scale split into TF32 hi + lo (two K-major 128x8 or 64x8
+// TF32 tiles per chunk, no swizzle): element (channel n, tile k) at 8-row group n/8 (256 bytes apart),
+// 4-column half k/4 (128 bytes apart), then row n%8 (16 bytes) and column k%4 (4 bytes).
+__device__ __forceinline__ int mean_b_offset(int n, int k) {
+  return (n >> 3) * 256 + (k >> 2) * 128 + (n & 7) * 16 + (k & 3) * 4;
+}
+
+template <int D, int STAGES, bool PSMEM = false, bool MEANMMA = false>
 struct SmemLayout {
   static constexpr int kQBytes = kBlockM * D;
   static constexpr int kKBytes = kBlockN * D;
@@ -48,7 +76,14 @@ struct SmemLayout {
   static constexpr int kMuOff = kVOff + STAGES * kVBytes;  // float [STAGES][D]: mean / v_scale
   static constexpr int kKscOff = kMuOff + STAGES * D * 4;  // float [STAGES]: K tile scale
   static constexpr int kBarOff = (kKscOff + STAGES * 4 + 7) / 8 * 8;
-  static constexpr int kBytes = kBarOff + (1 + 2 * STAGES) * 8;
+  // P staging (PSMEM): per consumer warpgroup two 64x128 E4M3 tiles, 128B-swizzled like Q
+  static constexpr int kPTileBytes = 64 * kBlockN;
+  static constexpr int kPOff = (kBarOff + (1 + 2 * STAGES) * 8 + 1023) / 1024 * 1024;
+  // MEANMMA: [2 chunks in flight][hi, lo] TF32 B tiles of D x 8
+  static constexpr int kMeanTileBytes = D * kMeanChunk * 4;
+  static constexpr int kMeanOff = kPOff + (PSMEM ? 4 * kPTileBytes : 0);
+  static constexpr int kBytes = (PSMEM || MEANMMA) ? kMeanOff + (MEANMMA ? 4 * kMeanTileBytes : 0)
+                                                   : kBarOff + (1 + 2 * STAGES) * 8;
   static constexpr int kAlloc = kBytes + 1024;  // slack: tiles need 1024-byte (swizzle atom) alignment
   static_assert(kKBytes % 1024 == 0 && kVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tile alignment");
 };
@@ -60,6 +95,13 @@ __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); 
 __device__ __forceinline__ float exp2_of_int(float d) {
   const int e = __float_as_int(d + 12582912.f) - 0x4B400000;
   return d < -126.f ? 0.f : __int_as_float((127 + e) << 23);
+}
+
+// Round to the nearest TF32 (low 13 mantissa bits zero), ties away from zero.
+__device__ __forceinline__ uint32_t tf32_round(float x) {
+  uint32_t y;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(y) : "f"(x));
+  return y;
 }
 
 __device__ __forceinline__ float ex2_approx(float x) {
@@ -77,9 +119,33 @@ __device__ __forceinline__ float fma_sat(float a, float b, float c) {
   return d;
 }
 
+#ifndef VC_SM90_EXP2_POLY
+#define VC_SM90_EXP2_POLY 0  // fidelity mode: how many of every 4 exp2 run on the FMA pipe (0..4)
+#endif
+
+// 2^a on the FMA pipe, to take load off MUFU.EX2 (quarter rate): a = n + f with n = rint(a) read
+// from the low mantissa bits of a + 1.5*2^23, 2^f on [-0.5, 0.5] by a degree-5 polynomial fitted for
+// relative error (7.5e-8, 2.3e-7 in float32), 2^n added into the exponent field. Emulated on 8M
+// arguments (docs/kernel-notes.md): E4M3 codes differ from those of exact exp2 in 1.3e-7 of the
+// cases, MUFU-class. Arguments below -120 (masked -inf included) give 2^-120, which is E4M3 zero.
+__device__ __forceinline__ float exp2_poly(float a) {
+  a = fmaxf(a, -120.f);
+  const float r = a + 12582912.f;
+  const float f = a - (r - 12582912.f);
+  float p = 1.3276375e-3f;
+  p = fmaf(p, f, 9.6755151e-3f);
+  p = fmaf(p, f, 5.5507135e-2f);
+  p = fmaf(p, f, 2.4022120e-1f);
+  p = fmaf(p, f, 6.9314694e-1f);
+  p = fmaf(p, f, 1.0000001f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(r) << 23));
+}
+
+__device__ __forceinline__ float exp2_split(float a, int k) { return k < VC_SM90_EXP2_POLY ? exp2_poly(a) : ex2_approx(a); }
+
 // Fidelity encoding: P = E4M3(exp2(s - M + 8)); `arg` = s - M + 8, four values packed low byte first.
 __device__ __forceinline__ uint32_t encode_exp2(float a0, float a1, float a2, float a3) {
-  const float x0 = ex2_approx(a0), x1 = ex2_approx(a1), x2 = ex2_approx(a2), x3 = ex2_approx(a3);
+  const float x0 = exp2_split(a0, 3), x1 = exp2_split(a1, 2), x2 = exp2_split(a2, 1), x3 = exp2_split(a3, 0);
   uint32_t packed;
   asm("{\n.reg .b16 lo, hi;\n"
       "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
@@ -119,11 +185,10 @@ __device__ __forceinline__ int key_of_column(int chunk, int t, int e) {
   return 16 * (chunk >> 1) + 4 * t + 2 * (chunk & 1) + e;
 }
 
-template <int D, bool VSMOOTH, int STAGES>
+template <int D, bool VSMOOTH, int STAGES, typename L>
 __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                               const CUtensorMap* tm_vt, const Params& p, uint8_t* smem,
                                               uint64_t* bar_q, uint64_t* bar_full, uint64_t* bar_empty) {
-  using L = SmemLayout<D, STAGES>;
   const int lane = threadIdx.x % 32;
   const int bh = blockIdx.y;
   const int n_kv = p.n_pad / kBlockN;
@@ -142,7 +207,20 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUt
     const int s = j % STAGES;
     mbar_wait(&bar_empty[s], ((j / STAGES) & 1) ^ 1);
     const __half* mean = p.v_mean + (static_cast<int64_t>(bh) * n_kv + j) * D;
-    if (VSMOOTH) {
+    if constexpr (mean_by_mma<VSMOOTH>()) {
+      // tile j is column j % 8 of chunk buffer (j / 8) % 2; the consumers read a chunk only after its last
+      // tile's full barrier, and this buffer is rewritten only after tile j + 16 - STAGES was released
+      uint8_t* hi = smem + L::kMeanOff + ((j / kMeanChunk) & 1) * 2 * L::kMeanTileBytes;
+#pragma unroll
+      for (int c = 0; c < D / 32; ++c) {
+        const float mu = __half2float(mean[lane + 32 * c]) * inv_vs[c];
+        const float mu_hi = __uint_as_float(tf32_round(mu));
+        const int off = mean_b_offset(lane + 32 * c, j % kMeanChunk);
+        *reinterpret_cast<float*>(hi + off) = mu_hi;
+        *reinterpret_cast<float*>(hi + L::kMeanTileBytes + off) = mu - mu_hi;
+      }
+      fence_proxy_async();  // generic stores -> read by wgmma (async proxy) after the full barrier
+    } else if (VSMOOTH) {
 #pragma unroll
       for (int c = 0; c < D / 32; ++c) mu_smem[s * D + lane + 32 * c] = __half2float(mean[lane + 32 * c]) * inv_vs[c];
     }
@@ -260,16 +338,59 @@ __device__ __forceinline__ void issue_pv(float (&pv)[D / 2 + 4], const uint32_t 
   }
 }
 
+template <int D>
+__device__ __forceinline__ void issue_pv_smem(float (&pv)[D / 2 + 4], const uint8_t* p_tile, const uint8_t* vt_tile) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    if constexpr (D == 128)
+      wgmma_e4m3_m64n136k32_ss(pv, smem_desc(p_tile + kk * 32, 128), smem_desc(vt_tile + kk * 32, 128), kk > 0);
+    else
+      wgmma_e4m3_m64n72k32_ss(pv, smem_desc(p_tile + kk * 32, 128), smem_desc(vt_tile + kk * 32, 128), kk > 0);
+  }
+}
+
+// Descriptor of a no-swizzle K-major TF32 B tile in the mean_b_offset layout: core matrices (8 rows x
+// 16 bytes) 128 bytes apart along K (leading byte offset), 256 bytes apart along N (stride byte offset).
+__device__ __forceinline__ uint64_t mean_b_desc(const void* tile) {
+  return ((uint64_t(smem_addr(tile)) & 0x3FFFF) >> 4) | (uint64_t(128 >> 4) << 16) | (uint64_t(256 >> 4) << 32);
+}
+
+template <int D>
+__device__ __forceinline__ void issue_mean(float (&o)[D / 2], const uint32_t (&a)[4], const uint8_t* b_tile) {
+  if constexpr (D == 128)
+    wgmma_tf32_m64n128k8(o, a, mean_b_desc(b_tile));
+  else
+    wgmma_tf32_m64n64k8(o, a, mean_b_desc(b_tile));
+}
+
+// The A fragments of P into a 64x128-byte tile in the 128B-swizzled K-major layout the wgmma
+// descriptor reads (16-byte chunk c of row R at chunk c ^ (R % 8)). Register r of k-step kk holds
+// row 16 warp + g + 8 (r & 1), keys 32 kk + 16 (r / 2) + 4t .. +3. Conflict-free: the 8 rows g of a
+// store instruction hit 8 different chunks, the 4 t of a quad the 4 banks inside one.
+__device__ __forceinline__ void store_p_tile(uint8_t* p_tile, const uint32_t (&pa)[4][4], int warp, int g, int t) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int row = 16 * warp + g + 8 * (r & 1), chunk = 2 * kk + (r >> 1);
+      *reinterpret_cast<uint32_t*>(p_tile + row * 128 + ((chunk ^ g) << 4) + 4 * t) = pa[kk][r];
+    }
+}
+
 // Software pipeline per warpgroup: the wgmma batch of step j is [PV(j-1), QK(j)]; once both are done,
 // the fold of PV(j-1) and the softmax of tile j run as one instruction stream (one warp per scheduler
 // runs this phase, so interleaving two independent streams is what hides the latencies) while the
 // other warpgroup's batch is on the tensor cores.
 // (Issuing [QK(j), PV(j-1)] so that the softmax also overlaps the own PV needs a second P fragment
-// set live; at head dim 128 that spills under 240 registers and measured slower: kernel-notes.md.)
+// set live; at head dim 128 that spills under 240 registers and measured slower: kernel-notes.md.
+// The VC_SM90_P_SMEM variant gets the same overlap by staging P through shared memory instead.)
 template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES>
 __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, uint64_t* bar_q, uint64_t* bar_full,
                                               uint64_t* bar_empty) {
-  using L = SmemLayout<D, STAGES>;
+  constexpr bool kPSmem = p_through_smem<D, EXPCAST>();
+  constexpr bool kMeanMma = mean_by_mma<VSMOOTH>();
+  using L = SmemLayout<D, STAGES, kPSmem, kMeanMma>;
+  static_assert(!kMeanMma || STAGES <= kMeanChunk, "a mean chunk buffer is rewritten STAGES tiles after its flush");
   const int wg = threadIdx.x / 128 - 1;
   const int tid = threadIdx.x % 128;
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -311,6 +432,45 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   float pv[D / 2 + 4];
   uint32_t pa[4][4];
   const bool has_tail = valid_last < kBlockN;
+  // kMeanMma: sum_j l_j mu_j/v_scale over the 8 tiles of a chunk is one TF32 wgmma into O (three, for
+  // the hi/lo splits of both factors: ~2^-21 relative) instead of 64 FMAs + 16 shared loads per tile.
+  // Its A column k is tile k of the chunk; this thread holds columns t and t+4 of rows g and g+8, i.e.
+  // the row sums of tiles 4s+t (slot s), kept in O's running scale (rescaled by alpha like O).
+  float wl[4] = {0.f, 0.f, 0.f, 0.f};
+  auto fold = [&](int j, const float(&alpha_j)[2], int stage) {
+    fold_tile<D, VSMOOTH && !kMeanMma>(o, row_sum, pv, alpha_j, mu_smem + stage * D, t);
+    if constexpr (kMeanMma) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {  // i = 2 slot + row: the A register order (row g, g+8; tile t, t+4)
+        const bool mine = (j & 3) == t && ((j >> 2) & 1) == (i >> 1);
+        wl[i] = mine ? pv[D / 2 + 2 * (i & 1)] : wl[i] * alpha_j[i & 1];
+      }
+    }
+  };
+  // after the fold of tile j: the chunk's last tile (or the sequence's) adds the chunk's means
+  auto flush_means = [&](int j) {
+    if constexpr (kMeanMma) {
+      if ((j % kMeanChunk) == kMeanChunk - 1 || j == n_kv - 1) {
+        const uint8_t* b_hi = smem + L::kMeanOff + ((j / kMeanChunk) & 1) * 2 * L::kMeanTileBytes;
+        uint32_t a_hi[4], a_lo[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float w = wl[i];
+          a_hi[i] = tf32_round(w);
+          a_lo[i] = __float_as_uint(w - __uint_as_float(a_hi[i]));
+        }
+        wgmma_fence();
+        issue_mean<D>(o, a_hi, b_hi);
+        issue_mean<D>(o, a_hi, b_hi + L::kMeanTileBytes);
+        issue_mean<D>(o, a_lo, b_hi);
+        wgmma_commit();
+        wgmma_wait<0>();  // O in flight across the next batch would serialize it (C7512: no registers)
+        reg_fence(o);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) wl[i] = 0.f;
+      }
+    }
+  };
 
   mbar_wait(bar_q, 0);
   if (VC_SM90_PINGPONG && wg == 1) named_arrive(1, 256);  // warpgroup 0 takes the first turn
@@ -338,11 +498,69 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     if (VC_SM90_PINGPONG && wg == 0) named_arrive(2, 256);  // the other warpgroup's last turn
     wgmma_wait<0>();
     reg_fence(pv);
-    fold_tile<D, VSMOOTH>(o, row_sum, pv, alpha_x, mu_smem + sl * D, t);
+    fold(n_kv - 1, alpha_x, sl);
+    flush_means(n_kv - 1);
     release(sl);
   };
 
-  if constexpr (D == 64 && EXPCAST) {
+  if constexpr (kPSmem) {
+    // Batch [QK(j), PV(j-1)] with P(j-1) read from shared memory: the softmax of tile j overlaps
+    // this warpgroup's own PV(j-1) without a second P register set. Two P tiles per warpgroup: the
+    // softmax of tile j writes one while PV(j-1) reads the other. Before a PV is issued every thread
+    // of the warpgroup has stored its part of P and fenced it for the async proxy (barrier 3 + wg).
+    uint8_t* p_base = smem + L::kPOff + wg * 2 * L::kPTileBytes;
+    auto p_tile = [&](int j) { return p_base + (j & 1) * L::kPTileBytes; };
+    auto publish_p = [&](int j) {
+      store_p_tile(p_tile(j), pa, warp, g, t);
+      fence_proxy_async();
+    };
+    float alpha_prev[2];
+    publish_p(0);
+    for (int j = 1; j < n_kv; ++j) {
+      const int sj = j % STAGES, sp = (j - 1) % STAGES;
+      mbar_wait(&bar_full[sj], (j / STAGES) & 1);
+      named_sync(3 + wg, 128);  // P(j-1) complete in shared memory
+      turn_begin();
+      reg_fence(pv);
+      reg_fence(s_acc);
+      wgmma_fence();
+      issue_qk<D>(s_acc, q_tile, k_tile(sj));
+      wgmma_commit();
+      issue_pv_smem<D>(pv, p_tile(j - 1), vt_tile(sp));
+      wgmma_commit();
+      turn_end();
+      wgmma_wait<1>();
+      reg_fence(s_acc);
+      alpha_prev[0] = alpha[0];
+      alpha_prev[1] = alpha[1];
+      const float sc = q_sc * ksc_smem[sj];
+      if (has_tail && j == n_kv - 1) {  // the store inside each branch: P is stored as it is encoded
+        softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
+        publish_p(j);
+      } else {
+        softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa);
+        publish_p(j);
+      }
+      wgmma_wait<0>();
+      reg_fence(pv);
+      fold(j - 1, alpha_prev, sp);
+      flush_means(j - 1);
+      release(sp);
+    }
+    const int sl = (n_kv - 1) % STAGES;
+    named_sync(3 + wg, 128);
+    turn_begin();
+    reg_fence(pv);
+    wgmma_fence();
+    issue_pv_smem<D>(pv, p_tile(n_kv - 1), vt_tile(sl));
+    wgmma_commit();
+    if (VC_SM90_PINGPONG && wg == 0) named_arrive(2, 256);  // the other warpgroup's last turn
+    wgmma_wait<0>();
+    reg_fence(pv);
+    fold(n_kv - 1, alpha, sl);
+    flush_means(n_kv - 1);
+    release(sl);
+  } else if constexpr (D == 64 && EXPCAST) {
     // Head dim 64 has the registers for a second P fragment set, so the batch is [QK(j), PV(j-1)]
     // and the softmax of tile j also overlaps this warpgroup's own PV(j-1) (H200: 16.8 -> 14.5 ms at
     // (1,32,32768,64); with MUFU exp2 the single-stream fold+softmax below is faster). Unrolled by
@@ -370,7 +588,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       wgmma_wait<0>();
       reg_fence(pv);
       reg_fence(pa_prev);
-      fold_tile<D, VSMOOTH>(o, row_sum, pv, alpha_prev, mu_smem + sp * D, t);
+      fold(j - 1, alpha_prev, sp);
+      flush_means(j - 1);
       release(sp);
     };
     int j = 1;
@@ -404,12 +623,13 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       reg_fence(pa);
       const float sc = q_sc * ksc_smem[sj];
       if (has_tail && j == n_kv - 1) {
-        fold_tile<D, VSMOOTH>(o, row_sum, pv, alpha, mu_smem + sp * D, t);
+        fold(j - 1, alpha, sp);
         softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
       } else {  // the same two calls inside each branch keep them in one basic block
-        fold_tile<D, VSMOOTH>(o, row_sum, pv, alpha, mu_smem + sp * D, t);
+        fold(j - 1, alpha, sp);
         softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa);
       }
+      flush_means(j - 1);
       release(sp);
     }
     finish(pa, alpha);
@@ -438,7 +658,7 @@ template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES>
 __global__ void __launch_bounds__(kThreads, 1)
     vc_attention_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                              const __grid_constant__ CUtensorMap tm_vt, const Params p) {
-  using L = SmemLayout<D, STAGES>;
+  using L = SmemLayout<D, STAGES, p_through_smem<D, EXPCAST>(), mean_by_mma<VSMOOTH>()>;
   extern __shared__ uint8_t smem_raw[];
   // offset from the __shared__ array itself (not an integer round trip) so that every pointer below
   // stays provably in shared memory: the compiler then emits LDS/STS, not generic LD/ST
@@ -459,12 +679,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int s = i / (2 * kBlockN), w = i % (2 * kBlockN);
     reinterpret_cast<uint32_t*>(smem + L::kVOff + s * L::kVBytes + L::kVLoadBytes)[w] = vc::kE4m3OnesX4;
   }
+  if constexpr (mean_by_mma<VSMOOTH>()) {  // a partial last chunk multiplies unwritten columns by 0: no NaN
+    for (int i = threadIdx.x; i < L::kMeanTileBytes; i += kThreads)  // 4 tiles = kMeanTileBytes words
+      reinterpret_cast<uint32_t*>(smem + L::kMeanOff)[i] = 0u;
+  }
   fence_proxy_async();
   __syncthreads();
 
   if (threadIdx.x < 128) {
     regs_dealloc<kProducerRegs>();
-    if (threadIdx.x < 32) producer_loop<D, VSMOOTH, STAGES>(&tm_q, &tm_k, &tm_vt, p, smem, bar_q, bar_full, bar_empty);
+    if (threadIdx.x < 32) producer_loop<D, VSMOOTH, STAGES, L>(&tm_q, &tm_k, &tm_vt, p, smem, bar_q, bar_full, bar_empty);
   } else {
     regs_alloc<kConsumerRegs>();
     consumer_loop<D, EXPCAST, VSMOOTH, OutT, STAGES>(p, smem, bar_q, bar_full, bar_empty);

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# One GPU call for the Hopper kernel's compile-time variants (docs/kernel-notes.md section 8):
+# builds every variant as a torch-free shared library in parallel (ptxas -v logs kept), checks each
+# against the float64 emulation (15 cases: both P modes + plain 8-bit, odd N, both head dims, both
+# layouts, video-like data) and times each with CUDA events at the issue-11 shapes next to cuDNN and
+# SageAttention 2.2 (when installed). Kernel time only (the fused prepare, ~2 ms at the Wan shape,
+# needs the JIT-built prepare extension; SM90_PREPARE=1 times it too). The table is printed last;
+# JSON, SASS and build logs go to $OUT.
+#
+#   bash bench/sm90_variants.sh            # on the H200, from the repository root; ~4-6 minutes
+#   SM90_VARIANTS="base mean" SM90_BUILD_ONLY=1 bash bench/sm90_variants.sh   # CPU: builds + ptxas only
+#   SM90_NCU=psmem_mean bash bench/sm90_variants.sh   # + one ncu-profiled launch of that variant
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out}
+BUILD=${SM90_BUILD_DIR:-build/sm90_variants}
+mkdir -p "$OUT" "$BUILD"
+
+# name -> extra nvcc flags (the macros are documented where sm90_attention.cuh defines them)
+declare -A FLAGS=(
+  [base]=""
+  [mean]="-DVC_SM90_MEAN_MMA=1"
+  [psmem]="-DVC_SM90_P_SMEM=1"
+  [psmem_mean]="-DVC_SM90_P_SMEM=1 -DVC_SM90_MEAN_MMA=1"
+  [psmem2_mean]="-DVC_SM90_P_SMEM=2 -DVC_SM90_MEAN_MMA=1"
+  [poly1_mean]="-DVC_SM90_EXP2_POLY=1 -DVC_SM90_MEAN_MMA=1"
+  [psmem2_poly1_mean]="-DVC_SM90_P_SMEM=2 -DVC_SM90_EXP2_POLY=1 -DVC_SM90_MEAN_MMA=1"
+)
+NAMES=${SM90_VARIANTS:-"base mean psmem psmem_mean psmem2_mean poly1_mean psmem2_poly1_mean"}
+NVCC=${NVCC:-$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")}
+
+build() {  # name: one nvcc process per variant (16 kernel instantiations each)
+  local name=$1
+  rm -f "$BUILD/sm90_$name.so"  # a stale library must not pass for a fresh build
+  # shellcheck disable=SC2086
+  "$NVCC" -shared -Xcompiler -fPIC -std=c++17 -O3 --expt-relaxed-constexpr -lineinfo -DNDEBUG \
+    -gencode=arch=compute_90a,code=sm_90a -Ikernels/csrc ${FLAGS[$name]} -Xptxas=-v \
+    -o "$BUILD/sm90_$name.so" kernels/csrc/sm90_launch.cu >"$OUT/build_$name.log" 2>&1
+}
+
+start=$(date +%s)
+for name in $NAMES; do  # at most MAX_JOBS builds at once (default: all; each is one nvcc process)
+  while [[ -n "${MAX_JOBS:-}" && $(jobs -rp | wc -l) -ge $MAX_JOBS ]]; do wait -n || true; done
+  build "$name" &
+done
+wait || true
+echo "built $(echo $NAMES | wc -w) variants in $(( $(date +%s) - start )) s"
+failed=0
+for name in $NAMES; do
+  log="$OUT/build_$name.log"
+  if [[ ! -f "$BUILD/sm90_$name.so" ]]; then
+    echo "[$name] BUILD FAILED:"; tail -20 "$log"; failed=1; continue
+  fi
+  warn=$(grep -c -E "C751[0-9]|C7508|warning" "$log" || true)
+  stack=$(grep -oE "[0-9]+ bytes stack frame" "$log" | sort -n | tail -1)
+  spill=$(grep -oE "[0-9]+ bytes spill stores" "$log" | sort -n | tail -1)
+  echo "[$name] ${FLAGS[$name]:-(default)}: worst ${stack:-0 bytes stack frame}, ${spill:-0 bytes spill stores}, $warn ptxas warnings"
+done
+[[ $failed == 0 ]] || echo "some variants failed to build; continuing with the rest"
+[[ -n "${SM90_BUILD_ONLY:-}" ]] && exit 0
+
+# vc_attention is the repository root: import it through a symlink unless it is installed
+if ! python -c "import vc_attention" 2>/dev/null; then
+  mkdir -p "$BUILD/pkg" && ln -sfn "$PWD" "$BUILD/pkg/vc_attention"
+  export PYTHONPATH="$PWD/$BUILD/pkg${PYTHONPATH:+:$PYTHONPATH}"
+fi
+# correctness first, one process per variant (in parallel, time-limited): a variant that hangs or
+# corrupts its CUDA context cannot take the others down; only passing variants are timed
+for name in $NAMES; do
+  [[ -f "$BUILD/sm90_$name.so" ]] || continue
+  timeout -k 10 300 python bench/sm90_check.py --lib "$BUILD/sm90_$name.so" --skip-timing --out "$OUT/check_$name" \
+    >"$OUT/check_$name.log" 2>&1 &
+done
+wait || true
+timed=()
+for name in $NAMES; do
+  [[ -f "$BUILD/sm90_$name.so" ]] || continue
+  line=$(grep -E "^\[sm90_$name\] correctness" "$OUT/check_$name.log" || true)
+  if [[ "$line" =~ correctness:\ ([0-9]+)/([0-9]+)\ ok && "${BASH_REMATCH[1]}" == "${BASH_REMATCH[2]}" ]]; then
+    echo "$line"; timed+=(--lib "$BUILD/sm90_$name.so")
+  else
+    echo "[$name] correctness FAILED or hung (not timed):"; grep -E "FAIL|Error|error" "$OUT/check_$name.log" | head -5
+  fi
+done
+echo "checks done at $(( $(date +%s) - start )) s"
+[[ ${#timed[@]} -gt 0 ]] && python bench/sm90_check.py "${timed[@]}" --skip-correctness --out "$OUT" --iters "${SM90_ITERS:-10}" \
+  $([[ -n "${SM90_PREPARE:-}" ]] || echo --no-prepare) \
+  --shape 1,40,75600,128 --shape 1,32,32768,64 --shape 1,32,6144,64 --shape 1,12,32760,128
+echo "total $(( $(date +%s) - start )) s"
+
+# optional: SM90_NCU=<variant> profiles one launch of it in speed mode at (1,8,32768,128) (~1 minute)
+if [[ -n "${SM90_NCU:-}" ]]; then
+  ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+    --section ComputeWorkloadAnalysis --section LaunchStats -k regex:vc_attention_sm90 -c 1 \
+    python bench/sm90_check.py --lib "$BUILD/sm90_$SM90_NCU.so" --profile-once speed >"$OUT/ncu_$SM90_NCU.txt" 2>&1 || true
+  grep -E "SM Frequency|Duration|Issue Slots Busy|Eligible Warps|Issued Warp|No Eligible|Registers Per|Compute \(SM\)|Stall" \
+    "$OUT/ncu_$SM90_NCU.txt" | head -30
+fi

@@ -1,0 +1,73 @@
+"""CPU emulation of the sm90 kernel's FMA-pipe exp2 (`exp2_poly`, used by the VC_SM90_EXP2_POLY
+variants of fidelity mode): its coefficients are read from the header itself, evaluated in float32
+with single-rounding FMAs, and the E4M3 codes it yields are compared with those of exact exp2.
+
+The gate: the polynomial may flip no more E4M3 codes than MUFU-class error does (a few in 10^7);
+a degree-4 polynomial flips ~1.5e-5 of them and fails.
+"""
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from vc_attention.kernels import jit
+
+HEADER = jit.CSRC_DIR / "sm90_attention.cuh"
+MAGIC = np.float32(12582912.0)  # 1.5 * 2^23
+
+
+def kernel_coefficients() -> list[np.float32]:
+    """Horner coefficients of exp2_poly, highest degree first, as written in the header."""
+    body = re.search(r"float exp2_poly\(float a\) \{(.*?)\n\}", HEADER.read_text(), flags=re.S)
+    assert body, "exp2_poly not found in sm90_attention.cuh"
+    first = re.search(r"float p = ([0-9.eE+-]+)f;", body.group(1))
+    rest = re.findall(r"p = fmaf\(p, f, ([0-9.eE+-]+)f\);", body.group(1))
+    assert first and rest, body.group(1)
+    return [np.float32(first.group(1))] + [np.float32(c) for c in rest]
+
+
+def fma32(a: np.ndarray, b: np.ndarray, c) -> np.ndarray:
+    # float32 products are exact in float64, so one float64 add then one rounding emulates fmaf
+    return (a.astype(np.float64) * b.astype(np.float64) + np.float64(c)).astype(np.float32)
+
+
+def exp2_poly(a: np.ndarray) -> np.ndarray:
+    a = np.maximum(a.astype(np.float32), np.float32(-120.0))
+    r = (a + MAGIC).astype(np.float32)
+    f = (a - (r - MAGIC)).astype(np.float32)
+    coeffs = kernel_coefficients()
+    p = np.full_like(a, coeffs[0])
+    for c in coeffs[1:]:
+        p = fma32(p, f, c)
+    return (p.view(np.int32) + (r.view(np.int32) << 23)).view(np.float32)
+
+
+@pytest.fixture(scope="module")
+def arguments() -> np.ndarray:
+    # fidelity arguments are s - M + 8 <= 8: the bulk a few units below the row max, a long tail
+    rng = np.random.default_rng(0)
+    return np.concatenate([rng.uniform(-30.0, 8.0, 2_000_000), 8.0 - rng.exponential(2.0, 2_000_000)]).astype(np.float32)
+
+
+def test_polynomial_is_degree_five():
+    assert len(kernel_coefficients()) == 6
+
+
+def test_relative_error_is_mufu_class(arguments):
+    live = arguments[arguments > -100.0]
+    rel = np.abs(exp2_poly(live).astype(np.float64) / np.exp2(live.astype(np.float64)) - 1.0)
+    assert rel.max() < 3e-7
+
+
+def test_e4m3_codes_match_exact_exp2(arguments):
+    exact = torch.from_numpy(np.exp2(arguments.astype(np.float64))).to(torch.float8_e4m3fn).view(torch.uint8)
+    poly = torch.from_numpy(exp2_poly(arguments)).to(torch.float8_e4m3fn).view(torch.uint8)
+    flips = (poly != exact).double().mean().item()
+    assert flips < 1e-6, f"{flips:.2e} of the E4M3 codes differ from exact exp2"
+
+
+def test_masked_and_far_arguments_give_zero_codes():
+    a = np.array([-np.inf, -1000.0, -121.0, -30.0], dtype=np.float32)
+    codes = torch.from_numpy(exp2_poly(a)).to(torch.float8_e4m3fn).view(torch.uint8)
+    assert codes.tolist() == [0, 0, 0, 0]
