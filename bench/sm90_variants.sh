@@ -28,13 +28,15 @@ declare -A FLAGS=(
 )
 NAMES=${SM90_VARIANTS:-"base mean psmem psmem_mean psmem2_mean poly1_mean psmem2_poly1_mean"}
 NVCC=${NVCC:-$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")}
+# the numeric constants shared with the Python spec, as jit.py passes them (kernels/constants.py)
+CONSTANTS=$(python3 -c "from vc_attention.kernels.constants import cuda_defines; print(' '.join(cuda_defines()))")
 
 build() {  # name: one nvcc process per variant (16 kernel instantiations each)
   local name=$1
   rm -f "$BUILD/sm90_$name.so"  # a stale library must not pass for a fresh build
   # shellcheck disable=SC2086
   "$NVCC" -shared -Xcompiler -fPIC -std=c++17 -O3 --expt-relaxed-constexpr -lineinfo -DNDEBUG \
-    -gencode=arch=compute_90a,code=sm_90a -Ikernels/csrc ${FLAGS[$name]} -Xptxas=-v \
+    -gencode=arch=compute_90a,code=sm_90a -Ikernels/csrc $CONSTANTS ${FLAGS[$name]} -Xptxas=-v \
     -o "$BUILD/sm90_$name.so" kernels/csrc/sm90_launch.cu >"$OUT/build_$name.log" 2>&1
 }
 
