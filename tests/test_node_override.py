@@ -226,3 +226,27 @@ def test_a_failed_build_of_a_backend_chosen_by_name_stops_the_run_with_the_compi
     q, k, v = qkv((B, H, N, D))
     with pytest.raises(jit.JitError, match="compiler output"):
         attention_pytorch(q, k, v, H, skip_reshape=True, skip_output_reshape=True, transformer_options=options(patch))
+
+
+def test_an_unusable_jit_cache_is_the_counted_build_fallback_not_a_crash(monkeypatch, tmp_path):
+    """A cache path that is a file once raised NotADirectoryError/FileExistsError out of the run."""
+    from comfy.ldm.modules.attention import attention_pytorch
+    from vc_attention.kernels import backends, jit
+
+    source = tmp_path / "kernel.cu"
+    source.write_text("__global__ void k() {}\n")
+    (tmp_path / "cache").write_text("not a directory")
+    monkeypatch.setenv("VC_ATTENTION_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(jit, "check_torch_cuda", lambda: None)
+
+    def run_needing_the_extension(*args):
+        return jit.load_extension("demo", [source], arch="9.0a")
+
+    backends.backends()
+    monkeypatch.setitem(backends._REGISTRY, "cached", backends.Backend(
+        name="cached", priority=1000, run=run_needing_the_extension, unsupported_reason=lambda q, c, l: None))
+    patch = make_patch(backend="auto")
+    q, k, v = qkv((B, H, N, D))
+    out = attention_pytorch(q, k, v, H, skip_reshape=True, skip_output_reshape=True, transformer_options=options(patch))
+    assert torch.equal(out, attention_pytorch(q, k, v, H, skip_reshape=True, skip_output_reshape=True))
+    assert patch.stats.fallbacks == {"kernel_build_failed": 1}
