@@ -101,7 +101,7 @@ def _methods(backend: str):
 
     def vc(config, which=backend):
         return lambda q, k, v, perm: vc_attention(q, k, v, config=config, perm=perm if config.needs_grouping else None,
-                                                  backend=which)
+                                                  backend=which, perm_from_grouping=True)
 
     methods = {"sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION)}
     try:

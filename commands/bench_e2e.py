@@ -54,7 +54,8 @@ def vc_sdpa(config: VCConfig, groupings: LayerGroupings | None):
     def patched(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         if attn_mask is None and not is_causal and dropout_p == 0.0 and query.shape == key.shape == value.shape:
             perm = groupings.perm_for(value) if (groupings is not None and config.needs_grouping) else None
-            return vc_attention(query, key, value, layout="bhnd", config=config, perm=perm, sm_scale=scale)
+            return vc_attention(query, key, value, layout="bhnd", config=config, perm=perm, sm_scale=scale,
+                                perm_from_grouping=True)
         return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                         scale=scale, enable_gqa=enable_gqa)
 

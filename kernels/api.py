@@ -11,8 +11,8 @@ from typing import Optional
 
 import torch
 
-from . import backends
-from .config import FIDELITY, LAYOUTS, VCConfig
+from . import backends, inputs
+from .config import FIDELITY, VCConfig
 
 # Which backend ran how many calls in this process (tests use it to prove a fast path ran).
 BACKEND_CALLS: Counter = Counter()
@@ -58,24 +58,21 @@ def vc_attention(
     perm: Optional[torch.Tensor] = None,
     sm_scale: Optional[float] = None,
     backend: str = "auto",
+    perm_from_grouping: bool = False,
 ) -> torch.Tensor:
-    """Non-causal self-attention with VC-Attention quantization.
+    """Non-causal self-attention with VC-Attention quantization (inference only: no backward).
 
     q, k, v: fp16/bf16 (fp32 on the reference backend), one shape, layout "bhnd" = (B,H,N,D) or
-    "bnhd" = (B,N,H,D); any strides with a contiguous last dim. perm: (B,H,N) integer permutation of
-    the key/value tokens (V-Smooth grouping, from kernels.grouping); None keeps the original order.
-    sm_scale: defaults to 1/sqrt(D). backend: "auto" or a registered name (see `vc-attention doctor`).
-    Returns a new tensor of q's shape, dtype and layout.
+    "bnhd" = (B,N,H,D); any strides with a contiguous last dim. perm: (B,H,N) int32/int64 permutation
+    of the key/value tokens (V-Smooth grouping, from kernels.grouping); None keeps the original order.
+    Its range is always checked; that it is a permutation too (one bincount), unless
+    perm_from_grouping=True promises it is kernels.grouping's perm() (a permutation by construction:
+    the node's path). sm_scale: defaults to 1/sqrt(D). backend: "auto" or a registered name (see
+    `vc-attention doctor`). Returns a new tensor of q's shape, dtype and layout (empty if q is).
     """
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
-    if q.shape != k.shape or q.shape != v.shape:
-        raise ValueError(
-            "vc_attention is self-attention: q, k and v must have the same shape, got "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}."
-        )
-    if perm is not None:
-        b, h, n = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhnd" else (q.shape[0], q.shape[2], q.shape[1])
-        if tuple(perm.shape) != (b, h, n):
-            raise ValueError(f"perm must have shape (B, H, N) = {(b, h, n)}, got {tuple(perm.shape)}.")
+    inputs.check_call(q, k, v, layout, config)
+    b, h, n = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhnd" else (q.shape[0], q.shape[2], q.shape[1])
+    inputs.check_perm(perm, b, h, n, perm_from_grouping)
+    if q.numel() == 0:
+        return torch.empty_like(q)
     return _attention_op(q, k, v, perm, layout, config.qk, config.v, config.p, config.smooth_k, sm_scale, backend)

@@ -114,7 +114,7 @@ class QKVRecorder:
 
     def observe(self, call: O.AttentionCall) -> torch.Tensor:
         reason = O.ineligible(call.q, call.k, call.v, call.heads, call.mask, call.skip_reshape, call.kwargs)
-        if reason is None or reason[0] == O.DTYPE:
+        if reason is None or reason[0] in (O.DTYPE, O.AUTOGRAD):
             self._record(call.q, call.k, call.v, call.heads, call.skip_reshape,
                          call.kwargs.get("transformer_options") or {})
         return call.model_attention()
@@ -133,7 +133,7 @@ class QKVRecorder:
                 bhnd, layout = O.to_kernel_layout(t[i * per_branch : (i + 1) * per_branch], heads, skip_reshape)
                 bhnd = bhnd if layout == "bhnd" else bhnd.transpose(1, 2)
                 dtype = t.dtype if t.dtype in O.SUPPORTED_DTYPES else torch.bfloat16
-                self.tensors[f"{entry}.{name}"] = bhnd.to(device="cpu", dtype=dtype).contiguous()
+                self.tensors[f"{entry}.{name}"] = bhnd.detach().to(device="cpu", dtype=dtype).contiguous()
 
 
 class VCAttentionCapture(io.ComfyNode):

@@ -130,7 +130,7 @@ class VCPatch:
         def run():
             perm = self._permutation(key, v_bhnd) if config.needs_grouping else None
             return vc_attention(q, k, v, layout=layout, config=config, perm=perm, sm_scale=sm_scale,
-                                backend=chosen.name)
+                                backend=chosen.name, perm_from_grouping=True)
 
         try:
             out = self.stats.timed_vc_call(tuple(v_bhnd.shape), q.device, run, call.own_attention)

@@ -250,3 +250,45 @@ def test_an_unusable_jit_cache_is_the_counted_build_fallback_not_a_crash(monkeyp
     out = attention_pytorch(q, k, v, H, skip_reshape=True, skip_output_reshape=True, transformer_options=options(patch))
     assert torch.equal(out, attention_pytorch(q, k, v, H, skip_reshape=True, skip_output_reshape=True))
     assert patch.stats.fallbacks == {"kernel_build_failed": 1}
+
+
+@pytest.mark.parametrize("empty_dim", [0, 1, 2])
+def test_empty_calls_fall_back_counted_instead_of_stopping_the_run(empty_dim):
+    from comfy.ldm.modules.attention import attention_pytorch
+
+    shape = [B, H, N, D]
+    shape[empty_dim] = 0
+    q, k, v = qkv(tuple(shape))
+    patch = make_patch()
+    out = attention_pytorch(q, k, v, H, skip_reshape=True, skip_output_reshape=True, transformer_options=options(patch))
+    assert out.shape == q.shape
+    assert patch.stats.fallbacks == {"shape": 1} and not patch.stats.backend_calls
+
+
+def test_autograd_calls_fall_back_counted_and_the_backward_runs():
+    """With requires_grad the forward ran VC-Attention and the backward then failed (no autograd formula)."""
+    from comfy.ldm.modules.attention import attention_pytorch
+
+    q, k, v = (t.requires_grad_() for t in qkv((B, N, H * D)))
+    patch = make_patch()
+    out = attention_pytorch(q, k, v, heads=H, transformer_options=options(patch))
+    assert torch.equal(out, attention_pytorch(q, k, v, heads=H))
+    out.float().sum().backward()
+    assert q.grad is not None and patch.stats.fallbacks == {"autograd": 1}
+    with torch.no_grad():
+        attention_pytorch(q, k, v, heads=H, transformer_options=options(patch))
+    assert patch.stats.backend_calls == {"reference": 1}
+
+
+def test_the_node_hands_its_own_grouping_as_trusted(monkeypatch):
+    """The node's perm comes from kernels.grouping (a permutation by construction): only its range is checked."""
+    from comfy.ldm.modules.attention import attention_pytorch
+    from vc_attention.kernels import inputs
+
+    seen = []
+    real = inputs.check_perm
+    monkeypatch.setattr(inputs, "check_perm", lambda perm, b, h, n, trusted: seen.append(trusted) or real(perm, b, h, n, trusted))
+    q, k, v = qkv((B, H, N, D))
+    patch = make_patch()
+    attention_pytorch(q, k, v, H, skip_reshape=True, skip_output_reshape=True, transformer_options=options(patch))
+    assert seen == [True]
