@@ -37,6 +37,21 @@ EXPCAST_BETA = -0.35  # centres eps(m) = m - 8 log2(1 + m/8) in the min-max sens
 EXPCAST_MAX_CODE = 8 * P_LOG2_MAX + 56  # 120 = 0x78 = 256.0
 
 
+FP16_MAX = 65504.0  # largest finite fp16
+
+
+def to_output_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Round the output to q's dtype as every kernel's store does: fp16 saturates at +-65504.
+
+    Dequantized V can exceed the input's range by an FP8 rounding (V-Smooth's residual), so a
+    plain cast gave inf where SDPA gives none. NaN stays NaN (|NaN| > max is false); bf16 has
+    float32's range, so its cast is left alone.
+    """
+    if dtype == torch.float16:
+        x = torch.where(x.abs() > FP16_MAX, x.sign() * FP16_MAX, x)
+    return x.to(dtype)
+
+
 # ----------------------------------------------------------------------------------------------
 # layouts
 def to_bhnd(x: torch.Tensor, layout: str) -> torch.Tensor:
@@ -432,4 +447,4 @@ def vc_attention_reference(
     out = torch.cat(outs, dim=2)
     if parts:
         return ReferenceParts(out, torch.cat(outs_v, dim=2), torch.cat(tvs, dim=2))
-    return from_bhnd(out.to(q.dtype), layout)
+    return from_bhnd(to_output_dtype(out, q.dtype), layout)
