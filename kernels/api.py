@@ -68,7 +68,9 @@ def vc_attention(
     Its range is always checked; that it is a permutation too (one bincount), unless
     perm_from_grouping=True promises it is kernels.grouping's perm() (a permutation by construction:
     the node's path). sm_scale: defaults to 1/sqrt(D). backend: "auto" or a registered name (see
-    `vc-attention doctor`). Returns a new tensor of q's shape, dtype and layout (empty if q is).
+    `vc-attention doctor`). Returns a new tensor of q's shape, dtype and layout (empty if q is); fp16
+    saturates at +-65504. A NaN or Inf in q reaches its 64-row scale block (SDPA: its row), in k the
+    whole head, in v that channel of the head (as in SDPA).
     """
     inputs.check_call(q, k, v, layout, config)
     b, h, n = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhnd" else (q.shape[0], q.shape[2], q.shape[1])

@@ -132,6 +132,7 @@ class VCPatch:
             return vc_attention(q, k, v, layout=layout, config=config, perm=perm, sm_scale=sm_scale,
                                 backend=chosen.name, perm_from_grouping=True)
 
+        self.stats.check_finite(q, k, v)
         try:
             out = self.stats.timed_vc_call(tuple(v_bhnd.shape), q.device, run, call.own_attention)
         except jit.JitError as err:
