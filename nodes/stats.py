@@ -67,6 +67,7 @@ class RunStats:
         self._vc_timers: dict[tuple, list[_Timer]] = {}
         self._baseline_timers: dict[tuple, _Timer] = {}
         self._logged_details: set[str] = set()
+        self.cache_evictions = 0  # grouping cache entries replaced within the run (nodes/cache.py)
         self.checked_calls = 0
         self._finite_candidates = 0
         self._nonfinite: Optional[torch.Tensor] = None  # count on the device, read at run end
@@ -131,6 +132,7 @@ class RunStats:
             "sampled_calls": len(sampled),
             "steps": len(self.sigmas),
             "est_speedup": total_base / total_vc if total_vc > 0 else None,
+            "cache_evictions": self.cache_evictions,
             "checked_calls": self.checked_calls,
             "nonfinite_calls": 0 if self._nonfinite is None else int(self._nonfinite),
         }
@@ -145,7 +147,13 @@ class RunStats:
             f"{payload['grouping_calls']} groupings over {payload['steps']} noise levels; "
             f"{payload['attention_ms']:.3f} ms per VC call ({payload['sampled_calls']} timed); "
             f"est. speed-up over the model's attention {speed}"
-        ) + (_nonfinite_note(payload) if payload.get("nonfinite_calls") else "")
+        ) + (_eviction_note(payload) if payload.get("cache_evictions") else "") + (
+            _nonfinite_note(payload) if payload.get("nonfinite_calls") else "")
+
+
+def _eviction_note(payload: dict) -> str:
+    return (f"; {payload['cache_evictions']} cached groupings replaced (the CFG batching, token count or batch "
+            "size changed within the run)")
 
 
 def _nonfinite_note(payload: dict) -> str:

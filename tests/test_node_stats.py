@@ -7,7 +7,7 @@ import torch
 pytestmark = pytest.mark.usefixtures("comfy_standin")
 
 KEYS = {"node_id", "backend_calls", "fallbacks", "grouping_calls", "attention_ms", "sampled_calls", "steps", "est_speedup",
-        "checked_calls", "nonfinite_calls"}
+        "cache_evictions", "checked_calls", "nonfinite_calls"}
 
 
 def test_one_event_and_one_log_line_per_run(caplog):
