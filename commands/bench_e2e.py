@@ -69,7 +69,7 @@ def vc_sdpa(config: VCConfig, groupings: LayerGroupings | None):
     """Self-attention SDPA calls go to vc_attention (grouping per layer from `groupings`)."""
     def attention(q, k, v, scale):
         perm = groupings.perm_for(v) if (groupings is not None and config.needs_grouping) else None
-        return vc_attention(q, k, v, layout="bhnd", config=config, perm=perm, sm_scale=scale)
+        return vc_attention(q, k, v, layout="bhnd", config=config, perm=perm, sm_scale=scale, perm_from_grouping=True)
     return self_attention_sdpa(attention)
 
 

@@ -72,7 +72,7 @@ def vc_methods(backend: str, portable: bool) -> list[Method]:
 
     def vc(config, which):
         return lambda q, k, v, perm: vc_attention(q, k, v, config=config, perm=perm if config.needs_grouping else None,
-                                                  backend=which)
+                                                  backend=which, perm_from_grouping=True)
 
     configs = dict(zip(VC_CONFIGS, (PLAIN_8BIT, FIDELITY, SPEED)))
     methods = [Method(name, vc(cfg, backend), backend=backend) for name, cfg in configs.items()]

@@ -125,13 +125,13 @@ def _run_mode(name, config, clusters, iters, q, k, v, exact, rows, on_gpu, repea
     chosen = backends.select(q, config, "bhnd", kv=(k, v))
     grouping_ms = _time_ms(lambda: _grouping(v, config, clusters, iters), 1) if on_gpu else None
     perm = _grouping(v, config, clusters, iters)
-    out = vc_attention(q, k, v, config=config, perm=perm, backend=chosen)
+    out = vc_attention(q, k, v, config=config, perm=perm, backend=chosen, perm_from_grouping=True)
     rel, psnr = _fidelity(out[:, :, rows], exact)
     time_ms = None
     if on_gpu:
         if chosen.slow:
             print(f"  note: no fast backend can run {name} on this GPU; its time is the slow emulation's (timed once).")
-        time_ms = _time_ms(lambda: vc_attention(q, k, v, config=config, perm=perm, backend=chosen), 1 if chosen.slow else repeats)
+        time_ms = _time_ms(lambda: vc_attention(q, k, v, config=config, perm=perm, backend=chosen, perm_from_grouping=True), 1 if chosen.slow else repeats)
     return ModeResult(name, chosen.name, rel, psnr, time_ms, grouping_ms)
 
 

@@ -41,6 +41,17 @@ JSON_LEGEND = """\
 """
 
 
+def positive_int(text: str) -> int:
+    """argparse type for counts: 0 or a negative number would be replaced or misused silently."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     # no package imports here: `vc-attention --help` builds every parser and must not load torch
     parser.epilog = JSON_LEGEND
@@ -59,9 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--knob", action="append", default=[], metavar="NAME=VALUE", help="override a VideoDataKnobs field (repeatable)"
     )
     parser.add_argument(
-        "--clusters", type=int, help="V-Smooth k-means clusters (default: grouping default, at most N/128)"
+        "--clusters", type=positive_int, help="V-Smooth k-means clusters (default: grouping default, at most N/128)"
     )
-    parser.add_argument("--iters", type=int, help="V-Smooth k-means iterations (default: grouping default)")
+    parser.add_argument("--iters", type=positive_int, help="V-Smooth k-means iterations (default: grouping default)")
     parser.add_argument("--device", choices=("cpu", "cuda"), help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     parser.add_argument(
@@ -158,8 +169,8 @@ def run(args) -> int:
         print(f"vc-attention fidelity: {err}", file=sys.stderr)
         return 2
     q, k, v = (t.to(device) for t in (q, k, v))
-    clusters = args.clusters or fidelity.default_clusters(q.shape[-2])
-    iters = args.iters or grouping.DEFAULT_ITERS
+    clusters = fidelity.default_clusters(q.shape[-2]) if args.clusters is None else args.clusters
+    iters = grouping.DEFAULT_ITERS if args.iters is None else args.iters
     b, h, n, d = q.shape
     info = {
         "data": source,

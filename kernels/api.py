@@ -12,9 +12,9 @@ from typing import Optional, Union
 
 import torch
 
-from . import backends
+from . import backends, inputs
 from .config import FIDELITY, VCConfig
-from .layout import check_layout, to_bhnd
+from .layout import to_bhnd
 
 # Which backend ran how many calls in this process (tests use it to prove a fast path ran).
 BACKEND_CALLS: Counter = Counter()
@@ -85,29 +85,28 @@ def vc_attention(
     perm: Optional[torch.Tensor] = None,
     sm_scale: Optional[float] = None,
     backend: Union[str, backends.Backend] = "auto",
+    perm_from_grouping: bool = False,
 ) -> torch.Tensor:
-    """Non-causal self-attention with VC-Attention quantization.
+    """Non-causal self-attention with VC-Attention quantization (inference only: no backward).
 
     q, k, v: fp16/bf16 (fp32 on the reference backend), one shape, layout "bhnd" = (B,H,N,D) or
-    "bnhd" = (B,N,H,D); any strides with a contiguous last dim. perm: (B,H,N) integer permutation of
-    the key/value tokens (V-Smooth grouping, from kernels.grouping); None keeps the original order.
-    sm_scale: defaults to 1/sqrt(D). backend: "auto", a registered name (see `vc-attention doctor`), or
-    the Backend that `backends.select` returned for this very call (a caller that must know the
-    backend before it runs, like the node: the call is then not checked a second time). "auto" runs
-    the slow exact emulation where no kernel can take the call: quietly on the CPU, with a
-    RuntimeWarning (once per reason) anywhere else.
-    Returns a new tensor of q's shape, dtype and layout.
+    "bnhd" = (B,N,H,D); any strides with a contiguous last dim. perm: (B,H,N) int32/int64 permutation
+    of the key/value tokens (V-Smooth grouping, from kernels.grouping); None keeps the original order.
+    Its range is always checked; that it is a permutation too (one bincount), unless
+    perm_from_grouping=True promises it is kernels.grouping's perm() (a permutation by construction:
+    the node's path). sm_scale: defaults to 1/sqrt(D). backend: "auto", a registered name (see
+    `vc-attention doctor`), or the Backend that `backends.select` returned for this very call (a caller
+    that must know the backend before it runs, like the node: the call is then not checked a second
+    time). "auto" runs the slow exact emulation where no kernel can take the call: quietly on the CPU,
+    with a RuntimeWarning (once per reason) anywhere else. Returns a new tensor of q's shape, dtype
+    and layout (empty if q is); fp16 saturates at +-65504. A NaN or Inf in q reaches its 64-row scale
+    block (SDPA: its row), in k the whole head, in v that channel of the head (as in SDPA).
     """
-    check_layout(layout)
-    if q.shape != k.shape or q.shape != v.shape:
-        raise ValueError(
-            "vc_attention is self-attention: q, k and v must have the same shape, got "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}."
-        )
-    if perm is not None:
-        b, h, n = to_bhnd(q, layout).shape[:3]
-        if tuple(perm.shape) != (b, h, n):
-            raise ValueError(f"perm must have shape (B, H, N) = {(b, h, n)}, got {tuple(perm.shape)}.")
+    inputs.check_call(q, k, v, layout, config)
+    b, h, n = to_bhnd(q, layout).shape[:3]
+    inputs.check_perm(perm, b, h, n, perm_from_grouping)
+    if q.numel() == 0:
+        return torch.empty_like(q)
     selected = isinstance(backend, backends.Backend)
     name = backend.name if selected else backend
     return _attention_op(q, k, v, perm, layout, config.qk, config.v, config.p, config.smooth_k, sm_scale, name, selected)

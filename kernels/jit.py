@@ -7,7 +7,9 @@ kernels and the Hopper `sm90` ones). What it guarantees:
 - a file lock around the build with a re-check after acquiring it: concurrent first uses build once,
   the other processes wait and load;
 - one-sentence errors naming the remedy (no CUDA torch, no nvcc, nvcc too old, GPU below sm_89,
-  JIT disabled) and the compiler output when a build fails.
+  JIT disabled, a cache that cannot be used) and the compiler output when a build fails;
+- nothing is imported from a cache another user owns or can write (check_private), and a cached
+  library that fails to load is deleted and rebuilt under the lock.
 
 Environment overrides (one prefix, VC_ATTENTION_):
   VC_ATTENTION_ARCH       target arch, e.g. "9.0a", "8.9", "12.0a" (default: the current GPU's)
@@ -303,6 +305,58 @@ def _compile(spec: BuildSpec, verbose: bool):
     return module
 
 
+def check_private(path: Path) -> None:
+    """Refuse a cache entry another user could have written: a library planted there would run its
+    constructor inside ComfyUI as soon as it is imported. Owned by this user (or root) and writable
+    by nobody else, or a JitError that says why and what to do."""
+    if sys.platform == "win32":
+        return  # no POSIX owner and mode bits on Windows; the user profile's ACLs protect the default cache
+    info = path.stat()
+    if info.st_uid not in (os.getuid(), 0):
+        raise JitError(
+            f"the JIT cache entry {path} belongs to another user (uid {info.st_uid}), so a library in it may "
+            f"not be ours; set {ENV_PREFIX}CACHE_DIR to a directory of your own."
+        )
+    if info.st_mode & 0o022:
+        raise JitError(
+            f"the JIT cache entry {path} is writable by other users (mode {info.st_mode & 0o777:o}), so a library "
+            f"in it may not be ours; run `chmod go-w {path}` or set {ENV_PREFIX}CACHE_DIR to a private directory."
+        )
+
+
+def _make_private_dirs(spec: BuildSpec) -> None:
+    """The cache root and the build directory, created without group/other write whatever the umask."""
+    cache_root().mkdir(mode=0o755, parents=True, exist_ok=True)
+    spec.directory.mkdir(mode=0o755, exist_ok=True)
+    for path in (cache_root(), spec.directory):
+        check_private(path)
+
+
+def _load_or_build(spec: BuildSpec, verbose: bool):
+    broken: Optional[ImportError] = None
+    if spec.library.is_file():
+        for path in (cache_root(), spec.directory, spec.library):
+            check_private(path)
+        try:
+            return _import_library(spec)
+        except ImportError as err:  # a truncated or corrupt file, e.g. from an interrupted build
+            broken = err
+    if env_flag("DISABLE_JIT"):
+        state = f"cannot be loaded ({broken})" if broken else "is not in the cache"
+        raise JitError(
+            f"{ENV_PREFIX}DISABLE_JIT is set and {spec.name} for sm_{arch_code(spec.arch)} {state} "
+            f"({spec.directory}); run `vc-attention build` once without it."
+        )
+    _make_private_dirs(spec)
+    with build_lock(spec.directory):
+        if spec.library.is_file():  # another process may have built (or rebuilt) it while we waited
+            try:
+                return _import_library(spec)
+            except ImportError:
+                spec.library.unlink()  # still the broken file: rebuild it
+        return _compile(spec, verbose)
+
+
 _LOADED: dict[str, object] = {}
 
 
@@ -311,23 +365,21 @@ def load_extension(name: str, sources, extra_cuda_cflags=(), extra_cflags=(), ar
 
     sources: file names in kernels/csrc/ (or absolute paths). Every .cuh in csrc/ is part of the
     cache key, so editing a header rebuilds. The module must define PYBIND11_MODULE(TORCH_EXTENSION_NAME, m).
+    Every failure, a cache directory that cannot be used included, is a JitError (the node's counted
+    `kernel_build_failed` fallback); a cached library that does not load is deleted and rebuilt.
     """
     check_torch_cuda()
     spec = make_spec(name, sources, extra_cuda_cflags, extra_cflags, arch)
     if str(spec.library) in _LOADED:
         return _LOADED[str(spec.library)]
     verbose = env_flag("VERBOSE") if verbose is None else verbose
-    if not spec.library.is_file():
-        if env_flag("DISABLE_JIT"):
-            raise JitError(
-                f"{ENV_PREFIX}DISABLE_JIT is set and {spec.name} for sm_{arch_code(spec.arch)} is not in the cache "
-                f"({spec.directory}); run `vc-attention build` once without it."
-            )
-        with build_lock(spec.directory):
-            if not spec.library.is_file():  # another process may have built it while we waited
-                _LOADED[str(spec.library)] = _compile(spec, verbose)
-                return _LOADED[str(spec.library)]
-    module = _import_library(spec)
+    try:
+        module = _load_or_build(spec, verbose)
+    except OSError as err:  # a read-only cache, a file where a directory should be, a full disk
+        raise JitError(
+            f"the JIT cache {spec.directory} cannot be used ({err.strerror or err}); set "
+            f"{ENV_PREFIX}CACHE_DIR to a writable directory of your own."
+        ) from err
     _LOADED[str(spec.library)] = module
     return module
 

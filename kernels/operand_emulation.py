@@ -23,4 +23,4 @@ def emulate_attention(ops: PreparedOperands, config: VCConfig, out_dtype: torch.
     p = reference.quantize_p(s, config).double()
     v_res = ops.v_t.float()[:, :, :, :n].transpose(-1, -2).double() * ops.v_scale.double().unsqueeze(-2)
     mean = reference.expand_rows(ops.v_mean.double(), N_ALIGN, n)
-    return ((p @ (v_res + mean)) / p.sum(-1, keepdim=True)).to(out_dtype)
+    return reference.to_output_dtype((p @ (v_res + mean)) / p.sum(-1, keepdim=True), out_dtype)

@@ -36,6 +36,20 @@ from .constants import (  # noqa: F401 (re-exported: the spec's parameters, shar
 )
 from .layout import from_bhnd, to_bhnd
 
+FP16_MAX = 65504.0  # largest finite fp16
+
+
+def to_output_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Round the output to q's dtype as every kernel's store does: fp16 saturates at +-65504.
+
+    Dequantized V can exceed the input's range by an FP8 rounding (V-Smooth's residual), so a
+    plain cast gave inf where SDPA gives none. NaN stays NaN (|NaN| > max is false); bf16 has
+    float32's range, so its cast is left alone.
+    """
+    if dtype == torch.float16:
+        x = torch.where(x.abs() > FP16_MAX, x.sign() * FP16_MAX, x)
+    return x.to(dtype)
+
 
 def _blocks(n: int, block: int) -> int:
     return (n + block - 1) // block
@@ -416,4 +430,4 @@ def vc_attention_reference(
     out = torch.cat(outs, dim=2)
     if parts:
         return ReferenceParts(out, torch.cat(outs_v, dim=2), torch.cat(tvs, dim=2))
-    return from_bhnd(out.to(q.dtype), layout)
+    return from_bhnd(to_output_dtype(out, q.dtype), layout)

@@ -14,23 +14,47 @@ Memory for Wan2.2-14B at 720p with CFG (40 blocks, 40 heads, N = 75,600, cond an
 centroids while inside the window (D = 128, fp16): 40 * 2 * 40 * 64 * 128 * 2 B = 52 MB; together
 295 MB (estimated_bytes, tested), and 243 MB after the window.
 (int32 permutations instead of labels would be 968 MB.) Everything is freed when the run ends.
+
+Within a run the cache holds one entry per layer and branch: a new entry replaces every entry of
+the same layer (block, nth call) whose branches overlap its own. So when ComfyUI switches between
+batching cond and uncond together and one forward each (it does when memory is short), or the
+token count or batch size changes, the old entries go (counted as evictions in the run's stats)
+instead of the cache doubling or growing with every resolution.
 """
 from __future__ import annotations
 
-from typing import Hashable, Optional
+from typing import Hashable, NamedTuple, Optional
 
 from ..kernels.grouping import CompactGrouping
 
 
+class LayerKey(NamedTuple):
+    block: Hashable  # (block type, block index) or ("call", order in the forward)
+    nth: int  # nth eligible call of that block in this forward
+    branches: tuple  # cond_or_uncond of the batch, e.g. (0, 1)
+    tokens: int
+    batch: int
+
+    def replaces(self, other: "LayerKey") -> bool:
+        """Same layer, overlapping branches (or both unknown), and not the same key."""
+        same_branch = bool(set(self.branches) & set(other.branches)) or self.branches == other.branches
+        return (self.block, self.nth) == (other.block, other.nth) and same_branch and self != other
+
+
 class GroupingCache:
     def __init__(self) -> None:
-        self._entries: dict[Hashable, CompactGrouping] = {}
+        self._entries: dict[LayerKey, CompactGrouping] = {}
 
-    def get(self, key: Hashable) -> Optional[CompactGrouping]:
+    def get(self, key: LayerKey) -> Optional[CompactGrouping]:
         return self._entries.get(key)
 
-    def put(self, key: Hashable, grouping: CompactGrouping) -> None:
+    def put(self, key: LayerKey, grouping: CompactGrouping) -> int:
+        """Store `grouping`, dropping the entries it replaces (LayerKey.replaces); returns how many."""
+        stale = [old for old in self._entries if key.replaces(old)]
+        for old in stale:
+            del self._entries[old]
         self._entries[key] = grouping
+        return len(stale)
 
     def drop_centroids(self) -> None:
         """Past the grouping window nothing warm-starts any more: keep labels and counts only."""

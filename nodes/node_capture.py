@@ -11,6 +11,7 @@ call of a block at a step is kept. Nothing is changed in the model's computation
 from __future__ import annotations
 
 import logging
+import os
 import re
 from pathlib import Path
 from typing import Optional
@@ -29,6 +30,11 @@ FORMAT_METADATA = {"format": CAPTURE_FORMAT, "version": CAPTURE_VERSION}  # what
 BRANCH_NAMES = {0: "cond", 1: "uncond"}  # ComfyUI's COND / UNCOND indices in cond_or_uncond
 
 
+# No model has this many blocks or sampler steps; the cap keeps a typo such as "0-1000000000" from
+# expanding into a billion-element set in memory.
+MAX_INDEX = 9999
+
+
 def parse_index_list(text: str, what: str) -> set[int]:
     """'0, 10-12' -> {0, 10, 11, 12}; anything else is a readable error."""
     if not re.fullmatch(r"\s*(\d+\s*(-\s*\d+\s*)?)(,\s*\d+\s*(-\s*\d+\s*)?)*,?\s*", text or ""):
@@ -36,19 +42,35 @@ def parse_index_list(text: str, what: str) -> set[int]:
     chosen: set[int] = set()
     for part in text.split(","):
         if part.strip():
-            lo, _, hi = part.partition("-")
-            chosen.update(range(int(lo), int(hi or lo) + 1))
+            lo_text, _, hi_text = part.partition("-")
+            lo, hi = int(lo_text), int(hi_text or lo_text)
+            if hi > MAX_INDEX:
+                raise ValueError(f"VC-Attention Capture: {what} indices must be at most {MAX_INDEX}, got {part.strip()!r}.")
+            if lo > hi:
+                raise ValueError(f"VC-Attention Capture: the {what} range {part.strip()!r} is empty; write it low-high.")
+            chosen.update(range(lo, hi + 1))
     return chosen
 
 
 def next_free_path(folder: Path, prefix: str) -> Path:
+    """The first unused "<prefix>_NNNNN.safetensors" inside `folder`, whose directories are created.
+
+    The prefix must name a file (not "", "." or a trailing "/") and, with every symlink resolved,
+    stay inside the resolved output folder: a link inside it must not lead the file out of it.
+    """
+    outside = f"VC-Attention Capture: filename_prefix must stay inside the output folder, got {prefix!r}."
     if Path(prefix).is_absolute() or ".." in Path(prefix).parts:
-        raise ValueError(f"VC-Attention Capture: filename_prefix must stay inside the output folder, got {prefix!r}.")
-    base = folder / prefix
+        raise ValueError(outside)
+    if not prefix.strip() or prefix.endswith(("/", "\\")) or Path(prefix).name in ("", "."):
+        raise ValueError(f"VC-Attention Capture: filename_prefix must end in a file name, like 'vc_attention/capture', got {prefix!r}.")
+    root = folder.resolve()
+    base = root / prefix
+    if not base.parent.resolve().is_relative_to(root):  # checked before mkdir creates anything
+        raise ValueError(outside)
     base.parent.mkdir(parents=True, exist_ok=True)
     n = 1
-    while (path := base.parent / f"{base.name}_{n:05d}.safetensors").exists():
-        n += 1
+    while os.path.lexists(path := base.parent / f"{base.name}_{n:05d}.safetensors"):
+        n += 1  # lexists: a link named like our file, even a dangling one, is never written through
     return path
 
 
@@ -93,7 +115,7 @@ class QKVRecorder:
 
     def observe(self, call: O.AttentionCall) -> torch.Tensor:
         reason = O.ineligible(call.q, call.k, call.v, call.heads, call.mask, call.skip_reshape, call.kwargs)
-        if reason is None:  # fp32 tensors too: they are stored as bf16
+        if reason is None or reason[0] in (O.DTYPE, O.AUTOGRAD):  # fp32 tensors too: stored as bf16
             self._record(call.q, call.k, call.v, call.heads, call.skip_reshape,
                          call.kwargs.get("transformer_options") or {})
         return call.model_attention()
@@ -112,7 +134,7 @@ class QKVRecorder:
                 bhnd, layout = O.to_kernel_layout(t[i * per_branch : (i + 1) * per_branch], heads, skip_reshape)
                 bhnd = to_bhnd(bhnd, layout)
                 dtype = t.dtype if t.dtype in O.SUPPORTED_DTYPES else torch.bfloat16
-                self.tensors[f"{entry}.{name}"] = bhnd.to(device="cpu", dtype=dtype).contiguous()
+                self.tensors[f"{entry}.{name}"] = bhnd.detach().to(device="cpu", dtype=dtype).contiguous()
 
 
 class VCAttentionCapture(io.ComfyNode):

@@ -33,6 +33,7 @@ NO_SIGMA = "no_sigma"
 NO_GPU = "no_cuda_gpu"
 NO_BACKEND = "no_capable_backend"
 BUILD_FAILED = "kernel_build_failed"
+AUTOGRAD = "autograd"
 
 
 def ineligible(q, k, v, heads: int, mask, skip_reshape: bool, kwargs: dict) -> Optional[tuple[str, str]]:
@@ -51,6 +52,10 @@ def ineligible(q, k, v, heads: int, mask, skip_reshape: bool, kwargs: dict) -> O
     rank = 4 if skip_reshape else 3
     if q.dim() != rank or k.dim() != rank or v.dim() != rank:
         return SHAPE, f"expected {rank}-D q/k/v, got {q.dim()}-D/{k.dim()}-D/{v.dim()}-D"
+    if q.numel() == 0 or k.numel() == 0 or v.numel() == 0:
+        return SHAPE, "an empty q/k/v (a batch, head or token count of 0)"
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return AUTOGRAD, "q/k/v require grad (training or gradient guidance); VC-Attention has no backward pass"
     if not skip_reshape and q.shape[-1] % heads:
         return SHAPE, f"q's last dim {q.shape[-1]} is not a multiple of heads={heads}"
     token_dim = 2 if skip_reshape else 1

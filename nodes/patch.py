@@ -27,7 +27,7 @@ from ..kernels.config import VCConfig
 from ..kernels.grouping import group_tokens
 from ..kernels.layout import to_bhnd
 from . import override as O
-from .cache import GroupingCache
+from .cache import GroupingCache, LayerKey
 from .schedule import Phase, SigmaSchedule
 from .stats import RunStats, publish
 
@@ -133,8 +133,9 @@ class VCPatch:
         def run():
             perm = self._permutation(key, v_bhnd) if config.needs_grouping else None
             return vc_attention(q, k, v, layout=layout, config=config, perm=perm, sm_scale=sm_scale,
-                                backend=chosen)
+                                backend=chosen, perm_from_grouping=True)
 
+        self.stats.check_finite(q, k, v)
         try:
             out = self.stats.timed_vc_call(tuple(v_bhnd.shape), q.device, run, call.own_attention)
         except jit.JitError as err:
@@ -150,7 +151,7 @@ class VCPatch:
         self.stats.backend_calls[chosen.name] += 1
         return O.to_output_layout(out, layout, call.skip_output_reshape)
 
-    def _layer_key(self, transformer_options: dict, bhnd: torch.Size) -> tuple:
+    def _layer_key(self, transformer_options: dict, bhnd: torch.Size) -> LayerKey:
         index = transformer_options.get("block_index")
         if index is None:  # models that report no block index: eligible-call order in this forward
             block = ("call", sum(self._calls_in_forward.values()))
@@ -159,9 +160,9 @@ class VCPatch:
         nth = self._calls_in_forward[block]
         self._calls_in_forward[block] += 1
         branches = tuple(transformer_options.get("cond_or_uncond") or ())
-        return (block, nth, branches, bhnd[2], bhnd[0])
+        return LayerKey(block, nth, branches, bhnd[2], bhnd[0])
 
-    def _permutation(self, key: tuple, v_bhnd: torch.Tensor) -> torch.Tensor:
+    def _permutation(self, key: LayerKey, v_bhnd: torch.Tensor) -> torch.Tensor:
         """Regroup inside the grouping window (warm start from the last grouping), else reuse.
 
         A layer first seen after the window (e.g. the low-noise model of split sampling, or a
@@ -174,7 +175,7 @@ class VCPatch:
         grouping = group_tokens(v_bhnd, self.settings.clusters, self.settings.kmeans_iters, warm_start=warm)
         if not self._phase.grouping:
             grouping.drop_centroids()
-        self.cache.put(key, grouping)
+        self.stats.cache_evictions += self.cache.put(key, grouping)
         self.stats.grouping_calls += 1
         return grouping.perm()
 

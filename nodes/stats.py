@@ -6,6 +6,14 @@ are read only when the run ends, so no call waits for the GPU. The first call of
 out: it may include a kernel build or load. At the second call the model's own attention function
 also runs twice on the same inputs, the second (warm) run timed the same way: the baseline of
 est_speedup (two extra calls per shape and run: 2 in 3,200 calls for Wan2.2-14B, 40 steps, CFG).
+
+NaN and Inf inputs are counted, not fallen back from: in our quantizers one NaN in q spreads over
+its 64-row scale block where the model's attention keeps it to its row (in k both lose most of the
+head, in v the channel); but the next layer's attention spreads any NaN token over every row
+anyway, so falling back would not save the image, and deciding per call would cost a host sync per
+call. The first and then every SAMPLE_EVERY-th VC call gets a min/max of q, k and v (one read each,
+no full-size temporary) whose verdict is kept on the device and read when the run ends; the log
+then says the model produced them before attention.
 """
 from __future__ import annotations
 
@@ -59,6 +67,10 @@ class RunStats:
         self._vc_timers: dict[tuple, list[_Timer]] = {}
         self._baseline_timers: dict[tuple, _Timer] = {}
         self._logged_details: set[str] = set()
+        self.cache_evictions = 0  # grouping cache entries replaced within the run (nodes/cache.py)
+        self.checked_calls = 0
+        self._finite_candidates = 0
+        self._nonfinite: Optional[torch.Tensor] = None  # count on the device, read at run end
 
     def fallback(self, reason: str, detail: Optional[str] = None) -> None:
         """Count a call sent to the model's own attention; log the detail once per run."""
@@ -66,6 +78,17 @@ class RunStats:
         if detail and detail not in self._logged_details:
             self._logged_details.add(detail)
             logging.info(f"VC-Attention: using the model's attention ({reason}): {detail}")
+
+    def check_finite(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """On the first and every SAMPLE_EVERY-th VC call, note on the device whether q, k or v
+        holds a NaN or an Inf (a min/max of each propagates both); nothing waits for the GPU."""
+        self._finite_candidates += 1
+        if (self._finite_candidates - 1) % SAMPLE_EVERY:
+            return
+        self.checked_calls += 1
+        extremes = torch.stack([x.float() for t in (q, k, v) for x in torch.aminmax(t)])
+        bad = (~torch.isfinite(extremes)).any().int()
+        self._nonfinite = bad if self._nonfinite is None else self._nonfinite + bad
 
     def timed_vc_call(self, shape: tuple, device: torch.device, run: Callable[[], torch.Tensor],
                       baseline: Callable[[], torch.Tensor]) -> torch.Tensor:
@@ -109,6 +132,9 @@ class RunStats:
             "sampled_calls": len(sampled),
             "steps": len(self.sigmas),
             "est_speedup": total_base / total_vc if total_vc > 0 else None,
+            "cache_evictions": self.cache_evictions,
+            "checked_calls": self.checked_calls,
+            "nonfinite_calls": 0 if self._nonfinite is None else int(self._nonfinite),
         }
 
     @staticmethod
@@ -121,7 +147,21 @@ class RunStats:
             f"{payload['grouping_calls']} groupings over {payload['steps']} steps; "
             f"{payload['attention_ms']:.3f} ms per VC call ({payload['sampled_calls']} timed); "
             f"est. speed-up over the model's attention {speed}"
-        )
+        ) + (_eviction_note(payload) if payload.get("cache_evictions") else "") + (
+            _nonfinite_note(payload) if payload.get("nonfinite_calls") else "")
+
+
+def _eviction_note(payload: dict) -> str:
+    return (f"; {payload['cache_evictions']} cached groupings replaced (the CFG batching, token count or batch "
+            "size changed within the run)")
+
+
+def _nonfinite_note(payload: dict) -> str:
+    return (
+        f"; {payload['nonfinite_calls']} of {payload['checked_calls']} checked VC calls had NaN or Inf in q, k "
+        "or v: the model produced them before attention (an fp16 overflow upstream?), and the output of those "
+        "layers is not usable with any attention"
+    )
 
 
 def publish(payload: dict) -> None:

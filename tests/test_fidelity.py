@@ -133,3 +133,14 @@ def test_table_on_cuda_matches_cpu():
     for c, g in zip(cpu, gpu):
         # same quantizers; float32 sums in another order can flip a rounding, hence not bit-exact
         assert g.method == c.method and g.rel_l2 == pytest.approx(c.rel_l2, rel=0.05)
+
+
+@pytest.mark.parametrize("option, value", [("--clusters", "-5"), ("--clusters", "0"), ("--iters", "0"),
+                                           ("--iters", "-1"), ("--clusters", "many")])
+def test_cli_refuses_counts_below_one_in_one_sentence(capsys, option, value):
+    """--clusters -5 ran 251 clusters while reporting -5; 0 was replaced by the default silently."""
+    args = [a for a in TINY if a not in ("--clusters", "--iters", "2")] + [option, value]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["fidelity", *args])
+    assert exit_info.value.code == 2
+    assert f"argument {option}: must be a whole number of at least 1, got {value!r}" in capsys.readouterr().err

@@ -1,5 +1,8 @@
 """JIT build plumbing without a GPU: cache keys, the build lock, and every error sentence."""
+import contextlib
 import multiprocessing
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -221,3 +224,107 @@ def test_toolchain_reason_names_the_missing_nvcc_unless_jit_is_disabled(monkeypa
     assert "could not find nvcc" in jit.toolchain_reason()
     monkeypatch.setenv(jit.ENV_PREFIX + "DISABLE_JIT", "1")
     assert jit.toolchain_reason() is None
+
+
+def _cuda_free_build(monkeypatch, tmp_path, cache):
+    """load_extension's plumbing on this machine: no CUDA torch needed, compile counted, not run."""
+    monkeypatch.setenv("VC_ATTENTION_CACHE_DIR", str(cache))
+    monkeypatch.setattr(jit, "check_torch_cuda", lambda: None)
+    builds = []
+
+    def fake_compile(spec, verbose):
+        builds.append(spec)
+        return "rebuilt module"
+
+    monkeypatch.setattr(jit, "_compile", fake_compile)
+    return builds
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX owner and mode bits")
+@pytest.mark.parametrize("problem", ["group_writable", "other_writable", "other_owner"])
+def test_a_cache_others_could_write_is_refused_before_anything_is_loaded(sources, tmp_path, monkeypatch, problem):
+    """A .so planted in a shared cache would run its constructor inside ComfyUI when imported."""
+    cache = tmp_path / "cache"
+    builds = _cuda_free_build(monkeypatch, tmp_path, cache)
+    spec = jit.make_spec("demo", sources, arch="9.0a")
+    spec.directory.mkdir(parents=True)
+    spec.library.write_bytes(b"planted")
+    monkeypatch.setattr(jit, "_import_library", lambda s: pytest.fail("imported from an unsafe cache"))
+    if problem == "other_owner":
+        os.chown(cache, os.getuid() + 4242, -1) if os.getuid() == 0 else pytest.skip("chown needs root")
+        words = "belongs to another user"
+    else:
+        cache.chmod(0o775 if problem == "group_writable" else 0o757)
+        words = r"writable by other users.*chmod go-w"
+    with pytest.raises(jit.JitError, match=words):
+        jit.load_extension("demo", sources, arch="9.0a")
+    assert builds == []
+
+
+def test_a_new_cache_is_created_private_whatever_the_umask(sources, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    _cuda_free_build(monkeypatch, tmp_path, cache)
+    old = os.umask(0o002)
+    try:
+        assert jit.load_extension("demo", sources, arch="9.0a") == "rebuilt module"
+    finally:
+        os.umask(old)
+    spec = jit.make_spec("demo", sources, arch="9.0a")
+    assert not (cache.stat().st_mode & 0o022) and not (spec.directory.stat().st_mode & 0o022)
+
+
+def test_a_corrupt_cached_library_is_deleted_and_rebuilt_under_the_lock(sources, tmp_path, monkeypatch):
+    builds = _cuda_free_build(monkeypatch, tmp_path, tmp_path / "cache")
+    spec = jit.make_spec("demo", sources, arch="9.0a")
+    spec.directory.mkdir(parents=True, mode=0o755)
+    spec.library.write_bytes(b"\x7fELF truncated by an interrupted build")
+    locked = []
+    real_lock = jit.build_lock
+
+    @contextlib.contextmanager
+    def watched_lock(directory):
+        with real_lock(directory):
+            locked.append(True)
+            yield
+            locked.append(False)
+
+    def compile_under_lock(spec_, verbose):
+        assert locked == [True] and not spec_.library.exists()
+        builds.append(spec_)
+        return "rebuilt module"
+
+    monkeypatch.setattr(jit, "build_lock", watched_lock)
+    monkeypatch.setattr(jit, "_compile", compile_under_lock)
+    assert jit.load_extension("demo", sources, arch="9.0a") == "rebuilt module"
+    assert len(builds) == 1
+
+
+def test_a_corrupt_cached_library_with_the_jit_disabled_says_so(sources, tmp_path, monkeypatch):
+    builds = _cuda_free_build(monkeypatch, tmp_path, tmp_path / "cache")
+    monkeypatch.setenv("VC_ATTENTION_DISABLE_JIT", "1")
+    spec = jit.make_spec("demo", sources, arch="9.0a")
+    spec.directory.mkdir(parents=True, mode=0o755)
+    spec.library.write_bytes(b"not a library")
+    with pytest.raises(jit.JitError, match="cannot be loaded.*run `vc-attention build` once without"):
+        jit.load_extension("demo", sources, arch="9.0a")
+    assert builds == []
+
+
+@pytest.mark.parametrize("problem", ["cache_is_a_file", "read_only"])
+def test_an_unusable_cache_path_is_one_jit_error(sources, tmp_path, monkeypatch, problem):
+    cache = tmp_path / "cache"
+    _cuda_free_build(monkeypatch, tmp_path, cache)
+    if problem == "cache_is_a_file":
+        cache.write_text("a file where the cache directory should be")
+    else:  # as root chmod does not stop a write, so the refusal the OS would give is simulated
+        cache.mkdir(mode=0o555)
+        real_mkdir = Path.mkdir
+
+        def refuse_inside_cache(self, *args, **kwargs):
+            if cache in self.parents:
+                raise PermissionError(13, "Permission denied", str(self))
+            return real_mkdir(self, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "mkdir", refuse_inside_cache)
+    with pytest.raises(jit.JitError, match=r"cannot be used \(.*\); set VC_ATTENTION_CACHE_DIR to a writable"):
+        jit.load_extension("demo", sources, arch="9.0a")

@@ -81,3 +81,32 @@ def test_wan22_14b_720p_with_cfg_stays_under_300_mb_with_every_preset():
         assert total <= 300e6, (mode, total)
     # the figure the docs quote
     assert round(estimated_bytes(**WAN22_14B_720P_CFG, clusters=64, with_centroids=True) / 1e6) == 295
+
+
+def test_changing_cfg_batching_within_a_run_replaces_entries_instead_of_doubling_them():
+    """cond+uncond in one batch, then one forward each (ComfyUI does so when memory is short): the
+    per-branch entries replace the batched one for the same layer, counted as evictions."""
+    from toy_dit import toy_model
+
+    model = toy_model()
+    patch = start(model)
+    evaluate(model, 0.99, batch_cfg=True)
+    assert len(patch.cache) == 2
+    evaluate(model, 0.98, batch_cfg=False)
+    assert len(patch.cache) == 4 and patch.stats.cache_evictions == 2  # (0, 1) -> (0,) and (1,) per block
+    evaluate(model, 0.97, batch_cfg=True)
+    assert len(patch.cache) == 2 and patch.stats.cache_evictions == 6
+    assert sorted(k[2] for k in patch.cache._entries) == [(0, 1), (0, 1)]
+    assert patch.stats.payload("1")["cache_evictions"] == 6
+
+
+def test_a_resolution_change_replaces_the_layer_entry():
+    from vc_attention.kernels.grouping import group_tokens
+    from vc_attention.nodes.cache import GroupingCache, LayerKey
+
+    cache = GroupingCache()
+    small, large = (group_tokens(torch.randn(1, 2, n, 64), 4, 1) for n in (100, 200))
+    assert cache.put(LayerKey(("double", 0), 0, (0,), 100, 1), small) == 0
+    assert cache.put(LayerKey(("double", 1), 0, (0,), 100, 1), small) == 0  # another layer: kept
+    assert cache.put(LayerKey(("double", 0), 0, (0,), 200, 1), large) == 1
+    assert len(cache) == 2 and cache.get(LayerKey(("double", 0), 0, (0,), 100, 1)) is None

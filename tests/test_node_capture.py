@@ -51,3 +51,39 @@ def test_index_lists_parse_ranges():
     from vc_attention.nodes.node_capture import parse_index_list
 
     assert parse_index_list("0, 10-12,3", "blocks") == {0, 3, 10, 11, 12}
+
+
+@pytest.mark.parametrize("prefix", ["", ".", "./", "vc_attention/", "sub/.."])
+def test_a_prefix_without_a_file_name_is_refused(tmp_path, prefix):
+    """'' or '.' once wrote output_00001.safetensors beside the output folder, not in it."""
+    from vc_attention.nodes.node_capture import next_free_path
+
+    out = tmp_path / "output"
+    out.mkdir()
+    with pytest.raises(ValueError, match="filename_prefix"):
+        next_free_path(out, prefix)
+    assert list(tmp_path.iterdir()) == [out]
+
+
+def test_a_symlink_out_of_the_output_folder_is_not_followed(tmp_path):
+    from vc_attention.nodes.node_capture import next_free_path
+
+    out, elsewhere = tmp_path / "output", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (out / "link").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(ValueError, match="inside the output folder"):
+        next_free_path(out, "link/capture")
+    (out / "capture_00001.safetensors").symlink_to(elsewhere / "planted.safetensors")  # a dangling file link
+    assert next_free_path(out, "capture").name == "capture_00002.safetensors"
+    assert next_free_path(out, "sub/capture") == out.resolve() / "sub" / "capture_00001.safetensors"
+
+
+@pytest.mark.parametrize("text, words", [("0-1000000000", "at most 9999"), ("12-10", "12-10"),
+                                         ("100000", "at most 9999")])
+def test_index_lists_are_bounded(text, words):
+    """An unbounded range ('0-1000000000') once ran the server out of memory while parsing."""
+    from vc_attention.nodes.node_capture import parse_index_list
+
+    with pytest.raises(ValueError, match=words):
+        parse_index_list(text, "steps")

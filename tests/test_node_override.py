@@ -241,3 +241,69 @@ def test_a_failed_build_of_a_backend_chosen_by_name_stops_the_run_with_the_compi
     q, k, v = qkv((B, H, N, D))
     with pytest.raises(jit.JitError, match="compiler output"):
         attention_pytorch(q, k, v, H, skip_reshape=True, skip_output_reshape=True, transformer_options=options(patch))
+
+
+def test_an_unusable_jit_cache_is_the_counted_build_fallback_not_a_crash(monkeypatch, tmp_path):
+    """A cache path that is a file once raised NotADirectoryError/FileExistsError out of the run."""
+    from comfy.ldm.modules.attention import attention_pytorch
+    from vc_attention.kernels import backends, jit
+
+    source = tmp_path / "kernel.cu"
+    source.write_text("__global__ void k() {}\n")
+    (tmp_path / "cache").write_text("not a directory")
+    monkeypatch.setenv("VC_ATTENTION_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(jit, "check_torch_cuda", lambda: None)
+
+    def run_needing_the_extension(*args):
+        return jit.load_extension("demo", [source], arch="9.0a")
+
+    backends.backends()
+    monkeypatch.setitem(backends._REGISTRY, "cached", backends.Backend(
+        name="cached", priority=1000, run=run_needing_the_extension, unsupported_reason=lambda q, c, l: None))
+    patch = make_patch(backend="auto")
+    q, k, v = qkv((B, H, N, D))
+    out = attention_pytorch(q, k, v, H, skip_reshape=True, skip_output_reshape=True, transformer_options=options(patch))
+    assert torch.equal(out, attention_pytorch(q, k, v, H, skip_reshape=True, skip_output_reshape=True))
+    assert patch.stats.fallbacks == {"kernel_build_failed": 1}
+
+
+@pytest.mark.parametrize("empty_dim", [0, 1, 2])
+def test_empty_calls_fall_back_counted_instead_of_stopping_the_run(empty_dim):
+    from comfy.ldm.modules.attention import attention_pytorch
+
+    shape = [B, H, N, D]
+    shape[empty_dim] = 0
+    q, k, v = qkv(tuple(shape))
+    patch = make_patch()
+    out = attention_pytorch(q, k, v, H, skip_reshape=True, skip_output_reshape=True, transformer_options=options(patch))
+    assert out.shape == q.shape
+    assert patch.stats.fallbacks == {"shape": 1} and not patch.stats.backend_calls
+
+
+def test_autograd_calls_fall_back_counted_and_the_backward_runs():
+    """With requires_grad the forward ran VC-Attention and the backward then failed (no autograd formula)."""
+    from comfy.ldm.modules.attention import attention_pytorch
+
+    q, k, v = (t.requires_grad_() for t in qkv((B, N, H * D)))
+    patch = make_patch()
+    out = attention_pytorch(q, k, v, heads=H, transformer_options=options(patch))
+    assert torch.equal(out, attention_pytorch(q, k, v, heads=H))
+    out.float().sum().backward()
+    assert q.grad is not None and patch.stats.fallbacks == {"autograd": 1}
+    with torch.no_grad():
+        attention_pytorch(q, k, v, heads=H, transformer_options=options(patch))
+    assert patch.stats.backend_calls == {"reference": 1}
+
+
+def test_the_node_hands_its_own_grouping_as_trusted(monkeypatch):
+    """The node's perm comes from kernels.grouping (a permutation by construction): only its range is checked."""
+    from comfy.ldm.modules.attention import attention_pytorch
+    from vc_attention.kernels import inputs
+
+    seen = []
+    real = inputs.check_perm
+    monkeypatch.setattr(inputs, "check_perm", lambda perm, b, h, n, trusted: seen.append(trusted) or real(perm, b, h, n, trusted))
+    q, k, v = qkv((B, H, N, D))
+    patch = make_patch()
+    attention_pytorch(q, k, v, H, skip_reshape=True, skip_output_reshape=True, transformer_options=options(patch))
+    assert seen == [True]

@@ -2,10 +2,12 @@
 import logging
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.usefixtures("comfy_standin")
 
-KEYS = {"node_id", "backend_calls", "fallbacks", "grouping_calls", "attention_ms", "sampled_calls", "steps", "est_speedup"}
+KEYS = {"node_id", "backend_calls", "fallbacks", "grouping_calls", "attention_ms", "sampled_calls", "steps", "est_speedup",
+        "cache_evictions", "checked_calls", "nonfinite_calls"}
 
 
 def test_one_event_and_one_log_line_per_run(caplog):
@@ -63,3 +65,54 @@ def test_steps_are_counted_when_every_call_falls_back():
     (_, payload, _), = server.messages
     assert not payload["backend_calls"] and payload["fallbacks"]["no_cuda_gpu"] == 4 * 2
     assert payload["steps"] == 4 and payload["grouping_calls"] == 0
+
+
+def _call(patch, q, sigma=0.9):
+    from comfy.ldm.modules.attention import attention_pytorch
+    from vc_attention.nodes.override import make_override
+
+    to = {"optimized_attention_override": make_override(patch.attend, None), "sigmas": torch.tensor([sigma]),
+          "cond_or_uncond": [0], "block_index": 0}
+    return attention_pytorch(q, q, q, 2, skip_reshape=True, skip_output_reshape=True, transformer_options=to)
+
+
+def test_nan_or_inf_inputs_are_counted_on_checked_calls_and_reported(caplog):
+    """One NaN in q spreads over its 64-row scale block (SDPA: one row); the run says where it came from."""
+    from toy_dit import toy_model
+    from vc_attention.kernels.config import FIDELITY
+    from vc_attention.nodes import stats
+    from vc_attention.nodes.patch import Settings, VCPatch
+
+    patch = VCPatch(Settings(FIDELITY, 16, 2, 0.25, 0.0, 1.0, backend="reference"), node_id="7")
+    patch.start_run(toy_model())
+    clean = torch.randn(1, 2, 128, 64, dtype=torch.bfloat16)
+    poisoned = clean.clone()
+    poisoned[0, 1, 5, 3] = float("nan")
+    calls = [poisoned] + [clean] * (stats.SAMPLE_EVERY - 1) + [poisoned, poisoned]  # checked: the 1st and the 9th
+    for q in calls:
+        _call(patch, q)
+    payload = patch.stats.payload("7")
+    assert payload["checked_calls"] == 2 and payload["nonfinite_calls"] == 2
+    with caplog.at_level(logging.INFO):
+        patch.end_run()
+    text = " ".join(r.getMessage() for r in caplog.records)
+    assert "2 of 2 checked VC calls had NaN or Inf in q, k or v" in text and "before attention" in text
+
+
+def test_a_clean_run_reports_no_nonfinite_inputs():
+    from toy_dit import toy_model
+    from vc_attention.kernels.config import FIDELITY
+    from vc_attention.nodes.patch import Settings, VCPatch
+
+    patch = VCPatch(Settings(FIDELITY, 16, 2, 0.25, 0.0, 1.0, backend="reference"), node_id="7")
+    patch.start_run(toy_model())
+    _call(patch, torch.randn(1, 2, 128, 64, dtype=torch.bfloat16))
+    payload = patch.stats.payload("7")
+    assert payload["checked_calls"] == 1 and payload["nonfinite_calls"] == 0
+    assert "NaN" not in stats_line(payload)
+
+
+def stats_line(payload):
+    from vc_attention.nodes.stats import RunStats
+
+    return RunStats.log_line(payload)

@@ -233,3 +233,31 @@ def test_bnhd_views_with_n_a_multiple_of_the_block_need_no_copy():
     a = R.vc_attention_reference(q, k, v, FIDELITY)
     b = R.vc_attention_reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), FIDELITY, layout="bnhd")
     assert torch.equal(a, b.transpose(1, 2))
+
+
+def _near_fp16_max(seed=0):
+    """Sharp attention over V just below 65504: V-Smooth's FP8 residual rounds some values past it."""
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(1, 2, 256, 64, generator=g) * 30).half()
+    k = (torch.randn(1, 2, 256, 64, generator=g) * 30).half()
+    v = (65504 - 6000 * torch.rand(1, 2, 256, 64, generator=g)).half()
+    return q, k, v
+
+
+@pytest.mark.parametrize("config", [FIDELITY, SPEED], ids=lambda c: c.tag)
+def test_fp16_output_saturates_at_the_largest_finite_value(config):
+    """Dequantized V past fp16's range gave inf (106 of 32,768 here; SDPA none): the store saturates."""
+    from vc_attention.kernels import prepare
+
+    q, k, v = _near_fp16_max()
+    out = R.vc_attention_reference(q, k, v, config)
+    assert torch.isfinite(out).all() and (out == 65504).any()
+    emulated = prepare.attention_from_operands(prepare.prepare_reference(q, k, v, None, config), config, torch.float16)
+    assert torch.isfinite(emulated).all()
+
+
+def test_saturation_keeps_nan_and_leaves_bf16_alone():
+    x = torch.tensor([70000.0, -1e30, float("inf"), float("nan"), 65519.0, 1.5], dtype=torch.float64)
+    half = R.to_output_dtype(x, torch.float16)
+    assert half[[0, 1, 2, 4, 5]].tolist() == [65504.0, -65504.0, 65504.0, 65504.0, 1.5] and math.isnan(half[3])
+    assert torch.equal(R.to_output_dtype(x, torch.bfloat16).view(torch.int16), x.to(torch.bfloat16).view(torch.int16))

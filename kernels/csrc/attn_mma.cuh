@@ -319,7 +319,8 @@ struct AttnMma {
         const int col = 8 * i + 2 * t;
         const float2 sc = *reinterpret_cast<const float2*>(v_scale + col);
         const float lo = acc[i][2 * half] * sc.x * inv_l, hi = acc[i][2 * half + 1] * sc.y * inv_l;
-        *reinterpret_cast<uint32_t*>(dst + col) = p.out_bf16 ? pack2<__nv_bfloat16>(lo, hi) : pack2<__half>(lo, hi);
+        *reinterpret_cast<uint32_t*>(dst + col) = p.out_bf16 ? pack2<__nv_bfloat16>(lo, hi)
+                                                                : pack2<__half>(saturate_fp16(lo), saturate_fp16(hi));
       }
       if (p.lse != nullptr && t == 0) {
         // sum_j 2^s_ij = l * 2^(M - 8); natural-log units for the caller

@@ -38,6 +38,11 @@ __device__ __forceinline__ void load8_as_float(const T* src, float (&out)[8]) {
   }
 }
 
+// fp16 output saturates at 65504, as reference.to_output_dtype: dequantized V can exceed the input's
+// range by an FP8 rounding, and a plain cast gave inf where SDPA gives none. |NaN| > 65504 is false,
+// so NaN stays NaN.
+__device__ __forceinline__ float saturate_fp16(float x) { return fabsf(x) > 65504.f ? copysignf(65504.f, x) : x; }
+
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {

@@ -167,11 +167,16 @@ __device__ __forceinline__ uint32_t encode_expcast(float a0, float a1, float a2,
   return __byte_perm(lo, hi, 0x5410);
 }
 
+// fp16 output saturates at 65504, as reference.to_output_dtype: dequantized V can exceed the input's
+// range by an FP8 rounding, and a plain cast gave inf where SDPA gives none. |NaN| > 65504 is false,
+// so NaN stays NaN.
+__device__ __forceinline__ float saturate_fp16(float x) { return fabsf(x) > 65504.f ? copysignf(65504.f, x) : x; }
+
 template <typename OutT>
 __device__ __forceinline__ void store_pair(OutT* dst, float a, float b);
 template <>
 __device__ __forceinline__ void store_pair<__half>(__half* dst, float a, float b) {
-  *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(a, b);
+  *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(saturate_fp16(a), saturate_fp16(b));
 }
 template <>
 __device__ __forceinline__ void store_pair<__nv_bfloat16>(__nv_bfloat16* dst, float a, float b) {

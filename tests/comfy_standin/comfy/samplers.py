@@ -34,6 +34,7 @@ def _forward(model_patcher, x, sigma, cond_or_uncond, context, sample_sigmas):
     return out.chunk(len(cond_or_uncond))
 
 
+@torch.inference_mode()  # ComfyUI's executor runs every prompt under inference mode: no autograd
 def cfg_denoise(model_patcher, x, sigma, context, cfg, sample_sigmas, batch_cfg=True):
     """Denoised prediction with CFG; context = {COND: tensor, UNCOND: tensor}."""
     if batch_cfg:
@@ -63,6 +64,7 @@ def _evaluation_sigmas(sampler, sigmas):
     return out
 
 
+@torch.inference_mode()
 def sample(model_patcher, x, sigmas, context, sampler="euler", cfg=5.0, batch_cfg=True):
     """One sampling run (KSampler / KSamplerAdvanced with the given sigmas slice)."""
     model_patcher.pre_run()

@@ -1,0 +1,80 @@
+"""What the public op checks before any backend sees a call: one readable sentence per mistake.
+
+Every backend may then assume four same-shape, same-dtype float tensors, a VCConfig, no autograd
+and, when a perm is given, a (B,H,N) integer permutation of 0..N-1 per (batch, head). The CUDA
+prepare kernel reads K and V rows through perm without a bounds check, so this is also what keeps
+a bad perm from reading outside the tensors.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .config import VCConfig
+from .layout import check_layout
+
+# fp16/bf16 are what the CUDA kernels take; float32 runs on the reference emulation only.
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+PERM_DTYPES = (torch.int32, torch.int64)
+
+
+def check_call(q, k, v, layout: str, config) -> None:
+    """Types, layout, rank, one shape, one float dtype, the config, and no autograd."""
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+        raise TypeError(f"q, k and v must be tensors, got {type(q).__name__}, {type(k).__name__}, {type(v).__name__}.")
+    check_layout(layout)
+    if not q.dim() == k.dim() == v.dim() == 4:
+        raise ValueError(f"q, k and v must be 4-D tensors in layout {layout!r}, got {q.dim()}-D, {k.dim()}-D, {v.dim()}-D.")
+    if q.shape != k.shape or q.shape != v.shape:
+        raise ValueError(
+            "vc_attention is self-attention: q, k and v must have the same shape, got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}."
+        )
+    if q.dtype not in FLOAT_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(
+            "q, k and v must have one dtype, float16 or bfloat16 (float32 on the reference backend), got "
+            f"{q.dtype}, {k.dtype}, {v.dtype}."
+        )
+    if not isinstance(config, VCConfig):
+        raise TypeError(f"config must be a VCConfig (e.g. kernels.FIDELITY), got {config!r}.")
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise ValueError(
+            "vc_attention has no backward pass: call it under torch.no_grad() or torch.inference_mode(), "
+            "or on tensors that do not require grad."
+        )
+
+
+def check_perm(perm: Optional[torch.Tensor], b: int, h: int, n: int, from_grouping: bool) -> None:
+    """perm must be (B,H,N) int32/int64 with every value in [0, N); unless it comes from our own
+    grouping, also a permutation in every (batch, head).
+
+    from_grouping=True is the trusted path: kernels.grouping's perm() is a stable sort of labels,
+    a permutation by construction, so only the range is checked (one min/max). Otherwise a single
+    bincount over all (batch, head) rows, offset so rows never share a bin, finds a repeated or
+    missing token. Either way the verdict costs one host sync.
+    """
+    if perm is None:
+        return
+    if not isinstance(perm, torch.Tensor) or perm.dtype not in PERM_DTYPES:
+        raise TypeError(f"perm must be an int32 or int64 tensor, got {getattr(perm, 'dtype', type(perm).__name__)}.")
+    if tuple(perm.shape) != (b, h, n):
+        raise ValueError(f"perm must have shape (B, H, N) = {(b, h, n)}, got {tuple(perm.shape)}.")
+    if perm.numel() == 0:
+        return
+    lo, hi = torch.aminmax(perm)
+    in_range = (lo >= 0) & (hi < n)
+    if from_grouping:
+        ok = in_range
+    else:
+        rows = torch.arange(b * h, device=perm.device).view(b, h, 1) * n
+        bins = (perm.long().clamp(0, n - 1) + rows).reshape(-1)
+        ok = in_range & (torch.bincount(bins, minlength=b * h * n) == 1).all()
+    if bool(ok):
+        return
+    if not bool(in_range):
+        raise ValueError(f"perm values must lie in [0, {n}) (N = {n} tokens), got values from {int(lo)} to {int(hi)}.")
+    raise ValueError(
+        "perm must be a permutation of 0..N-1 in every (batch, head): a token is repeated or missing, "
+        "which would silently give a wrong output."
+    )
