@@ -259,7 +259,7 @@ def test_an_unusable_jit_cache_is_the_counted_build_fallback_not_a_crash(monkeyp
 
     backends.backends()
     monkeypatch.setitem(backends._REGISTRY, "cached", backends.Backend(
-        name="cached", priority=1000, run=run_needing_the_extension, unsupported_reason=lambda q, c, l: None))
+        name="cached", priority=1000, run=run_needing_the_extension, constraints=backends.Constraints(device_type="any")))
     patch = make_patch(backend="auto")
     q, k, v = qkv((B, H, N, D))
     out = attention_pytorch(q, k, v, H, skip_reshape=True, skip_output_reshape=True, transformer_options=options(patch))

@@ -247,12 +247,13 @@ def _near_fp16_max(seed=0):
 @pytest.mark.parametrize("config", [FIDELITY, SPEED], ids=lambda c: c.tag)
 def test_fp16_output_saturates_at_the_largest_finite_value(config):
     """Dequantized V past fp16's range gave inf (106 of 32,768 here; SDPA none): the store saturates."""
-    from vc_attention.kernels import prepare
+    from vc_attention.kernels.operand_emulation import emulate_attention
+    from vc_attention.kernels.prepare_reference import prepare_reference
 
     q, k, v = _near_fp16_max()
     out = R.vc_attention_reference(q, k, v, config)
     assert torch.isfinite(out).all() and (out == 65504).any()
-    emulated = prepare.attention_from_operands(prepare.prepare_reference(q, k, v, None, config), config, torch.float16)
+    emulated = emulate_attention(prepare_reference(q, k, v, None, config), config, torch.float16)
     assert torch.isfinite(emulated).all()
 
 
