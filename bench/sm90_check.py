@@ -1,8 +1,11 @@
-"""One-call GPU check of the Hopper (sm_90a) kernel: correctness vs reference.py, timing, SASS.
+"""Timing and SASS of prebuilt variants of the Hopper (sm_90a) kernel, each gated against reference.py.
 
 Runs the kernel through its torch-free C entry point (ctypes) from one or more prebuilt shared
 libraries (variants built with different -D flags), so one device call can compare variants side by
-side. Operands come from kernels.prepare_reference (the contract's defining values).
+side. A variant library is outside the JIT, so its quick correctness gate lives here; the JIT-built
+backends are tested by `pytest -q -m gpu` (tests/test_backends_gpu.py). Operands come from
+kernels.prepare_reference (the contract's defining values). Build a variant with the JIT's flags,
+which include the shared constants (kernels/constants.py, `constants.cuda_defines()`).
 
   python bench/sm90_check.py --lib build/sm90_base.so [--lib build/sm90_x.so ...] [--out DIR]
   bash bench/sm90_variants.sh   # builds the compile-time variants and runs this on all of them

@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..kernels import reference as ref
-from . import reference_fp4
 from ..kernels.config import FIDELITY, PLAIN_8BIT, SPEED
+from . import reference_fp4
 
 
 @dataclass

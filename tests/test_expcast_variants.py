@@ -1,6 +1,7 @@
 """ExpCast accuracy variants (study/expcast_variants.py): valid codes, monotone, agree with the
 paper's ExpCast where they should, and the subnormal fixes never lose to the paper on a long row."""
 import math
+import re
 
 import pytest
 import torch
@@ -101,6 +102,31 @@ def test_quantize_p_with_matches_reference_quantize_p():
     assert torch.equal(X.quantize_p_with(s, X.exp2_cast), R.quantize_p(s, FIDELITY))
 
 
-def test_variant_table_lists_every_cost():
-    for v in X.VARIANTS.values():
-        assert v.alu > 0 and v.mufu >= 0 and v.cvt >= 0 and v.note
+def _stated_cost(variant):
+    """(ALU, MUFU, cvt) per element as the encoder's docstring states it, or None if it does not."""
+    doc = " ".join((variant.encode.__doc__ or "").split())
+    same = re.search(r"Same instructions as (\w+)", doc)
+    if same:
+        other = X.VARIANTS[same.group(1)]
+        return other.alu, other.mufu, other.cvt
+    stated = re.search(r"Cost per element[^:]*:([^.]*(\.\d[^.]*)*)\.", doc)
+    if not stated:
+        return None
+    text = stated.group(1).split("=")[-1]
+    return tuple(float(m.group(1)) if (m := re.search(rf"(\d+(?:\.\d+)?) {unit}", text)) else 0.0
+                 for unit in ("ALU", "MUFU", "cvt"))
+
+
+def test_variant_table_costs_agree_with_each_encoders_own_statement():
+    checked = 0
+    for name, v in X.VARIANTS.items():
+        assert v.name == name == v.encode.__name__ and v.note
+        stated = _stated_cost(v)
+        if stated is not None:
+            assert (v.alu, v.mufu, v.cvt) == stated, name
+            checked += 1
+    assert checked >= 6
+    # a hybrid costs the mean of its two halves
+    for hybrid, other in (("hybrid_paper", "paper"), ("hybrid_bits", "bits_cast")):
+        h, a, b = X.VARIANTS[hybrid], X.VARIANTS["exp2_cast"], X.VARIANTS[other]
+        assert (h.alu, h.mufu, h.cvt) == ((a.alu + b.alu) / 2, (a.mufu + b.mufu) / 2, (a.cvt + b.cvt) / 2)

@@ -1,0 +1,274 @@
+"""GPU tier of every CUDA backend (one suite, parametrized over the backends that declare each case).
+
+Each backend runs against reference.py: the same quantization on both sides, so the gate is tight
+(relative L2 against the float64 emulation <= 1e-3 above the output dtype's own rounding). Outputs
+are poisoned with NaN first. Random AND video-like data, odd N, head dims 64/128, fp16/bf16, both
+layouts, with permutations. The public-op tests patch the reference emulation to raise and read
+BACKEND_CALLS, so a silent fallback fails. A backend this GPU cannot run (arch, toolchain) skips
+with its reason; a case a backend does not declare is not generated.
+
+  pytest -q -m gpu
+"""
+import math
+
+import pytest
+import torch
+
+from vc_attention.kernels import api, backends, reference
+from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED, VCConfig
+from vc_attention.kernels.layout import from_bhnd, shape_in, to_bhnd
+from vc_attention.kernels.prepare_cuda import prepare_cuda
+from vc_attention.kernels.prepare_reference import prepare_reference
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+CONFIGS = {"fidelity": FIDELITY, "speed": SPEED, "plain8": PLAIN_8BIT, "fp8qk": VCConfig(qk="fp8")}
+CUDA_BACKENDS = [b.name for b in backends.backends() if b.constraints.device_type == "cuda"]
+GATE = 1e-3
+
+
+def _declares(name: str, config: VCConfig, d: int, dtype: torch.dtype, layout: str) -> bool:
+    """Whether the backend's declaration covers the case (what a tensor-free check can say)."""
+    c = backends.get(name).constraints
+    return ((c.dtypes is None or dtype in c.dtypes) and (c.head_dims is None or d in c.head_dims)
+            and config.qk in c.qk_formats and config.v in c.v_formats and config.p in c.p_encodings and layout in c.layouts)
+
+
+def _cases(configs, ns, layouts, dims):
+    return [pytest.param(b, cfg, n, layout, d, dtype, id=f"{b}-{cfg}-N{n}-{layout}-D{d}-{str(dtype)[6:]}")
+            for b in CUDA_BACKENDS for cfg in configs for n in ns for layout in layouts for d, dtype in dims
+            if _declares(b, CONFIGS[cfg], d, dtype, layout)]
+
+
+def _backend(name: str) -> backends.Backend:
+    backend = backends.get(name)
+    if backend.availability():
+        pytest.skip(f"{name}: {backend.availability()}")
+    return backend
+
+
+def _rel_l2(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def _random_qkv(b, h, n, d, dtype, layout, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(shape_in(layout, b, h, n, d), generator=gen, device="cuda") for _ in range(3))
+    v = v + 2.0 * torch.randn(d, generator=gen, device="cuda")  # channel offsets: what V-Smooth removes
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def _perm(q, layout, config):
+    b, h, n, _ = to_bhnd(q, layout).shape
+    return torch.argsort(torch.rand(b, h, n, device="cuda"), dim=-1) if config.v == "vsmooth" else None
+
+
+def _emulation(q, k, v, perm, config, layout):
+    """The float64 emulation (B,H,N,D), on contiguous copies (block_absmax views its input)."""
+    qb, kb, vb = (to_bhnd(t, layout).contiguous() for t in (q, k, v))
+    return reference.vc_attention_reference(qb, kb, vb, config, perm=perm, parts=True).out
+
+
+def _poisoned_run(name, q, k, v, perm, config, layout):
+    """The backend's attention over the CUDA prepare's operands, into an output full of NaN."""
+    backend = _backend(name)
+    ops = prepare_cuda(q, k, v, perm, config, layout)
+    out = torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")
+    return backend.attend(ops, config, out, layout)
+
+
+def _check(out, ref64, layout):
+    """Finite, and within the gate above the output dtype's rounding of the emulation."""
+    out = to_bhnd(out, layout)
+    assert torch.isfinite(out).all()
+    floor = _rel_l2(ref64.to(out.dtype), ref64)
+    err = _rel_l2(out, ref64)
+    assert err <= floor + GATE, f"rel-L2 {err:.2e} vs the emulation (dtype floor {floor:.2e})"
+
+
+@pytest.fixture
+def no_emulation(monkeypatch):
+    """Inside a fast-path call the reference emulation raises: a silent fallback fails the test."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the reference emulation ran inside a fast-path call")
+
+    def patch():
+        monkeypatch.setattr(reference, "vc_attention_reference", refuse)
+
+    return patch
+
+
+@pytest.mark.parametrize("name,cfg,n,layout,d,dtype", _cases(CONFIGS, [1, 77, 128, 129, 4097], ["bhnd", "bnhd"],
+                                                               [(64, torch.float16), (64, torch.bfloat16),
+                                                                (128, torch.bfloat16), (128, torch.float16)]))
+def test_random_data_matches_the_emulation(name, cfg, n, layout, d, dtype):
+    config = CONFIGS[cfg]
+    q, k, v = _random_qkv(2, 2, n, d, dtype, layout, seed=n + d)
+    perm = _perm(q, layout, config)
+    out = _poisoned_run(name, q, k, v, perm, config, layout)
+    ref64 = _emulation(q, k, v, perm, config, layout)
+    _check(out, ref64, layout)
+    # and the total error stays that of the emulation (fp64 exact attention, chunked)
+    qb, kb, vb = (to_bhnd(t, layout).double() for t in (q, k, v))
+    scale = 1.0 / math.sqrt(d)
+    exact = torch.cat([torch.softmax(qb[:, :, i:i + 2048] @ kb.transpose(-1, -2) * scale, -1) @ vb
+                       for i in range(0, n, 2048)], dim=2)
+    assert _rel_l2(to_bhnd(out, layout), exact) <= 1.5 * _rel_l2(ref64, exact) + 1e-3
+
+
+@pytest.mark.parametrize("name,cfg,n,layout,d,dtype", _cases(CONFIGS, [6240], ["bhnd", "bnhd"],
+                                                               [(128, torch.bfloat16), (64, torch.float16)]))
+def test_video_like_data_with_grouping_matches_the_emulation(name, cfg, n, layout, d, dtype):
+    from vc_attention.study.fidelity import grouping_permutation
+    from vc_attention.study.videodata import video_like_qkv
+
+    config = CONFIGS[cfg]
+    q, k, v = video_like_qkv(B=2, H=2, T=4, Hgrid=30, Wgrid=52, D=d, dtype=dtype, device="cuda")  # N = 6240
+    perm = grouping_permutation(v, 64, 8) if config.v == "vsmooth" else None
+    q, k, v = (from_bhnd(t, layout).contiguous() for t in (q, k, v))
+    out = _poisoned_run(name, q, k, v, perm, config, layout)
+    _check(out, _emulation(q, k, v, perm, config, layout), layout)
+
+
+@pytest.mark.parametrize("name,cfg,n,layout,d,dtype", _cases(["speed", "fidelity"], [75600], ["bnhd"], [(128, torch.bfloat16)]))
+def test_wan_length_sequence(name, cfg, n, layout, d, dtype):
+    config = CONFIGS[cfg]
+    q, k, v = _random_qkv(1, 2, n, d, dtype, layout, seed=1)
+    perm = _perm(q, layout, config)
+    _check(_poisoned_run(name, q, k, v, perm, config, layout), _emulation(q, k, v, perm, config, layout), layout)
+
+
+@pytest.mark.parametrize("name", CUDA_BACKENDS)
+def test_64bit_offsets(name):
+    """B*H*N*D > 2^31 elements: the last head must still be right."""
+    b, h, n, d = 1, 104, 163840, 128
+    assert b * h * n * d > 2**31
+    q, k, v = _random_qkv(b, h, n, d, torch.bfloat16, "bnhd", seed=2)
+    out = _poisoned_run(name, q, k, v, None, PLAIN_8BIT, "bnhd")
+    last = slice(h - 1, h)
+    _check(out[:, :, last], _emulation(q[:, :, last], k[:, :, last], v[:, :, last], None, PLAIN_8BIT, "bnhd"), "bnhd")
+
+
+@pytest.mark.parametrize("name", CUDA_BACKENDS)
+def test_a_wrong_result_fails_the_gate(name):
+    q, k, v = _random_qkv(1, 2, 500, 128, torch.float16, "bhnd", seed=3)
+    out = _poisoned_run(name, q, k, v, None, FIDELITY, "bhnd")
+    with pytest.raises(AssertionError):
+        _check(out, _emulation(q, k, v, None, FIDELITY, "bhnd") * 1.01, "bhnd")
+
+
+@pytest.mark.parametrize("name", CUDA_BACKENDS)
+def test_public_op_runs_the_named_backend(name, no_emulation):
+    q, k, v = _random_qkv(2, 3, 300, 128, torch.bfloat16, "bnhd", seed=7)
+    perm = _perm(q, "bnhd", SPEED)
+    ref64 = _emulation(q, k, v, perm, SPEED, "bnhd")
+    _backend(name)
+    no_emulation()
+    before = api.BACKEND_CALLS.copy()
+    out = api.vc_attention(q, k, v, layout="bnhd", config=SPEED, perm=perm, backend=name)
+    assert api.BACKEND_CALLS - before == {name: 1}
+    _check(out, ref64, "bnhd")
+
+
+def test_auto_runs_the_fastest_available_backend(no_emulation):
+    q, k, v = _random_qkv(1, 2, 256, 128, torch.bfloat16, "bhnd", seed=8)
+    available = [b for b in backends.backends() if b.constraints.device_type == "cuda" and not b.why_not(q, SPEED, "bhnd", k, v)]
+    if not available:
+        pytest.skip("no CUDA backend runs on this GPU: " + "; ".join(f"{n}: {r}" for n, r in backends.describe(q, SPEED)))
+    ref64 = _emulation(q, k, v, None, SPEED, "bhnd")
+    no_emulation()
+    before = api.BACKEND_CALLS.copy()
+    out = api.vc_attention(q, k, v, config=SPEED)
+    assert api.BACKEND_CALLS - before == {available[0].name: 1}
+    _check(out, ref64, "bhnd")
+
+
+@pytest.mark.parametrize("name", CUDA_BACKENDS)
+def test_an_undeclared_case_is_declined_with_its_reason(name):
+    backend = _backend(name)
+    q = torch.zeros(1, 2, 64, 128, device="cuda", dtype=torch.bfloat16)
+    for what, config, qq in (("dtype float32", FIDELITY, q.float()), ("head dim 96", FIDELITY, q[..., :96].contiguous()),
+                             ("QK format 'fp8'", FIDELITY.with_(qk="fp8"), q)):
+        if not _declares(name, config, qq.shape[-1], qq.dtype, "bhnd"):
+            assert what in backend.why_not(qq, config, "bhnd")
+    with pytest.raises(backends.NoCapableBackend, match="16-byte aligned"):
+        api.vc_attention(q, q, q.transpose(-1, -2).contiguous().transpose(-1, -2), backend=name)
+
+
+@pytest.mark.parametrize("cfg", ["fidelity", "plain8", "fp8qk"])
+def test_cuda_prepare_matches_the_contract(cfg):
+    config = CONFIGS[cfg]
+    q, k, v = _random_qkv(2, 3, 1000, 128, torch.bfloat16, "bnhd", seed=3)
+    perm = torch.argsort(torch.rand(2, 3, 1000, device="cuda"), dim=-1)
+    got = prepare_cuda(q, k, v, perm, config, "bnhd")
+    want = prepare_reference(q, k, v, perm, config, "bnhd")
+    assert torch.equal(got.q_q.view(torch.uint8), want.q_q.view(torch.uint8))
+    # scales: amax / 127 is a true division in the kernel and on the CPU reference, while torch on
+    # CUDA multiplies by the rounded reciprocal: one ulp apart at most
+    torch.testing.assert_close(got.q_scale, want.q_scale, rtol=2.5e-7, atol=0)
+    # K mean and V block means are float32 sums in another order: allow rare one-code differences
+    for field in ("k_q", "v_t"):
+        same = (getattr(got, field).view(torch.uint8) == getattr(want, field).view(torch.uint8)).float().mean()
+        assert same > 0.999
+    torch.testing.assert_close(got.k_scale, want.k_scale, rtol=1e-6, atol=0)
+    torch.testing.assert_close(got.v_scale, want.v_scale, rtol=1e-6, atol=0)
+    torch.testing.assert_close(got.v_mean.float(), want.v_mean.float(), rtol=1e-3, atol=1e-3)
+
+
+def test_mma_log_sum_exp_output():
+    from vc_attention.kernels import backend_mma
+
+    _backend("mma")
+    q, k, v = _random_qkv(1, 2, 300, 64, torch.float16, "bhnd", seed=0)
+    config = PLAIN_8BIT.with_(smooth_k=False)  # K smoothing shifts the LSE (see attention_from_operands)
+    ops = prepare_cuda(q, k, v, None, config)
+    lse = torch.full((1, 2, 300), float("nan"), device="cuda")
+    backend_mma.attention_from_operands(ops, config, torch.empty_like(q), "bhnd", lse=lse)
+    exact = torch.logsumexp(q.double() @ k.double().transpose(-1, -2) / 8.0, dim=-1)
+    assert (lse.double() - exact).abs().max() < 0.05
+
+
+class _TinyBlock(torch.nn.Module):
+    """A projection, the op, a projection: the smallest model that calls vc_attention."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(dim, 3 * dim, bias=False)
+        self.out = torch.nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x):
+        b, n, dim = x.shape
+        q, k, v = (t.view(b, n, self.heads, dim // self.heads) for t in self.qkv(x).chunk(3, dim=-1))
+        # smooth_k off: the K-mean's atomic float sums would make even two eager runs differ in bits
+        o = api.vc_attention(q.contiguous(), k.contiguous(), v.contiguous(), layout="bnhd",
+                             config=PLAIN_8BIT.with_(smooth_k=False))
+        return self.out(o.reshape(b, n, dim))
+
+
+def test_torch_compile_fullgraph_equals_eager(no_emulation):
+    torch.manual_seed(0)
+    model = _TinyBlock(256, 2).to("cuda", torch.bfloat16)
+    x = torch.randn(1, 333, 256, device="cuda", dtype=torch.bfloat16)
+    if all(backends.get(name).availability() for name in CUDA_BACKENDS):
+        pytest.skip("no CUDA backend runs on this GPU")
+    no_emulation()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        eager = model(x)
+        assert torch.equal(model(x), eager)  # deterministic, so "equal" below is a fair demand
+        before = api.BACKEND_CALLS.copy()
+        got = compiled(x)
+    assert sum((api.BACKEND_CALLS - before).values()) == 1 and "reference" not in api.BACKEND_CALLS - before
+    assert torch.equal(got, eager)
+
+
+def test_bench_runs_every_method_on_mma():
+    from vc_attention.commands import bench
+
+    _backend("mma")
+    result = bench.benchmark({"small": (1, 2, 1024, 128)}, backend="mma", reps=1, fidelity=False)
+    methods = {r["method"]: r for r in result["rows"]}
+    assert {"sdpa-cudnn", "sdpa-flash", "vc-plain8", "vc-fidelity", "vc-speed"} <= set(methods)
+    assert all(methods[m]["backend"] == "mma" and methods[m]["ms"] > 0 for m in ("vc-plain8", "vc-fidelity", "vc-speed"))
