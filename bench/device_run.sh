@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU call that produces every published number: JIT build, the GPU test tiers not yet run on a
-# GPU, `vc-attention bench --save`, the grouping benchmark (B1/B2) and the end-to-end Wan-14B
+# GPU, `vc-attention bench --save`, the grouping benchmark (old vs fused, share of a speed call) and the end-to-end Wan-14B
 # forward. Each step has its own time limit so a slow step cannot starve the others; every log lands
 # in $OUT. Usage on the device machine, from the repo root, with wheels carried in .whl/:
 #   bash bench/device_run.sh
@@ -26,7 +26,7 @@ step build 150 python3 -m vc_attention.cli build
 step bench 120 python3 -m vc_attention.cli bench --save --json --reps 5 --shapes wan22-14b-720p,wan21-1.3b-480p,hunyuan15-720p,ltx-video,d64
 cp bench/results/*.json "$OUT/" 2>/dev/null
 step e2e 170 python3 -m vc_attention.cli bench --e2e
-step grouping 45 python3 bench/grouping_bench.py --batch 1 2
-step gpu_tests 60 python3 -m pytest -q -x -m gpu tests/test_grouping_gpu.py tests/test_node_gpu.py tests/test_sm90_gpu.py
+step grouping 150 python3 bench/grouping_bench.py
+step gpu_tests 60 python3 -m pytest -q -x -m gpu tests/test_grouping_gpu.py tests/test_grouping_fused_gpu.py tests/test_node_gpu.py tests/test_sm90_gpu.py
 tail -n 3 "$OUT"/*.log
 cat "$OUT/steps.txt"

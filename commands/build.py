@@ -20,10 +20,12 @@ def run(args: argparse.Namespace) -> int:
     if args.verbose:
         os.environ[jit.ENV_PREFIX + "VERBOSE"] = "1"
     arch = jit.target_arch()
-    from ..kernels import backend_cuda
+    from ..kernels import backend_cuda, grouping_fused
 
     backend_cuda.extension()
     print(f"mma kernels ready for sm_{jit.arch_code(arch)} (cache: {jit.cache_root()})")
+    grouping_fused.extension()
+    print(f"grouping kernels ready for sm_{jit.arch_code(arch)}")
     if arch == "9.0a":
         from ..kernels import backend_sm90
 
