@@ -30,6 +30,7 @@ OUTSIDE_RANGE = "outside_start_end"
 NO_SIGMA = "no_sigma"
 NO_BACKEND = "no_capable_backend"
 BUILD_FAILED = "kernel_build_failed"
+SLOWER = "slower than the model's attention at this shape"
 
 
 def ineligible(q, k, v, heads: int, mask, skip_reshape: bool, kwargs: dict) -> Optional[tuple[str, str]]:

@@ -94,6 +94,8 @@ def test_core_helpers_under_node():
       baseUnknown: core.basePreset("custom", undefined, table),
       status: core.statusLines(stats),
       untimed: core.statusLines({{...stats, sampled_calls: 0, est_speedup: null, backend_calls: {{}}}}),
+      slower: core.statusLines({{...stats, grouping_share: 0.0712, slower_shapes: ["1x12x32760x128"], kept_slower: false}}),
+      kept: core.statusLines({{...stats, slower_shapes: ["1x12x32760x128"], kept_slower: true}}),
     }}));
     """
     proc = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60)
@@ -113,6 +115,11 @@ def test_core_helpers_under_node():
         "grouping: 5 calls over 20 steps",
     ]
     assert out["untimed"][0] == "backend: no VC-Attention calls | attention not timed | est. speed-up n/a"
+    assert out["slower"][2:] == [
+        "grouping: 5 calls over 20 steps, 7.1% of the attention time",
+        "slower than the model's attention at 1x12x32760x128 (the model's attention ran there)",
+    ]
+    assert out["kept"][3] == "slower than the model's attention at 1x12x32760x128 (kept as chosen)"
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js")
