@@ -30,7 +30,7 @@ def test_one_event_and_one_log_line_per_run(caplog):
     # calls 2 and 3 of the shape run the model's attention instead (the timing baseline: no extra call)
     assert payload["backend_calls"] == {"reference": steps * blocks - 2} and payload["baseline_calls"] == 2
     assert payload["fallbacks"] == {"cross_attention": steps * blocks}
-    # step 0 of 3 is in the window; block 1's call there was the baseline, so it groups at step 1
+    # step 0 of 3 is in the window (the baseline calls group too: the cache is the same)
     assert payload["steps"] == steps and payload["grouping_calls"] == blocks
     # the fourth call of the shape and then every SAMPLE_EVERY-th one are timed (the first is warm-up)
     assert payload["sampled_calls"] == 1 + (steps * blocks - 4) // stats.SAMPLE_EVERY
@@ -96,7 +96,7 @@ def test_balanced_and_speed_switch_to_the_model_where_vc_is_slower(mode, monkeyp
     assert payload["fallbacks"][override.SLOWER] == calls - judged_at
     assert payload["backend_calls"] == {"reference": judged_at - 2}
     assert len(payload["slower_shapes"]) == 1 and payload["kept_slower"] is False
-    # timed VC calls 4 and 12: call 4 groups block 1 (its step-0 call was the baseline), 12 reuses
+    # timed VC calls 4 (step 1, inside the window: groups) and 12 (step 5: reuses)
     assert abs(payload["grouping_share"] - 0.5 / (0.5 + 2 * 2.0)) < 1e-6
     line = stats.RunStats.log_line(payload)
     assert "slower than the model's attention at " + payload["slower_shapes"][0] in line
