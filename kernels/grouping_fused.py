@@ -3,8 +3,9 @@ grouping (k-means rounds, cluster order, stable permutation) with every (batch, 
 per pass.
 
 What it needs (`unsupported_reason` says which one is missing): V on a CUDA GPU in fp16/bf16, head
-dim 64 or 128, 16-byte aligned rows, at most 256 clusters (uint8 labels) and shared memory for
-the centroids (float32: (C*(D+4) + C*D)*4 bytes + a token tile; 84 KB at 64 clusters, D 128).
+dim 64 or 128, 16-byte aligned rows, B*H <= 65535, at most 256 clusters (uint8 labels) and shared
+memory for the centroids (float32: (C*(D+4) + C*D)*4 bytes + a token tile; 84 KB at 64 clusters,
+D 128).
 Anything else, and every CPU call, runs the torch implementation in grouping.py; the calls on each
 path are counted in PATH_CALLS, and a CUDA call that falls back is logged once per reason.
 
@@ -30,6 +31,7 @@ SOURCES = ("grouping_binding.cpp", "grouping.cu")
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
 MAX_CLUSTERS = 256  # labels are uint8
+MAX_GROUPS = 65535  # B*H: the grid's y dimension
 TILE_TOKENS = 64  # csrc/grouping_params.h kGroupTileTokens
 CHUNK = 64  # csrc/grouping_params.h kGroupChunk
 BLOCKS_PER_SLOT = 2  # assignment blocks per resident block slot: a short tail, small partial buffers
@@ -78,6 +80,8 @@ def unsupported_reason(v: torch.Tensor, clusters: int) -> Optional[str]:
     d = v.shape[-1]
     if d not in HEAD_DIMS:
         return f"head dim {d} (supported: {HEAD_DIMS})"
+    if v.shape[0] * v.shape[1] > MAX_GROUPS:
+        return f"{v.shape[0] * v.shape[1]} (batch, head) pairs (at most {MAX_GROUPS}: one grid row each)"
     if clusters > MAX_CLUSTERS:
         return f"{clusters} clusters (at most {MAX_CLUSTERS}: labels are uint8)"
     if v.stride(-1) != 1 or v.data_ptr() % 16 or any(s % 8 for s in v.stride()[:3]):

@@ -39,6 +39,7 @@ def test_supported_and_unsupported_inputs(h200_like):
     assert "dtype" in grouping_fused.unsupported_reason(CudaLike(dtype=torch.float32), 64)
     assert "head dim 96" in grouping_fused.unsupported_reason(CudaLike(shape=(1, 2, 100, 96)), 64)
     assert "uint8" in grouping_fused.unsupported_reason(CudaLike(), 300)
+    assert "65536 (batch, head) pairs" in grouping_fused.unsupported_reason(CudaLike(shape=(2048, 32, 64, 64)), 64)
     assert "aligned" in grouping_fused.unsupported_reason(CudaLike(ptr=258), 64)
     assert "aligned" in grouping_fused.unsupported_reason(CudaLike(strides=(1000 * 132, 132, 132 * 2, 1)), 64)
     assert "shared memory" in grouping_fused.unsupported_reason(CudaLike(), 256)  # 256 x 128 floats, twice

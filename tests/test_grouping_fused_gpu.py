@@ -44,7 +44,7 @@ def clustered_v(b, h, n, d, centres=24, seed=0, dtype=torch.bfloat16):
 def video_v(d=128, dtype=torch.bfloat16):
     from vc_attention.kernels.videodata import video_like_qkv
 
-    return video_like_qkv(B=1, H=2, T=2, Hgrid=30, Wgrid=52, D=d, dtype=dtype, device="cuda")
+    return video_like_qkv(B=1, H=2, T=2, Hgrid=30, Wgrid=52, D=d, dtype=dtype, device="cuda")[2]
 
 
 def assert_labels_match_up_to_near_ties(v, centroids, labels, ref_labels):

@@ -52,12 +52,14 @@ def test_a_run_without_calls_publishes_nothing():
 
 def run_toy(mode, steps, monkeypatch, grouping_ms=0.5, vc_ms=2.0, model_ms=1.0):
     """A toy sampling run on a simulated clock: the model's attention takes model_ms, a k-means
-    grouping grouping_ms, a VC attention call vc_ms (its kernel a stand-in returning zeros); the
-    timers read that clock. These tests are about the decisions, not the numbers."""
+    grouping grouping_ms, a VC attention call vc_ms; the timers read that clock. VC-Attention runs a
+    stand-in backend returning zeros (the reference emulation is never judged on speed): these tests
+    are about the decisions, not the numbers."""
     import torch
     from comfy.samplers import sample, simple_scheduler
     from server import PromptServer
     from toy_dit import toy_inputs, toy_model
+    from vc_attention.kernels import backends
     from vc_attention.nodes import override, patch, presets, stats
     from vc_attention.nodes.node_attention import VCAttention
 
@@ -69,13 +71,16 @@ def run_toy(mode, steps, monkeypatch, grouping_ms=0.5, vc_ms=2.0, model_ms=1.0):
             return fn(*args, **kwargs)
         return timed
 
+    stand_in = backends.Backend(name="stand_in", priority=1000, unsupported_reason=lambda q, c, l: None,
+                                run=costs(vc_ms, lambda q, k, v, perm, config, layout, sm_scale: torch.zeros_like(q)))
+    backends.backends()  # load the built-in backends before adding ours
+    monkeypatch.setitem(backends._REGISTRY, "stand_in", stand_in)
     monkeypatch.setattr(stats.time, "perf_counter", lambda: clock[0])
-    monkeypatch.setattr(patch, "vc_attention", costs(vc_ms, lambda q, k, v, **kwargs: torch.zeros_like(q)))
     monkeypatch.setattr(patch, "group_tokens", costs(grouping_ms, patch.group_tokens))
     monkeypatch.setattr(override.AttentionCall, "model_attention", costs(model_ms, override.AttentionCall.model_attention))
     server = PromptServer()
     model = toy_model()
-    widgets = {k: s["default"] for k, s in presets.WIDGETS.items() if k != "mode"} | {"backend": "reference"}
+    widgets = {k: s["default"] for k, s in presets.WIDGETS.items() if k != "mode"} | {"backend": "auto"}
     patched = VCAttention.PREPARE_CLASS_CLONE({"hidden_inputs": {"UNIQUE_ID": "9"}}).execute(model, mode, **widgets).result[0]
     x, context = toy_inputs()
     sample(patched, x, simple_scheduler(model.model.model_sampling, steps), context)
@@ -94,7 +99,7 @@ def test_balanced_and_speed_switch_to_the_model_where_vc_is_slower(mode, monkeyp
     # judged after MIN_VC_SAMPLES timed VC calls (calls 4 and 12): from call 13 on the model's attention runs
     judged_at = 4 + (stats.MIN_VC_SAMPLES - 1) * stats.SAMPLE_EVERY
     assert payload["fallbacks"][override.SLOWER] == calls - judged_at
-    assert payload["backend_calls"] == {"reference": judged_at - 2}
+    assert payload["backend_calls"] == {"stand_in": judged_at - 2}
     assert len(payload["slower_shapes"]) == 1 and payload["kept_slower"] is False
     # timed VC calls 4 (step 1, inside the window: groups) and 12 (step 5: reuses)
     assert abs(payload["grouping_share"] - 0.5 / (0.5 + 2 * 2.0)) < 1e-6
@@ -111,7 +116,7 @@ def test_fidelity_and_custom_keep_vc_and_say_it_is_slower(mode, monkeypatch, cap
     with caplog.at_level(logging.WARNING):
         payload = run_toy(mode, steps, monkeypatch)
     assert override.SLOWER not in payload["fallbacks"]
-    assert payload["backend_calls"] == {"reference": steps * blocks - 2}
+    assert payload["backend_calls"] == {"stand_in": steps * blocks - 2}
     assert len(payload["slower_shapes"]) == 1 and payload["kept_slower"] is True
     assert sum("slower than the model's attention" in r.getMessage() for r in caplog.records) == 1
 
@@ -124,3 +129,30 @@ def test_a_faster_vc_keeps_running_and_grouping_counts_at_its_rate(monkeypatch):
     payload = run_toy("balanced", 10, monkeypatch, grouping_ms=0.9, vc_ms=0.6)
     assert override.SLOWER not in payload["fallbacks"] and payload["slower_shapes"] == []
     assert payload["est_speedup"] > 1
+
+
+def test_the_reference_emulation_is_never_judged_on_speed(monkeypatch):
+    """The CPU demo path (the exact spec, slow by design) keeps running under balanced."""
+    import time
+
+    import torch
+    from comfy.samplers import sample, simple_scheduler
+    from server import PromptServer
+    from toy_dit import toy_inputs, toy_model
+    from vc_attention.nodes import override, patch, presets
+    from vc_attention.nodes.node_attention import VCAttention
+
+    def slow_emulation(q, k, v, **kwargs):
+        time.sleep(0.002)
+        return torch.zeros_like(q)
+
+    monkeypatch.setattr(patch, "vc_attention", slow_emulation)
+    monkeypatch.setattr(override.AttentionCall, "model_attention", lambda self: torch.zeros_like(self.q))  # far faster
+    server = PromptServer()
+    widgets = {k: s["default"] for k, s in presets.WIDGETS.items() if k != "mode"} | {"backend": "reference"}
+    model = toy_model()
+    patched = VCAttention.PREPARE_CLASS_CLONE({"hidden_inputs": {"UNIQUE_ID": "r"}}).execute(model, "balanced", **widgets).result[0]
+    x, context = toy_inputs()
+    sample(patched, x, simple_scheduler(model.model.model_sampling, 10), context)
+    (_, payload, _), = server.messages
+    assert payload["backend_calls"] == {"reference": 20 - 2} and override.SLOWER not in payload["fallbacks"]

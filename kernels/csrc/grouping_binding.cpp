@@ -38,6 +38,7 @@ void kmeans_group(const torch::Tensor& v, torch::Tensor centroids, torch::Tensor
   TORCH_CHECK_VALUE(n >= 1 && n <= INT32_MAX, "N must be between 1 and 2^31 - 1, got ", n, ".");
   TORCH_CHECK_VALUE(iters >= 0, "iters must be >= 0.");
   const int64_t g = b * h;
+  TORCH_CHECK_VALUE(g <= 65535, "B * H must be at most 65535 (one grid row per head), got ", g, ".");
   TORCH_CHECK_VALUE(centroids.dim() == 3 && centroids.size(0) == g && centroids.size(2) == d,
                     "centroids must be (B*H, C, D) float32.");
   const int64_t c = centroids.size(1);
