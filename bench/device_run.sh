@@ -5,6 +5,7 @@
 #         tests   the whole `gpu` pytest tier, then the real-host tier when a ComfyUI checkout is there
 #         bench   `vc-attention bench --save`: attention kernels + grouping at every shape
 #         e2e     `vc-attention bench --e2e --save`: the Wan 14B forward (diffusers), SDPA / SageAttention / ours
+#         grouping bench/grouping_bench.py: the torch k-means path vs the fused kernels, share of a speed call
 #         comfyui `vc-attention bench --comfyui PATH --save`: sampling in real ComfyUI, default attention vs
 #                 `--use-sage-attention` vs our node's presets
 # Each --save rewrites its sections of bench/results/<gpu>.json, then BENCHMARKS.md and the README
@@ -36,7 +37,7 @@ step() {  # step NAME SECONDS COMMAND...: each step has its own limit so one slo
   timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
   echo "[$name] rc=$? in $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
 }
-stages=${*:-build tests bench e2e comfyui}
+stages=${*:-build tests bench grouping e2e comfyui}
 for stage in $stages; do
   case $stage in
     build) step build 240 python3 -m vc_attention.cli build ;;
@@ -44,11 +45,12 @@ for stage in $stages; do
       step gpu_tests 300 python3 -m pytest -q -m gpu --junitxml="$OUT/gpu_tests.xml" tests
       if [ -n "${COMFYUI_PATH:-}" ]; then step host_tests 240 python3 -m pytest -q -m comfyui tests; fi ;;
     bench) step bench 300 python3 -m vc_attention.cli bench --save ;;
+    grouping) step grouping 150 python3 bench/grouping_bench.py ;;
     e2e) step e2e 240 python3 -m vc_attention.cli bench --e2e --save ;;
     comfyui)
       if [ -n "${COMFYUI_PATH:-}" ]; then step comfyui 300 python3 -m vc_attention.cli bench --comfyui "$COMFYUI_PATH" --save
       else echo "[comfyui] skipped: no ComfyUI checkout (.comfy/ or COMFYUI_PATH)" | tee -a "$OUT/steps.txt"; fi ;;
-    *) echo "unknown stage $stage (build, tests, bench, e2e, comfyui)"; exit 2 ;;
+    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui)"; exit 2 ;;
   esac
 done
 tail -n 4 "$OUT"/*.log

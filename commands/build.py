@@ -20,11 +20,13 @@ def run(args: argparse.Namespace) -> int:
     if args.verbose:
         os.environ[jit.ENV_PREFIX + "VERBOSE"] = "1"
     arch = jit.target_arch()
-    from ..kernels import backend_mma, prepare_cuda
+    from ..kernels import backend_mma, grouping_fused, prepare_cuda
 
     prepare_cuda.extension()
     backend_mma.extension()
     print(f"prepare and mma kernels ready for sm_{jit.arch_code(arch)} (cache: {jit.cache_root()})")
+    grouping_fused.extension()
+    print(f"grouping kernels ready for sm_{jit.arch_code(arch)}")
     if arch == "9.0a":
         from ..kernels import backend_sm90
 

@@ -1,6 +1,11 @@
 """V-Smooth token grouping at speed: batched k-means, O(N) permutation, a compact label cache.
 
-Reproduces the semantics of reference.kmeans_labels / labels_to_permutation (labels equal up to
+On CUDA with fp16/bf16 V, head dim 64/128 and <= 256 clusters, `kmeans` and `group_tokens` run the
+fused kernels of grouping_fused.py (one launch per pass for all heads, order and permutation on the
+GPU). Everything else, and every CPU call, runs the torch implementation below; each call is
+counted in grouping_fused.PATH_CALLS with the reason.
+
+The torch implementation reproduces the semantics of reference.kmeans_labels / labels_to_permutation (labels equal up to
 near-ties and float summation order) with every (batch, head) processed at once through batched
 matrix products, and without any host synchronization (no .item(), no nonzero, no shape that depends
 on data), so the whole grouping can be captured in a CUDA graph.
@@ -19,11 +24,12 @@ one-hot matrix for the update (the cluster counts ride inside that product too).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 
-from . import reference
+from . import grouping_fused, jit, reference
 from .grouping_order import chain_ranks
 
 # Chosen by measurement on video-like data (bench/grouping_sweep.py, docs/grouping.md).
@@ -200,18 +206,48 @@ def kmeans(
     Returns (labels int64 (B,H,N), centroids float32 (B,H,C,D)).
     """
     _check_args(v_bhnd, clusters, iters)
+    fused = _fused(v_bhnd, clusters, iters, seed, init_centroids, order=None)
+    if fused is not None:
+        return fused["raw_labels"].long(), fused["centroids"]
+    return _torch_kmeans(v_bhnd, clusters, iters, seed, init_centroids)
+
+
+def _initial_centroids(
+    v_bhnd: torch.Tensor, clusters: int, seed: int, init_centroids: Optional[torch.Tensor]
+) -> torch.Tensor:
+    """(B,H,C,D) float32, a private copy: the seeded init tokens or the warm-start centroids."""
+    b, h, n, d = v_bhnd.shape
+    c = min(clusters, n)
+    if init_centroids is None:
+        return v_bhnd.index_select(2, _init_indices(n, clusters, seed, v_bhnd.device)).float()
+    if tuple(init_centroids.shape) != (b, h, c, d):
+        raise ValueError(
+            f"init_centroids must have shape (B, H, C, D) = {(b, h, c, d)}, got {tuple(init_centroids.shape)}: "
+            "a warm start needs the same batch, heads, cluster count and head dim."
+        )
+    return init_centroids.to(device=v_bhnd.device, dtype=torch.float32, copy=True).contiguous()
+
+
+def _fused(v_bhnd, clusters, iters, seed, init_centroids, order: Optional[bool]) -> Optional[dict]:
+    """The fused CUDA grouping (grouping_fused.run), or None after counting why it cannot run."""
+    reason = grouping_fused.unsupported_reason(v_bhnd, clusters)
+    if reason is None:
+        centroids = _initial_centroids(v_bhnd, clusters, seed, init_centroids)
+        try:
+            return grouping_fused.run(v_bhnd, centroids, iters, order)
+        except jit.JitError as err:  # no working toolchain: the torch path for the rest of the process
+            grouping_fused.disable(str(err))
+            reason = grouping_fused.unsupported_reason(v_bhnd, clusters)
+    grouping_fused.count_fallback(v_bhnd, reason)
+    return None
+
+
+def _torch_kmeans(v_bhnd, clusters, iters, seed, init_centroids) -> tuple[torch.Tensor, torch.Tensor]:
+    """kmeans on the torch path: batched products (see the module docstring)."""
     b, h, n, d = v_bhnd.shape
     c = min(clusters, n)
     x = v_bhnd.flatten(0, 1).to(_work_dtype(v_bhnd))  # a view for B == 1 in either layout
-    if init_centroids is None:
-        centroids = x.index_select(1, _init_indices(n, clusters, seed, x.device)).float()
-    else:
-        if tuple(init_centroids.shape) != (b, h, c, d):
-            raise ValueError(
-                f"init_centroids must have shape (B, H, C, D) = {(b, h, c, d)}, got {tuple(init_centroids.shape)}: "
-                "a warm start needs the same batch, heads, cluster count and head dim."
-            )
-        centroids = init_centroids.reshape(b * h, c, d).to(device=x.device, dtype=torch.float32)
+    centroids = _initial_centroids(v_bhnd, clusters, seed, init_centroids).view(b * h, c, d)
 
     step = _heads_per_chunk(b * h, n, c, d)
     parts = [_lloyd(x[i : i + step], centroids[i : i + step], iters) for i in range(0, b * h, step)]
@@ -250,6 +286,9 @@ class CompactGrouping:
     labels: torch.Tensor
     counts: torch.Tensor
     centroids: torch.Tensor | None = None
+    # the fused path's permutation, handed out by the first perm() and then dropped, so a cached
+    # grouping keeps 1 byte a token, not 5
+    fresh_perm: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def clusters(self) -> int:
@@ -257,6 +296,9 @@ class CompactGrouping:
 
     def perm(self) -> torch.Tensor:
         """(B,H,N) int32 permutation of the key/value tokens (stable by label)."""
+        if self.fresh_perm is not None:
+            perm, self.fresh_perm = self.fresh_perm, None
+            return perm
         return permutation_from_labels(self.labels, self.clusters)
 
     @property
@@ -294,7 +336,12 @@ def group_tokens(
                 "for a cold start."
             )
         init = warm_start.centroids
-    labels, centroids = kmeans(v_bhnd, clusters, iters, seed=seed, init_centroids=init)
+    _check_args(v_bhnd, clusters, iters)
+    fused = _fused(v_bhnd, clusters, iters, seed, init, order=order_clusters)
+    if fused is not None:
+        return CompactGrouping(labels=fused["labels"], counts=fused["counts"], centroids=fused["centroids_fp16"],
+                               fresh_perm=fused["perm"])
+    labels, centroids = _torch_kmeans(v_bhnd, clusters, iters, seed, init)
     b, h, c, d = centroids.shape
     counts = _cluster_counts(labels, c)
     if order_clusters:

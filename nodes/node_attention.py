@@ -59,7 +59,12 @@ def widget_input(name: str, spec: dict):
     return number.Input(name, min=spec["min"], max=spec["max"], step=spec["step"], **common)
 
 
-def settings_from_widgets(resolved: dict) -> Settings:
+# presets that may not make a run slower: at a shape where VC-Attention measured slower than the
+# model's attention they run the model's (fidelity and custom keep the user's choice and say so)
+AVOID_SLOWER_MODES = ("balanced", "speed")
+
+
+def settings_from_widgets(resolved: dict, mode: str = "custom") -> Settings:
     return Settings(
         config=presets.config_from_widgets(resolved),
         clusters=int(resolved["clusters"]),
@@ -68,6 +73,7 @@ def settings_from_widgets(resolved: dict) -> Settings:
         start_percent=float(resolved["start_percent"]),
         end_percent=float(resolved["end_percent"]),
         backend=resolved["backend"],
+        avoid_slower=mode in AVOID_SLOWER_MODES,
     )
 
 
@@ -105,5 +111,5 @@ class VCAttention(io.ComfyNode):
                 f"VC-Attention: backend {resolved['backend']!r} cannot run on this machine: {reason}. "
                 "Choose backend 'auto' to run the fastest kernel that can (or the model's own attention, counted)."
             )
-        patch = VCPatch(settings_from_widgets(resolved), node_id=str(cls.hidden.unique_id))
+        patch = VCPatch(settings_from_widgets(resolved, mode), node_id=str(cls.hidden.unique_id))
         return io.NodeOutput(install(model, patch))

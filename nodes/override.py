@@ -34,6 +34,7 @@ NO_GPU = "no_cuda_gpu"
 NO_BACKEND = "no_capable_backend"
 BUILD_FAILED = "kernel_build_failed"
 AUTOGRAD = "autograd"
+SLOWER = "slower than the model's attention at this shape"
 
 
 def ineligible(q, k, v, heads: int, mask, skip_reshape: bool, kwargs: dict) -> Optional[tuple[str, str]]:

@@ -6,8 +6,9 @@ Lifecycle, through ComfyUI's supported hooks only (the original MODEL is never t
   there) and registers two callbacks on the clone: ON_PRE_RUN (sampling starts: compute the sigma
   thresholds from the model's percent_to_sigma, empty the cache and the counters) and ON_CLEANUP
   (sampling ends: publish the stats once, free the cache).
-- each attention call goes to `attend`: eligibility, then the schedule, then grouping from the
-  per-layer cache, then the kernel.
+- each attention call goes to `attend`: eligibility, then the schedule, then the per-shape verdict
+  of the stats (balanced and speed run the model's attention where VC-Attention measured slower),
+  then grouping from the per-layer cache, then the kernel.
 A forward pass is recognized by its transformer_options dict: ComfyUI's BaseModel._apply_model
 hands every model call a fresh copy, which each block then passes down unchanged, so the sigma of
 the call is read (one host sync) and the per-block call counters reset once per forward.
@@ -43,6 +44,16 @@ class Settings:
     start_percent: float
     end_percent: float
     backend: str = "auto"
+    # balanced and speed: run the model's attention at a shape where VC-Attention measured slower
+    avoid_slower: bool = False
+
+    @property
+    def grouping_rate(self) -> float:
+        """Expected share of the active steps that regroup (the grouping window's part of them)."""
+        if not self.config.needs_grouping:
+            return 0.0
+        span = self.end_percent - self.start_percent
+        return min(1.0, max(0.0, (self.grouping_window - self.start_percent) / span)) if span > 0 else 0.0
 
 
 class VCPatch:
@@ -51,7 +62,7 @@ class VCPatch:
         self.node_id = node_id
         self.schedule: Optional[SigmaSchedule] = None
         self.cache = GroupingCache()
-        self.stats = RunStats()
+        self.stats = RunStats(settings.grouping_rate)
         self._reset_run_state()
 
     # ------------------------------------------------------------------ run lifecycle
@@ -66,7 +77,7 @@ class VCPatch:
 
     def end_run(self, model_patcher=None) -> None:
         if self.stats.backend_calls or self.stats.fallbacks:
-            publish(self.stats.payload(self.node_id))
+            publish(self.stats.payload(self.node_id, kept_slower=not self.settings.avoid_slower))
         self.cache.clear()
         self.stats.reset()
         self._reset_run_state()
@@ -76,6 +87,7 @@ class VCPatch:
         self._phase: Optional[Phase] = None
         self._calls_in_forward: Counter = Counter()
         self._window_closed = False
+        self._warned_slower: set[tuple] = set()
 
     def _enter_forward(self, transformer_options: Optional[dict]) -> None:
         """Place a new forward pass in the schedule (once per forward, not per call)."""
@@ -127,17 +139,27 @@ class VCPatch:
             return call.model_attention()
 
         v_bhnd = to_bhnd(v, layout)
-        key = self._layer_key(transformer_options or {}, v_bhnd.shape)
+        shape = tuple(v_bhnd.shape)
+        key = self._layer_key(transformer_options or {}, v_bhnd.shape)  # first: keys stay stable if a shape switches
+        # the emulation is the exact spec, slow by design (the CPU demo path): never judged on speed
+        if chosen.name != "reference" and self.stats.is_slower(shape):
+            if self.settings.avoid_slower:
+                self.stats.fallback(O.SLOWER, f"VC-Attention with its grouping measured slower than the model's "
+                                              f"attention at (B, H, N, D) = {shape}")
+                return call.model_attention()
+            self._warn_slower_once(shape)
         sm_scale = call.kwargs.get("scale")
 
-        def run():
-            perm = self._permutation(key, v_bhnd) if config.needs_grouping else None
+        def group():
+            return self._permutation(key, v_bhnd) if config.needs_grouping else None
+
+        def attend(perm):
             return vc_attention(q, k, v, layout=layout, config=config, perm=perm, sm_scale=sm_scale,
                                 backend=chosen, perm_from_grouping=True)
 
         self.stats.check_finite(q, k, v)
         try:
-            out = self.stats.timed_vc_call(tuple(v_bhnd.shape), q.device, run, call.own_attention)
+            out, from_model = self.stats.run_call(shape, q.device, group, attend, call.model_attention)
         except jit.JitError as err:
             # the first call builds the kernels; a broken toolchain must not stop the user's run:
             # under "auto" this backend is dropped for the process and the model's attention runs
@@ -148,8 +170,17 @@ class VCPatch:
                             f"attention for these calls. {err}")
             self.stats.fallback(O.BUILD_FAILED, str(err))
             return call.model_attention()
+        if from_model:  # the timing baseline stood in for this call
+            return out
         self.stats.backend_calls[chosen.name] += 1
         return O.to_output_layout(out, layout, call.skip_output_reshape)
+
+    def _warn_slower_once(self, shape: tuple) -> None:
+        if shape not in self._warned_slower:
+            self._warned_slower.add(shape)
+            logging.warning(f"VC-Attention: slower than the model's attention at (B, H, N, D) = {shape}; kept "
+                            "because the node is set to fidelity or custom (balanced and speed switch to the "
+                            "model's attention there).")
 
     def _layer_key(self, transformer_options: dict, bhnd: torch.Size) -> LayerKey:
         index = transformer_options.get("block_index")

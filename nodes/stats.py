@@ -1,11 +1,18 @@
-"""Per-run statistics of one VC-Attention node: counts, sampled timing, the log line, the UI event.
+"""Per-run statistics of one VC-Attention node: counts, sampled timing, the log line, the UI event,
+and the per-shape verdict "VC-Attention is slower than the model's attention here".
 
-Timing is sampled: the second and then every SAMPLE_EVERY-th VC call of each attention shape is
-bracketed by two CUDA events (on CPU by perf_counter, where ops run synchronously), and the events
-are read only when the run ends, so no call waits for the GPU. The first call of a shape is left
-out: it may include a kernel build or load. At the second call the model's own attention function
-also runs twice on the same inputs, the second (warm) run timed the same way: the baseline of
-est_speedup (two extra calls per shape and run: 2 in 3,200 calls for Wan2.2-14B, 40 steps, CFG).
+Timing is sampled and never waits for the GPU. Per attention shape:
+- call 1 runs VC-Attention untimed (it may include a kernel build or load);
+- calls 2 and 3 run the model's own attention INSTEAD of VC-Attention's (its output is a valid output,
+  so the baseline costs no extra attention call; the grouping still runs, so the per-layer cache is
+  the same as without the baseline): call 2 warms it up, call 3 is timed;
+- call 4 and then every SAMPLE_EVERY-th VC call are timed with three CUDA events (on CPU
+  perf_counter, where ops run synchronously): start, after the grouping / permutation, end.
+Events are read when they have completed (Event.query(), non-blocking) at later calls of the same
+shape, and all of them when the run ends. Once a shape has MIN_VC_SAMPLES timed VC calls and its
+baseline, its VC cost per call is estimated as attention + grouping x the run's grouping rate +
+permutation reuse x the rest (the grouping runs on the first part of the steps only); when that is
+above the model's attention time the shape is "slower" (nodes/patch.py decides what to do).
 
 NaN and Inf inputs are counted, not fallen back from: in our quantizers one NaN in q spreads over
 its 64-row scale block where the model's attention keeps it to its row (in k both lose most of the
@@ -20,52 +27,113 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 
 SAMPLE_EVERY = 8
+MIN_VC_SAMPLES = 2
 EVENT_NAME = "vc_attention.stats"
 
 
 class _Timer:
-    """Start/stop around a region; elapsed_ms() may synchronize and is only called at run end."""
+    """Marks on the device's timeline; a mark's time is read only once the GPU has passed it."""
 
     def __init__(self, device: torch.device) -> None:
         self._cuda = device.type == "cuda"
-        if self._cuda:
-            self._start = torch.cuda.Event(enable_timing=True)
-            self._stop = torch.cuda.Event(enable_timing=True)
-            self._start.record()
-        else:
-            self._t0 = time.perf_counter()
+        self._marks: list = []
+        self.mark()
 
-    def stop(self) -> "_Timer":
+    def mark(self) -> "_Timer":
         if self._cuda:
-            self._stop.record()
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._marks.append(event)
         else:
-            self._t1 = time.perf_counter()
+            self._marks.append(time.perf_counter())
         return self
 
-    def elapsed_ms(self) -> float:
+    def done(self) -> bool:
+        """Whether every mark has completed (never blocks)."""
+        return not self._cuda or self._marks[-1].query()
+
+    def intervals_ms(self) -> list[float]:
+        """Milliseconds between consecutive marks (synchronizes if the marks are not done yet)."""
         if self._cuda:
-            self._stop.synchronize()
-            return self._start.elapsed_time(self._stop)
-        return (self._t1 - self._t0) * 1e3
+            self._marks[-1].synchronize()
+            return [a.elapsed_time(b) for a, b in zip(self._marks, self._marks[1:])]
+        return [(b - a) * 1e3 for a, b in zip(self._marks, self._marks[1:])]
+
+
+@dataclass
+class _ShapeStats:
+    calls: int = 0  # eligible calls at this shape (VC and baseline)
+    baseline: Optional[_Timer] = None
+    baseline_ms: Optional[float] = None
+    pending: list = field(default_factory=list)  # (timer, grouped) not yet read
+    grouping_ms: list = field(default_factory=list)  # group phase of sampled calls that ran k-means
+    reuse_ms: list = field(default_factory=list)  # group phase of sampled calls that reused a grouping
+    attention_ms: list = field(default_factory=list)
+    slower: bool = False
+
+    def fold(self, wait: bool) -> None:
+        """Read the finished timers (all of them if `wait`)."""
+        if self.baseline is not None and (wait or self.baseline.done()):
+            self.baseline_ms = self.baseline.intervals_ms()[0]
+            self.baseline = None
+        keep = []
+        for timer, grouped in self.pending:
+            if not (wait or timer.done()):
+                keep.append((timer, grouped))
+                continue
+            group_ms, attention_ms = timer.intervals_ms()
+            (self.grouping_ms if grouped else self.reuse_ms).append(group_ms)
+            self.attention_ms.append(attention_ms)
+        self.pending = keep
+
+    @property
+    def samples(self) -> int:
+        return len(self.attention_ms)
+
+    def vc_ms(self, grouping_rate: float) -> Optional[float]:
+        """Estimated mean VC call time over the run, grouping included at its rate, or None."""
+        if not self.attention_ms:
+            return None
+        return (_mean(self.attention_ms) + grouping_rate * _mean(self.grouping_ms)
+                + (1.0 - grouping_rate) * _mean(self.reuse_ms))
+
+    @property
+    def vc_calls(self) -> int:
+        return self.calls - max(0, min(self.calls - 1, 2))  # calls 2 and 3 ran the baseline
+
+    def judge(self, grouping_rate: float) -> bool:
+        vc = self.vc_ms(grouping_rate)
+        if self.baseline_ms is not None and vc is not None and self.samples >= MIN_VC_SAMPLES:
+            self.slower = vc > self.baseline_ms
+        return self.slower
+
+
+def _mean(values: list) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def shape_name(shape: tuple) -> str:
+    return "x".join(str(s) for s in shape)
 
 
 class RunStats:
-    def __init__(self) -> None:
+    def __init__(self, grouping_rate: float = 0.0) -> None:
+        self.grouping_rate = grouping_rate  # expected share of VC calls that run a k-means grouping
         self.reset()
 
     def reset(self) -> None:
         self.backend_calls: Counter = Counter()
         self.fallbacks: Counter = Counter()
         self.grouping_calls = 0
+        self.baseline_calls = 0
         self.sigmas: set[float] = set()
-        self._calls_per_shape: Counter = Counter()
-        self._vc_timers: dict[tuple, list[_Timer]] = {}
-        self._baseline_timers: dict[tuple, _Timer] = {}
+        self._shapes: dict[tuple, _ShapeStats] = {}
         self._logged_details: set[str] = set()
         self.cache_evictions = 0  # grouping cache entries replaced within the run (nodes/cache.py)
         self.checked_calls = 0
@@ -90,51 +158,81 @@ class RunStats:
         bad = (~torch.isfinite(extremes)).any().int()
         self._nonfinite = bad if self._nonfinite is None else self._nonfinite + bad
 
-    def timed_vc_call(self, shape: tuple, device: torch.device, run: Callable[[], torch.Tensor],
-                      baseline: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """Run the VC call `run`, timing it if sampled; time `baseline` once per shape and run.
+    def is_slower(self, shape: tuple) -> bool:
+        """Whether VC-Attention (grouping included) measured slower than the model's attention at
+        this shape so far in the run (reads finished timers only: never waits for the GPU)."""
+        stats = self._shapes.get(shape)
+        if stats is None:
+            return False
+        stats.fold(wait=False)
+        return stats.judge(self.grouping_rate)
 
-        The first call of a shape is never timed (it may include a kernel build or load). At the
-        second, the baseline runs twice and only its second, warm run is timed.
-        """
-        self._calls_per_shape[shape] += 1
-        n = self._calls_per_shape[shape]
-        if n == 2:
-            baseline()
+    def run_call(self, shape: tuple, device: torch.device, group: Callable[[], Optional[torch.Tensor]],
+                 attend: Callable[[Optional[torch.Tensor]], torch.Tensor],
+                 model: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, bool]:
+        """One eligible call: attend(group()) (timed if sampled), or the model's attention `model`
+        where the baseline is due. Returns (output, True if the model's attention produced it)."""
+        stats = self._shapes.setdefault(shape, _ShapeStats())
+        stats.calls += 1
+        n = stats.calls
+        if n in (2, 3):
+            self.baseline_calls += 1
+            group()  # the layer's grouping stays as if VC-Attention had run (the cache, later steps)
+            if n == 2:
+                return model(), True
             timer = _Timer(device)
-            baseline()
-            self._baseline_timers[shape] = timer.stop()
-        if n < 2 or (n - 2) % SAMPLE_EVERY:
-            return run()
+            out = model()
+            stats.baseline = timer.mark()
+            return out, True
+        if n < 4 or (n - 4) % SAMPLE_EVERY:
+            return attend(group()), False
+        groupings_before = self.grouping_calls
         timer = _Timer(device)
-        out = run()
-        self._vc_timers.setdefault(shape, []).append(timer.stop())
-        return out
+        perm = group()
+        timer.mark()
+        out = attend(perm)
+        stats.pending.append((timer.mark(), self.grouping_calls > groupings_before))
+        return out, False
 
-    def payload(self, node_id: str) -> dict:
-        """The event the web extension reads (reads the timers: call it when the run has ended).
+    def payload(self, node_id: str, kept_slower: bool = False) -> dict:
+        """The event the web extension reads (reads every timer: call it when the run has ended).
 
-        attention_ms: mean time of one VC call (grouping included, at the rate it happened).
-        est_speedup: estimated total time of the model's attention over VC's for the calls VC ran,
-        per shape: calls x the model attention's time on that shape / calls x mean VC time.
+        attention_ms: mean time of one sampled VC call (grouping included, at the rate it happened).
+        est_speedup: the model attention's time over VC's for the calls VC ran, per shape: VC calls x
+        the model attention's time on that shape / VC calls x the estimated VC time (vc_ms).
+        grouping_share: grouping and permutation time / VC attention time over the sampled calls.
+        slower_shapes: shapes where VC-Attention measured slower than the model's attention;
+        kept_slower: VC-Attention kept running there (fidelity, custom), else the model's did.
         """
-        vc_ms = {shape: [t.elapsed_ms() for t in timers] for shape, timers in self._vc_timers.items()}
-        base_ms = {shape: t.elapsed_ms() for shape, t in self._baseline_timers.items()}
-        sampled = [ms for times in vc_ms.values() for ms in times]
-        total_base = sum(self._calls_per_shape[s] * base_ms[s] for s in vc_ms)
-        total_vc = sum(self._calls_per_shape[s] * sum(t) / len(t) for s, t in vc_ms.items())
+        total_base = total_vc = group_ms = attention_ms = 0.0
+        sampled = 0
+        for stats in self._shapes.values():
+            stats.fold(wait=True)
+            stats.judge(self.grouping_rate)
+            group_ms += sum(stats.grouping_ms) + sum(stats.reuse_ms)
+            attention_ms += sum(stats.attention_ms)
+            sampled += stats.samples
+            vc = stats.vc_ms(self.grouping_rate)
+            if vc is not None and stats.baseline_ms is not None:
+                total_base += stats.vc_calls * stats.baseline_ms
+                total_vc += stats.vc_calls * vc
+        all_ms = group_ms + attention_ms
         return {
             "node_id": str(node_id),
             "backend_calls": dict(self.backend_calls),
             "fallbacks": dict(self.fallbacks),
             "grouping_calls": self.grouping_calls,
-            "attention_ms": sum(sampled) / len(sampled) if sampled else 0.0,
-            "sampled_calls": len(sampled),
+            "baseline_calls": self.baseline_calls,
+            "attention_ms": all_ms / sampled if sampled else 0.0,
+            "sampled_calls": sampled,
             "steps": len(self.sigmas),
             "est_speedup": total_base / total_vc if total_vc > 0 else None,
             "cache_evictions": self.cache_evictions,
             "checked_calls": self.checked_calls,
             "nonfinite_calls": 0 if self._nonfinite is None else int(self._nonfinite),
+            "grouping_share": group_ms / all_ms if all_ms > 0 else None,
+            "slower_shapes": [shape_name(s) for s, stats in self._shapes.items() if stats.slower],
+            "kept_slower": kept_slower,
         }
 
     @staticmethod
@@ -142,13 +240,21 @@ class RunStats:
         calls = ", ".join(f"{n} on {name}" for name, n in sorted(payload["backend_calls"].items())) or "none"
         falls = ", ".join(f"{n} {reason}" for reason, n in sorted(payload["fallbacks"].items())) or "none"
         speed = "n/a" if payload["est_speedup"] is None else f"{payload['est_speedup']:.2f}x"
-        return (
+        share = "" if payload["grouping_share"] is None else f" ({100 * payload['grouping_share']:.1f}% of the VC attention time)"
+        line = (
             f"VC-Attention (node {payload['node_id']}): VC calls {calls}; model attention {falls}; "
-            f"{payload['grouping_calls']} groupings over {payload['steps']} steps; "
+            f"{payload['grouping_calls']} groupings{share} over {payload['steps']} steps; "
             f"{payload['attention_ms']:.3f} ms per VC call ({payload['sampled_calls']} timed); "
             f"est. speed-up over the model's attention {speed}"
-        ) + (_eviction_note(payload) if payload.get("cache_evictions") else "") + (
-            _nonfinite_note(payload) if payload.get("nonfinite_calls") else "")
+        )
+        if payload["slower_shapes"]:
+            action = "kept as chosen" if payload["kept_slower"] else "the model's attention ran there"
+            line += f"; slower than the model's attention at {', '.join(payload['slower_shapes'])} ({action})"
+        if payload.get("cache_evictions"):
+            line += _eviction_note(payload)
+        if payload.get("nonfinite_calls"):
+            line += _nonfinite_note(payload)
+        return line
 
 
 def _eviction_note(payload: dict) -> str:

@@ -142,7 +142,7 @@ def _schedule_cases(comfy, node_cls, model, widgets, noise, latent, positive, ne
                         last_step=STEPS, disable_noise=True, **common)
     comfy.sample.sample(patched("heun"), noise, STEPS, latent_image=latent, **(common | {"sampler_name": "heun"}))
     events = {data["node_id"]: data for event, data in recorder.messages if event == "vc_attention.stats"}
-    return {"schedule_events": {k: {key: v[key] for key in ("backend_calls", "grouping_calls", "steps")}
+    return {"schedule_events": {k: {key: v[key] for key in ("backend_calls", "baseline_calls", "grouping_calls", "steps")}
                                 for k, v in events.items()}}
 
 

@@ -34,7 +34,7 @@ def compiled(tmp_path_factory):
 
 def test_sources_found():
     names = {p.name for p in SOURCES}
-    assert {"prepare.cu", "attn_mma.cu", "attn_mma_d64.cu", "attn_mma_d128.cu"} <= names
+    assert {"prepare.cu", "attn_mma.cu", "attn_mma_d64.cu", "attn_mma_d128.cu", "grouping.cu"} <= names
 
 
 @pytest.mark.parametrize("arch", ARCHS)

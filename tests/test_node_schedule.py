@@ -110,7 +110,8 @@ def test_split_sampling_with_two_patched_models_and_queued_runs():
     for first, again in zip(stats[:2], stats[2:]):
         assert {k: first[k] for k in counts} == {k: again[k] for k in counts}
     for s in stats:
-        assert s["backend_calls"] == {"reference": 2 * blocks}
+        # every eligible call ran VC-Attention or, at calls 2 and 3 of the shape, the timing baseline
+        assert s["backend_calls"]["reference"] + s["baseline_calls"] == 2 * blocks
         assert s["fallbacks"] == {"cross_attention": 2 * blocks}
     patch = high_vc.model_options["transformer_options"]["optimized_attention_override"].handler.__self__
     assert len(patch.cache) == 0  # freed when the run ended

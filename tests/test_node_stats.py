@@ -8,6 +8,8 @@ pytestmark = pytest.mark.usefixtures("comfy_standin")
 
 KEYS = {"node_id", "backend_calls", "fallbacks", "grouping_calls", "attention_ms", "sampled_calls", "steps", "est_speedup",
         "cache_evictions", "checked_calls", "nonfinite_calls"}
+KEYS = {"node_id", "backend_calls", "fallbacks", "grouping_calls", "baseline_calls", "attention_ms", "sampled_calls",
+        "steps", "est_speedup", "grouping_share", "slower_shapes", "kept_slower"}
 
 
 def test_one_event_and_one_log_line_per_run(caplog):
@@ -28,14 +30,17 @@ def test_one_event_and_one_log_line_per_run(caplog):
     (event, payload, _), = server.messages
     assert event == stats.EVENT_NAME and set(payload) == KEYS and payload["node_id"] == "42"
     blocks = 2
-    assert payload["backend_calls"] == {"reference": steps * blocks}
+    # calls 2 and 3 of the shape run the model's attention instead (the timing baseline: no extra call)
+    assert payload["backend_calls"] == {"reference": steps * blocks - 2} and payload["baseline_calls"] == 2
     assert payload["fallbacks"] == {"cross_attention": steps * blocks}
-    assert payload["steps"] == steps and payload["grouping_calls"] == blocks  # step 0 of 3 is in the window
-    # the second call of the shape and then every SAMPLE_EVERY-th one are timed (the first is warm-up)
-    assert payload["sampled_calls"] == 1 + (steps * blocks - 2) // stats.SAMPLE_EVERY
+    # step 0 of 3 is in the window (the baseline calls group too: the cache is the same)
+    assert payload["steps"] == steps and payload["grouping_calls"] == blocks
+    # the fourth call of the shape and then every SAMPLE_EVERY-th one are timed (the first is warm-up)
+    assert payload["sampled_calls"] == 1 + (steps * blocks - 4) // stats.SAMPLE_EVERY
     assert payload["attention_ms"] > 0 and payload["est_speedup"] > 0
+    assert 0 <= payload["grouping_share"] < 1 and payload["kept_slower"] is False  # balanced
     lines = [r.getMessage() for r in caplog.records if "(node 42)" in r.getMessage()]
-    assert len(lines) == 1 and "6 on reference" in lines[0] and "6 cross_attention" in lines[0]
+    assert len(lines) == 1 and "4 on reference" in lines[0] and "6 cross_attention" in lines[0]
 
 
 def test_a_run_without_calls_publishes_nothing():
@@ -116,3 +121,109 @@ def stats_line(payload):
     from vc_attention.nodes.stats import RunStats
 
     return RunStats.log_line(payload)
+def run_toy(mode, steps, monkeypatch, grouping_ms=0.5, vc_ms=2.0, model_ms=1.0):
+    """A toy sampling run on a simulated clock: the model's attention takes model_ms, a k-means
+    grouping grouping_ms, a VC attention call vc_ms; the timers read that clock. VC-Attention runs a
+    stand-in backend returning zeros (the reference emulation is never judged on speed): these tests
+    are about the decisions, not the numbers."""
+    import torch
+    from comfy.samplers import sample, simple_scheduler
+    from server import PromptServer
+    from toy_dit import toy_inputs, toy_model
+    from vc_attention.kernels import backends
+    from vc_attention.nodes import override, patch, presets, stats
+    from vc_attention.nodes.node_attention import VCAttention
+
+    clock = [0.0]  # seconds, as perf_counter
+
+    def costs(ms, fn):
+        def timed(*args, **kwargs):
+            clock[0] += ms / 1e3
+            return fn(*args, **kwargs)
+        return timed
+
+    stand_in = backends.Backend(name="stand_in", priority=1000, unsupported_reason=lambda q, c, l: None,
+                                run=costs(vc_ms, lambda q, k, v, perm, config, layout, sm_scale: torch.zeros_like(q)))
+    backends.backends()  # load the built-in backends before adding ours
+    monkeypatch.setitem(backends._REGISTRY, "stand_in", stand_in)
+    monkeypatch.setattr(stats.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(patch, "group_tokens", costs(grouping_ms, patch.group_tokens))
+    monkeypatch.setattr(override.AttentionCall, "model_attention", costs(model_ms, override.AttentionCall.model_attention))
+    server = PromptServer()
+    model = toy_model()
+    widgets = {k: s["default"] for k, s in presets.WIDGETS.items() if k != "mode"} | {"backend": "auto"}
+    patched = VCAttention.PREPARE_CLASS_CLONE({"hidden_inputs": {"UNIQUE_ID": "9"}}).execute(model, mode, **widgets).result[0]
+    x, context = toy_inputs()
+    sample(patched, x, simple_scheduler(model.model.model_sampling, steps), context)
+    (_, payload, _), = server.messages
+    return payload
+
+
+@pytest.mark.parametrize("mode", ["balanced", "speed"])
+def test_balanced_and_speed_switch_to_the_model_where_vc_is_slower(mode, monkeypatch, caplog):
+    from vc_attention.nodes import override, stats
+
+    steps, blocks = 10, 2
+    with caplog.at_level(logging.INFO):
+        payload = run_toy(mode, steps, monkeypatch)
+    calls = steps * blocks
+    # judged after MIN_VC_SAMPLES timed VC calls (calls 4 and 12): from call 13 on the model's attention runs
+    judged_at = 4 + (stats.MIN_VC_SAMPLES - 1) * stats.SAMPLE_EVERY
+    assert payload["fallbacks"][override.SLOWER] == calls - judged_at
+    assert payload["backend_calls"] == {"stand_in": judged_at - 2}
+    assert len(payload["slower_shapes"]) == 1 and payload["kept_slower"] is False
+    # timed VC calls 4 (step 1, inside the window: groups) and 12 (step 5: reuses)
+    assert abs(payload["grouping_share"] - 0.5 / (0.5 + 2 * 2.0)) < 1e-6
+    line = stats.RunStats.log_line(payload)
+    assert "slower than the model's attention at " + payload["slower_shapes"][0] in line
+    assert "the model's attention ran there" in line and "(11.1% of the VC attention time)" in line
+
+
+@pytest.mark.parametrize("mode", ["fidelity", "custom"])
+def test_fidelity_and_custom_keep_vc_and_say_it_is_slower(mode, monkeypatch, caplog):
+    from vc_attention.nodes import override
+
+    steps, blocks = 10, 2
+    with caplog.at_level(logging.WARNING):
+        payload = run_toy(mode, steps, monkeypatch)
+    assert override.SLOWER not in payload["fallbacks"]
+    assert payload["backend_calls"] == {"stand_in": steps * blocks - 2}
+    assert len(payload["slower_shapes"]) == 1 and payload["kept_slower"] is True
+    assert sum("slower than the model's attention" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_faster_vc_keeps_running_and_grouping_counts_at_its_rate(monkeypatch):
+    from vc_attention.nodes import override
+
+    # VC attention 0.6 ms + grouping 0.9 ms: 1.5 ms on a grouping call, but grouping runs on the first
+    # quarter of the steps only (balanced window), so the estimate is 0.6 + 0.25 x 0.9 < 1 ms
+    payload = run_toy("balanced", 10, monkeypatch, grouping_ms=0.9, vc_ms=0.6)
+    assert override.SLOWER not in payload["fallbacks"] and payload["slower_shapes"] == []
+    assert payload["est_speedup"] > 1
+
+
+def test_the_reference_emulation_is_never_judged_on_speed(monkeypatch):
+    """The CPU demo path (the exact spec, slow by design) keeps running under balanced."""
+    import time
+
+    import torch
+    from comfy.samplers import sample, simple_scheduler
+    from server import PromptServer
+    from toy_dit import toy_inputs, toy_model
+    from vc_attention.nodes import override, patch, presets
+    from vc_attention.nodes.node_attention import VCAttention
+
+    def slow_emulation(q, k, v, **kwargs):
+        time.sleep(0.002)
+        return torch.zeros_like(q)
+
+    monkeypatch.setattr(patch, "vc_attention", slow_emulation)
+    monkeypatch.setattr(override.AttentionCall, "model_attention", lambda self: torch.zeros_like(self.q))  # far faster
+    server = PromptServer()
+    widgets = {k: s["default"] for k, s in presets.WIDGETS.items() if k != "mode"} | {"backend": "reference"}
+    model = toy_model()
+    patched = VCAttention.PREPARE_CLASS_CLONE({"hidden_inputs": {"UNIQUE_ID": "r"}}).execute(model, "balanced", **widgets).result[0]
+    x, context = toy_inputs()
+    sample(patched, x, simple_scheduler(model.model.model_sampling, 10), context)
+    (_, payload, _), = server.messages
+    assert payload["backend_calls"] == {"reference": 20 - 2} and override.SLOWER not in payload["fallbacks"]

@@ -48,7 +48,8 @@ def test_a_tiny_wan_model_runs_self_attention_on_vc_in_real_comfyui(tmp_path):
     # (B, N, H*D) layout; a self-attention and a cross-attention per block, VC takes the self-attention
     assert result["skip_reshape"] == [False] and result["query_tokens"] == [168]
     assert result["override_calls"] == 2 * WAN_BLOCKS * forwards
-    assert stats["backend_calls"] == {"reference": WAN_BLOCKS * forwards}
+    # calls 2 and 3 of the shape ran the model's attention as the stats' timing baseline
+    assert stats["backend_calls"] == {"reference": WAN_BLOCKS * forwards - 2} and stats["baseline_calls"] == 2
     assert stats["fallbacks"] == {"cross_attention": WAN_BLOCKS * forwards}
     assert stats["grouping_calls"] >= WAN_BLOCKS
     # split sampling (two patched models, steps 0-1 and 2-3) and heun, with ComfyUI's own schedulers:
@@ -56,10 +57,12 @@ def test_a_tiny_wan_model_runs_self_attention_on_vc_in_real_comfyui(tmp_path):
     # heun's second evaluation of step 0 sits exactly on the 25% boundary and reuses
     events = result["schedule_events"]
     per_step = {"reference": WAN_BLOCKS * forwards // STEPS}
-    assert events["high"] == {"backend_calls": {"reference": 2 * per_step["reference"]}, "grouping_calls": WAN_BLOCKS, "steps": 2}
-    assert events["low"] == {"backend_calls": {"reference": 2 * per_step["reference"]}, "grouping_calls": WAN_BLOCKS, "steps": 2}
-    assert events["heun"] == {"backend_calls": {"reference": (2 * STEPS - 1) * per_step["reference"]},
-                              "grouping_calls": WAN_BLOCKS, "steps": STEPS}
+    assert events["high"] == {"backend_calls": {"reference": 2 * per_step["reference"] - 2}, "baseline_calls": 2,
+                              "grouping_calls": WAN_BLOCKS, "steps": 2}
+    assert events["low"] == {"backend_calls": {"reference": 2 * per_step["reference"] - 2}, "baseline_calls": 2,
+                             "grouping_calls": WAN_BLOCKS, "steps": 2}
+    assert events["heun"] == {"backend_calls": {"reference": (2 * STEPS - 1) * per_step["reference"] - 2},
+                              "baseline_calls": 2, "grouping_calls": WAN_BLOCKS, "steps": STEPS}
     # Capture: both branches of block 0 at steps 0 and 3, in the documented format; outputs unchanged
     assert result["capture_unchanged"] and result["capture_files"] == 1
     assert result["capture_metadata"] == {"format": "vc_attention_capture", "version": "1"}
@@ -79,4 +82,6 @@ def test_a_tiny_hunyuan_video_model_runs_joint_attention_on_vc_in_real_comfyui(t
     # joint text + video attention in the double and the single block (16 + 168 tokens)
     assert result["skip_reshape"] == [True] and result["query_tokens"] == [16, 16 + 168]
     assert result["override_calls"] == 4 * forwards
-    assert stats["backend_calls"] == {"reference": 4 * forwards} and stats["fallbacks"] == {}
+    # two shapes (refiner, joint): calls 2 and 3 of each ran the model's attention (the timing baseline)
+    assert stats["backend_calls"] == {"reference": 4 * forwards - 4} and stats["baseline_calls"] == 4
+    assert stats["fallbacks"] == {}

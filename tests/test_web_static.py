@@ -96,6 +96,8 @@ def test_core_helpers_under_node():
       untimed: core.statusLines({{...stats, sampled_calls: 0, est_speedup: null, backend_calls: {{}}}}),
       unavailable: core.backendWarning("mma", {{mma: "no CUDA GPU is visible"}}),
       available: [core.backendWarning("auto", {{mma: "x"}}), core.backendWarning("sm90", undefined)],
+      slower: core.statusLines({{...stats, grouping_share: 0.0712, slower_shapes: ["1x12x32760x128"], kept_slower: false}}),
+      kept: core.statusLines({{...stats, slower_shapes: ["1x12x32760x128"], kept_slower: true}}),
     }}));
     """
     proc = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60)
@@ -123,6 +125,11 @@ def test_the_backend_marks_come_from_the_schema_key_the_node_sends():
     node_py = (Path(__file__).resolve().parent.parent / "nodes" / "node_attention.py").read_text(encoding="utf-8")
     key = re.search(r'"(vc_attention_unavailable)"', node_py).group(1)
     assert f"backend?.[1]?.{key}" in MAIN_JS and "backendWarning(" in MAIN_JS
+    assert out["slower"][2:] == [
+        "grouping: 5 calls over 20 steps, 7.1% of the attention time",
+        "slower than the model's attention at 1x12x32760x128 (the model's attention ran there)",
+    ]
+    assert out["kept"][3] == "slower than the model's attention at 1x12x32760x128 (kept as chosen)"
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js")

@@ -50,11 +50,17 @@ export function statusLines(stats) {
     : "not timed";
   const speedup = stats.est_speedup == null ? "n/a" : `${stats.est_speedup.toFixed(2)}x`;
   const fallbacks = counts(stats.fallbacks) || "none";
-  return [
+  const share = stats.grouping_share == null ? "" : `, ${(100 * stats.grouping_share).toFixed(1)}% of the attention time`;
+  const lines = [
     `backend: ${backends} | attention ${timing} | est. speed-up ${speedup}`,
     `fallbacks to the model's attention: ${fallbacks}`,
-    `grouping: ${stats.grouping_calls} calls over ${stats.steps} steps`,
+    `grouping: ${stats.grouping_calls} calls over ${stats.steps} steps${share}`,
   ];
+  if (stats.slower_shapes && stats.slower_shapes.length) {
+    const action = stats.kept_slower ? "kept as chosen" : "the model's attention ran there";
+    lines.push(`slower than the model's attention at ${stats.slower_shapes.join(", ")} (${action})`);
+  }
+  return lines;
 }
 
 // The warning shown when the selected backend cannot run on this machine ("" when it can or is

@@ -1,0 +1,411 @@
+// Fused k-means grouping of V-Smooth (the semantics of kernels/reference.py: kmeans_labels,
+// labels_to_permutation; chain order of kernels/grouping_order.py). Every (batch, head) group in
+// one launch per pass; no host synchronization, no allocation: capturable in a CUDA graph.
+//
+//   pass:    one read of V per k-means round. A block owns a contiguous range of 64-token tiles of
+//            one group. Per tile: tokens -> shared memory (16-bit, exact), float32 distances
+//            ||c||^2 - 2 x.c to every centroid (register tile: 4 tokens x 8 centroids per thread,
+//            centroids float32 in shared memory), argmin with ties to the lowest id, then either
+//            the cluster sums (a thread owns one channel and adds the tile's tokens in token
+//            order: deterministic, no atomics) or, in the final round, the labels. Per-block sums
+//            and counts go to a small global buffer; nothing is accumulated across blocks by atomics,
+//            so the result does not depend on scheduling.
+//   update:  centroid = sum of the block partials / count (partials added in block order); an
+//            empty cluster keeps its centroid.
+//   order:   one block per group: cluster totals, the greedy nearest-neighbour chain, counts and
+//            fp16 centroids in the new ids.
+//   permute: per block range of the final pass: labels in the new ids and the stable counting-sort
+//            scatter; a block's start offsets come from the final pass's per-block counts, so no
+//            separate histogram pass is needed.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "grouping_params.h"
+
+namespace vc {
+
+constexpr int kPassThreads = 128;   // 16 token rows x 8 centroid lanes of the register tile
+constexpr int kOrderThreads = 256;  // >= kGroupMaxClusters: one thread per cluster
+constexpr float kUnreached = 3.0e38f;  // grouping_order._UNREACHED: distance to an empty cluster
+
+template <typename T>
+__device__ __forceinline__ float2 unpack_pair(uint32_t bits);
+
+template <>
+__device__ __forceinline__ float2 unpack_pair<__nv_bfloat16>(uint32_t bits) {
+  return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
+}
+
+template <>
+__device__ __forceinline__ float2 unpack_pair<__half>(uint32_t bits) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&bits));
+}
+
+template <typename T>
+__device__ __forceinline__ float unpack_one(uint16_t bits) {
+  return unpack_pair<T>(uint32_t(bits)).x;
+}
+
+// (score, id) a beats (score, id) b: smaller score, or equal score and smaller id; NaN never wins
+__device__ __forceinline__ bool beats(float a, int ia, float b, int ib, bool larger) {
+  return (larger ? a > b : a < b) || (a == b && ia < ib);
+}
+
+__device__ __forceinline__ void warp_best(float& v, int& idx, bool larger) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, offset);
+    const int oi = __shfl_xor_sync(0xffffffffu, idx, offset);
+    if (beats(ov, oi, v, idx, larger)) {
+      v = ov;
+      idx = oi;
+    }
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kPassThreads) group_pass_kernel(const GroupParams p, const bool accumulate) {
+  // +4 elements per row: 8-byte aligned rows whose banks differ between the rows a warp reads
+  constexpr int kPitchX = D + 4;
+  constexpr int kPitchC = D + 4;
+  constexpr int kTile = kGroupTileTokens;
+  const int clusters = p.clusters;
+  const int cp = group_padded_clusters(clusters);
+
+  extern __shared__ __align__(16) unsigned char group_smem[];
+  float* cs = reinterpret_cast<float*>(group_smem);
+  uint16_t* xs = reinterpret_cast<uint16_t*>(cs + cp * kPitchC);
+  float* sums = reinterpret_cast<float*>(xs + kTile * kPitchX);
+  float* norms = sums + cp * D;
+  int* counts = reinterpret_cast<int*>(norms + cp);
+  int* labels = counts + cp;
+
+  const int g = blockIdx.y;
+  const int part = blockIdx.x;
+  const int b = g / p.heads;
+  const int h = g % p.heads;
+  const int tid = threadIdx.x;
+  const uint16_t* vg = static_cast<const uint16_t*>(p.v) + b * p.v_stride[0] + h * p.v_stride[1];
+
+  const float* cg = p.centroids + int64_t(g) * clusters * D;
+  for (int i = tid; i < cp * (D / 4); i += kPassThreads) {
+    const int c = i / (D / 4);
+    const int k = i % (D / 4) * 4;
+    const float4 val = c < clusters ? *reinterpret_cast<const float4*>(cg + c * D + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+    *reinterpret_cast<float4*>(cs + c * kPitchC + k) = val;
+  }
+  for (int i = tid; i < cp * D; i += kPassThreads) sums[i] = 0.f;
+  for (int c = tid; c < cp; c += kPassThreads) counts[c] = 0;
+  __syncthreads();
+  for (int c = tid; c < cp; c += kPassThreads) {
+    float norm = 0.f;
+    for (int k = 0; k < D; ++k) norm = fmaf(cs[c * kPitchC + k], cs[c * kPitchC + k], norm);
+    norms[c] = c < clusters ? norm : INFINITY;  // a padding centroid never wins
+  }
+
+  const int64_t tiles = (int64_t(p.n) + kTile - 1) / kTile;
+  const int64_t tile_begin = tiles * part / p.parts;
+  const int64_t tile_end = tiles * (part + 1) / p.parts;
+  const int ty = tid / 8;  // tokens ty*4 .. ty*4+3 of the tile
+  const int tx = tid % 8;  // centroids chunk + j*8 + tx, j < 8
+  constexpr int kRowChunks = D / 8;  // 16-byte loads per token row
+
+  for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
+    const int64_t tok0 = tile * kTile;
+    const int valid = int(min(int64_t(kTile), int64_t(p.n) - tok0));
+    __syncthreads();  // the previous tile is done with xs and labels (and the prologue with cs)
+    for (int i = tid; i < kTile * kRowChunks; i += kPassThreads) {
+      const int r = i / kRowChunks;
+      const int q = i % kRowChunks;
+      uint4 val = make_uint4(0u, 0u, 0u, 0u);
+      if (r < valid) val = __ldg(reinterpret_cast<const uint4*>(vg + (tok0 + r) * p.v_stride[2] + q * 8));
+      uint2* dst = reinterpret_cast<uint2*>(xs + r * kPitchX + q * 8);
+      dst[0] = make_uint2(val.x, val.y);
+      dst[1] = make_uint2(val.z, val.w);
+    }
+    __syncthreads();
+
+    float best[4];
+    int best_c[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      best[i] = INFINITY;
+      best_c[i] = 0;
+    }
+    for (int chunk = 0; chunk < cp; chunk += kGroupChunk) {
+      float acc[4][8];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
+#pragma unroll 2
+      for (int k = 0; k < D; k += 4) {
+        float xv[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint2 bits = *reinterpret_cast<const uint2*>(xs + (ty * 4 + i) * kPitchX + k);
+          const float2 lo = unpack_pair<T>(bits.x);
+          const float2 hi = unpack_pair<T>(bits.y);
+          xv[i][0] = lo.x;
+          xv[i][1] = lo.y;
+          xv[i][2] = hi.x;
+          xv[i][3] = hi.y;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float4 cv = *reinterpret_cast<const float4*>(cs + (chunk + j * 8 + tx) * kPitchC + k);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            acc[i][j] = fmaf(xv[i][0], cv.x, acc[i][j]);
+            acc[i][j] = fmaf(xv[i][1], cv.y, acc[i][j]);
+            acc[i][j] = fmaf(xv[i][2], cv.z, acc[i][j]);
+            acc[i][j] = fmaf(xv[i][3], cv.w, acc[i][j]);
+          }
+        }
+      }
+      // this thread's centroids in increasing id: a strict < keeps the lowest id of a tie
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int c = chunk + j * 8 + tx;
+        const float norm = norms[c];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float score = norm - 2.f * acc[i][j];
+          if (score < best[i]) {
+            best[i] = score;
+            best_c[i] = c;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int offset = 1; offset < 8; offset <<= 1) {  // the 8 lanes of one token row
+        const float os = __shfl_xor_sync(0xffffffffu, best[i], offset);
+        const int oc = __shfl_xor_sync(0xffffffffu, best_c[i], offset);
+        if (beats(os, oc, best[i], best_c[i], false)) {
+          best[i] = os;
+          best_c[i] = oc;
+        }
+      }
+      if (tx == 0) labels[ty * 4 + i] = best_c[i];
+    }
+    __syncthreads();
+
+    if (tid < valid) atomicAdd(&counts[labels[tid]], 1);  // integer adds: order-independent
+    if (accumulate) {
+      if (tid < D) {  // thread = channel; tokens in order, so the float sums are deterministic
+        for (int r = 0; r < valid; ++r) sums[labels[r] * D + tid] += unpack_one<T>(xs[r * kPitchX + tid]);
+      }
+    } else if (tid < valid) {
+      p.raw_labels[int64_t(g) * p.n + tok0 + tid] = uint8_t(labels[tid]);
+    }
+  }
+  __syncthreads();
+
+  const int64_t slot = int64_t(g) * p.parts + part;
+  if (accumulate) {
+    float* out = p.part_sums + slot * clusters * D;
+    for (int i = tid; i < clusters * D; i += kPassThreads) out[i] = sums[i];
+  }
+  for (int c = tid; c < clusters; c += kPassThreads) p.part_counts[slot * clusters + c] = counts[c];
+}
+
+__global__ void group_update_kernel(const GroupParams p) {
+  const int g = blockIdx.y;
+  const int64_t size = int64_t(p.clusters) * p.head_dim;
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= size) return;
+  const int c = int(e / p.head_dim);
+  float sum = 0.f;
+  int count = 0;
+  for (int part = 0; part < p.parts; ++part) {
+    const int64_t slot = int64_t(g) * p.parts + part;
+    sum += p.part_sums[slot * size + e];
+    count += p.part_counts[slot * p.clusters + c];
+  }
+  if (count > 0) p.centroids[int64_t(g) * size + e] = sum / float(count);
+}
+
+// Block-wide best (score, id) over one value per thread; every thread gets the winning id.
+__device__ __forceinline__ int block_best(float v, int idx, bool larger, float* red_val, int* red_idx) {
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  warp_best(v, idx, larger);
+  if (lane == 0) {
+    red_val[warp] = v;
+    red_idx[warp] = idx;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const bool has = lane < kOrderThreads / 32;
+    v = has ? red_val[lane] : (larger ? -INFINITY : INFINITY);
+    idx = has ? red_idx[lane] : 0x7fffffff;
+    warp_best(v, idx, larger);
+    if (lane == 0) red_idx[kOrderThreads / 32] = idx;
+  }
+  __syncthreads();
+  return red_idx[kOrderThreads / 32];
+}
+
+__global__ void __launch_bounds__(kOrderThreads) group_order_kernel(const GroupParams p, const bool chain) {
+  const int clusters = p.clusters;
+  const int d = p.head_dim;
+  const int pitch = d + 1;  // thread c reads row c: consecutive rows fall in different banks
+  extern __shared__ __align__(16) unsigned char order_smem[];
+  float* cen = reinterpret_cast<float*>(order_smem);
+  float* norms = cen + clusters * pitch;
+  float* spread = norms + clusters;
+  int* total = reinterpret_cast<int*>(spread + clusters);
+  int* rank = total + clusters;
+  float* mean = reinterpret_cast<float*>(rank + clusters);
+  float* red_val = mean + d;
+  int* red_idx = reinterpret_cast<int*>(red_val + 32);
+
+  const int g = blockIdx.x;
+  const int tid = threadIdx.x;
+  const float* cg = p.centroids + int64_t(g) * clusters * d;
+  for (int i = tid; i < clusters * d; i += kOrderThreads) cen[i / d * pitch + i % d] = cg[i];
+  if (tid < clusters) {
+    int count = 0;
+    for (int part = 0; part < p.parts; ++part) count += p.part_counts[(int64_t(g) * p.parts + part) * clusters + tid];
+    total[tid] = count;
+    rank[tid] = tid;
+  }
+  __syncthreads();
+
+  if (chain) {
+    // start: the non-empty cluster farthest from the count-weighted mean (first on ties)
+    for (int k = tid; k < d; k += kOrderThreads) {
+      float s = 0.f;
+      float w = 0.f;
+      for (int c = 0; c < clusters; ++c) {
+        s = fmaf(cen[c * pitch + k], float(total[c]), s);
+        w += float(total[c]);
+      }
+      mean[k] = s / fmaxf(w, 1.f);
+    }
+    __syncthreads();
+    float my_spread = -INFINITY;
+    if (tid < clusters) {
+      float s = 0.f;
+      float nn = 0.f;
+      for (int k = 0; k < d; ++k) {
+        const float x = cen[tid * pitch + k];
+        s = fmaf(x - mean[k], x - mean[k], s);
+        nn = fmaf(x, x, nn);
+      }
+      norms[tid] = nn;
+      my_spread = total[tid] > 0 ? s : -1.f;
+    }
+    int current = block_best(my_spread, tid < clusters ? tid : 0x7fffffff, true, red_val, red_idx);
+    bool visited = tid == current;
+    if (tid == current) rank[tid] = 0;
+    for (int step = 1; step < clusters; ++step) {
+      float dist = INFINITY;
+      if (tid < clusters && !visited) {
+        if (total[tid] > 0) {
+          float dot[4] = {0.f, 0.f, 0.f, 0.f};
+          for (int k = 0; k < d; k += 4) {
+#pragma unroll
+            for (int u = 0; u < 4; ++u) dot[u] = fmaf(cen[current * pitch + k + u], cen[tid * pitch + k + u], dot[u]);
+          }
+          dist = (norms[current] + norms[tid]) - 2.f * ((dot[0] + dot[1]) + (dot[2] + dot[3]));
+        } else {
+          dist = kUnreached;
+        }
+      }
+      current = block_best(dist, tid < clusters ? tid : 0x7fffffff, false, red_val, red_idx);
+      if (tid == current) {
+        visited = true;
+        rank[tid] = step;
+      }
+    }
+    __syncthreads();
+  }
+
+  if (tid < clusters) {
+    p.rank[int64_t(g) * clusters + tid] = rank[tid];
+    p.counts[int64_t(g) * clusters + rank[tid]] = total[tid];
+  }
+  for (int i = tid; i < clusters * d; i += kOrderThreads) {
+    const int c = i / d;
+    const float x = cen[c * pitch + i % d];
+    const float clamped = x != x ? x : fminf(fmaxf(x, -65504.f), 65504.f);  // as torch clamp: NaN stays
+    p.centroids_out[(int64_t(g) * clusters + rank[c]) * d + i % d] = __half_as_ushort(__float2half_rn(clamped));
+  }
+}
+
+__global__ void __launch_bounds__(kPermThreads) group_permute_kernel(const GroupParams p) {
+  constexpr int kWarps = kPermThreads / 32;
+  __shared__ int warp_count[kWarps][kGroupMaxClusters];
+  __shared__ int base[kGroupMaxClusters];   // next slot of each k-means cluster in this block's range
+  __shared__ int start[kGroupMaxClusters];  // first slot of each new id
+  __shared__ int total_new[kGroupMaxClusters];
+  __shared__ int rank[kGroupMaxClusters];
+
+  const int clusters = p.clusters;
+  const int g = blockIdx.y;
+  const int part = blockIdx.x;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  int prior = 0;  // tokens of cluster tid in the ranges before this block's
+  if (tid < clusters) {
+    int total = 0;
+    for (int q = 0; q < p.parts; ++q) {
+      const int count = p.part_counts[(int64_t(g) * p.parts + q) * clusters + tid];
+      total += count;
+      if (q < part) prior += count;
+    }
+    rank[tid] = p.rank[int64_t(g) * clusters + tid];
+    total_new[rank[tid]] = total;
+  }
+  for (int i = tid; i < kWarps * kGroupMaxClusters; i += kPermThreads) (&warp_count[0][0])[i] = 0;
+  __syncthreads();
+  if (tid < clusters) {
+    int s = 0;
+    for (int l = 0; l < tid; ++l) s += total_new[l];
+    start[tid] = s;
+  }
+  __syncthreads();
+  if (tid < clusters) base[tid] = start[rank[tid]] + prior;
+  __syncthreads();
+
+  const int64_t tiles = (int64_t(p.n) + kGroupTileTokens - 1) / kGroupTileTokens;
+  const int64_t tok_begin = tiles * part / p.parts * kGroupTileTokens;
+  const int64_t tok_end = min(int64_t(p.n), tiles * (part + 1) / p.parts * kGroupTileTokens);
+  const uint8_t* raw_labels = p.raw_labels + int64_t(g) * p.n;
+  const unsigned lower_lanes = (1u << lane) - 1u;
+  for (int64_t t0 = tok_begin; t0 < tok_end; t0 += kPermThreads) {
+    const int64_t t = t0 + tid;
+    const bool valid = t < tok_end;
+    const int raw = valid ? int(raw_labels[t]) : kGroupMaxClusters;  // a key no real label has
+    const unsigned peers = __match_any_sync(0xffffffffu, raw);
+    const int before = __popc(peers & lower_lanes);  // same-label tokens earlier in this warp
+    if (valid && before == 0) warp_count[warp][raw] = __popc(peers);
+    __syncthreads();
+    if (valid) {
+      int slot = base[raw] + before;
+      for (int w = 0; w < warp; ++w) slot += warp_count[w][raw];
+      p.perm[int64_t(g) * p.n + slot] = int32_t(t);
+      p.labels[int64_t(g) * p.n + t] = uint8_t(rank[raw]);
+    }
+    __syncthreads();
+    if (tid < clusters) {
+      int added = 0;
+      for (int w = 0; w < kWarps; ++w) {
+        added += warp_count[w][tid];
+        warp_count[w][tid] = 0;
+      }
+      base[tid] += added;
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace vc

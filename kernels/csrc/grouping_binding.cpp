@@ -1,0 +1,99 @@
+// Torch binding of the fused k-means grouping (grouping.cuh): tensor checks, raw pointers, the
+// launch sequence of one grouping. The stream comes from Python as an integer, so this file needs
+// no CUDA headers. kernels/grouping_fused.py allocates every buffer and decides the block count.
+#include <torch/extension.h>
+
+#include <optional>
+
+#include "grouping_params.h"
+
+namespace {
+
+void check_buffer(const torch::Tensor& t, const torch::Tensor& v, c10::ScalarType dtype, std::vector<int64_t> shape,
+                  const char* name) {
+  TORCH_CHECK_VALUE(t.device() == v.device(), name, " must be on V's device (", v.device(), ").");
+  TORCH_CHECK_VALUE(t.is_contiguous(), name, " must be contiguous.");
+  TORCH_CHECK_VALUE(t.scalar_type() == dtype, name, " has dtype ", t.scalar_type(), ", expected ", dtype, ".");
+  TORCH_CHECK_VALUE(t.numel() == c10::multiply_integers(shape), name, " must hold ", shape, " elements.");
+}
+
+void raise_on_error(const char* err, const char* what) { TORCH_CHECK(err == nullptr, what, " launch failed: ", err); }
+
+// iters rounds of (assignment + sums, update), then the final assignment. With `perm` given, also
+// the cluster order (`chain`, else the k-means ids) and the permutation; without it only raw_labels
+// and the updated centroids are outputs.
+void kmeans_group(const torch::Tensor& v, torch::Tensor centroids, torch::Tensor part_sums, torch::Tensor part_counts,
+                  torch::Tensor raw_labels, const std::optional<torch::Tensor>& rank,
+                  const std::optional<torch::Tensor>& counts, const std::optional<torch::Tensor>& centroids_out,
+                  const std::optional<torch::Tensor>& labels, const std::optional<torch::Tensor>& perm, int64_t iters,
+                  bool chain, int64_t max_shared_bytes, int64_t stream) {
+  TORCH_CHECK_VALUE(v.is_cuda() && v.dim() == 4, "V must be a 4-D (B, H, N, D) CUDA tensor.");
+  TORCH_CHECK_VALUE(v.scalar_type() == torch::kHalf || v.scalar_type() == torch::kBFloat16, "V must be float16 or bfloat16.");
+  TORCH_CHECK_VALUE(v.stride(3) == 1, "V must have a contiguous last dimension.");
+  TORCH_CHECK_VALUE(reinterpret_cast<uintptr_t>(v.data_ptr()) % 16 == 0 && v.stride(0) % 8 == 0 && v.stride(1) % 8 == 0 &&
+                        v.stride(2) % 8 == 0,
+                    "V's rows must be 16-byte aligned.");
+  const int64_t b = v.size(0), h = v.size(1), n = v.size(2), d = v.size(3);
+  TORCH_CHECK_VALUE(d == 64 || d == 128, "head dim must be 64 or 128, got ", d, ".");
+  TORCH_CHECK_VALUE(n >= 1 && n <= INT32_MAX, "N must be between 1 and 2^31 - 1, got ", n, ".");
+  TORCH_CHECK_VALUE(iters >= 0, "iters must be >= 0.");
+  const int64_t g = b * h;
+  TORCH_CHECK_VALUE(g <= 65535, "B * H must be at most 65535 (one grid row per head), got ", g, ".");
+  TORCH_CHECK_VALUE(centroids.dim() == 3 && centroids.size(0) == g && centroids.size(2) == d,
+                    "centroids must be (B*H, C, D) float32.");
+  const int64_t c = centroids.size(1);
+  TORCH_CHECK_VALUE(c >= 1 && c <= vc::kGroupMaxClusters && c <= n, "clusters must be between 1 and min(N, ",
+                    vc::kGroupMaxClusters, "), got ", c, ".");
+  TORCH_CHECK_VALUE(vc::group_pass_smem_bytes(int(d), int(c)) <= max_shared_bytes &&
+                        vc::group_order_smem_bytes(int(d), int(c)) <= max_shared_bytes,
+                    c, " clusters at head dim ", d, " need more shared memory than this GPU's ", max_shared_bytes, " bytes.");
+  const int64_t parts = part_counts.size(1);
+  check_buffer(centroids, v, torch::kFloat32, {g, c, d}, "centroids");
+  check_buffer(part_sums, v, torch::kFloat32, {g, parts, c, d}, "part_sums");
+  check_buffer(part_counts, v, torch::kInt32, {g, parts, c}, "part_counts");
+  check_buffer(raw_labels, v, torch::kUInt8, {g, n}, "raw_labels");
+
+  vc::GroupParams p{};
+  p.v = v.data_ptr();
+  for (int i = 0; i < 3; ++i) p.v_stride[i] = v.stride(i);
+  p.centroids = centroids.data_ptr<float>();
+  p.part_sums = part_sums.data_ptr<float>();
+  p.part_counts = part_counts.data_ptr<int32_t>();
+  p.raw_labels = raw_labels.data_ptr<uint8_t>();
+  p.batch = int(b);
+  p.heads = int(h);
+  p.n = int(n);
+  p.head_dim = int(d);
+  p.clusters = int(c);
+  p.parts = int(parts);
+  p.input_bf16 = v.scalar_type() == torch::kBFloat16;
+  void* s = reinterpret_cast<void*>(stream);
+
+  for (int64_t i = 0; i < iters; ++i) {
+    raise_on_error(vc::launch_group_pass(p, true, s), "k-means pass");
+    raise_on_error(vc::launch_group_update(p, s), "k-means update");
+  }
+  raise_on_error(vc::launch_group_pass(p, false, s), "k-means final assignment");
+  if (!perm.has_value()) return;
+
+  TORCH_CHECK_VALUE(rank.has_value() && counts.has_value() && centroids_out.has_value() && labels.has_value(),
+                    "the permutation needs rank, counts, centroids_out and labels buffers too.");
+  check_buffer(*rank, v, torch::kInt32, {g, c}, "rank");
+  check_buffer(*counts, v, torch::kInt32, {g, c}, "counts");
+  check_buffer(*centroids_out, v, torch::kFloat16, {g, c, d}, "centroids_out");
+  check_buffer(*labels, v, torch::kUInt8, {g, n}, "labels");
+  check_buffer(*perm, v, torch::kInt32, {g, n}, "perm");
+  p.rank = rank->data_ptr<int32_t>();
+  p.counts = counts->data_ptr<int32_t>();
+  p.centroids_out = reinterpret_cast<uint16_t*>(centroids_out->data_ptr());
+  p.labels = labels->data_ptr<uint8_t>();
+  p.perm = perm->data_ptr<int32_t>();
+  raise_on_error(vc::launch_group_order(p, chain, s), "cluster order");
+  raise_on_error(vc::launch_group_permute(p, s), "permutation");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("kmeans_group", &kmeans_group, "Fused k-means grouping of V (kernels/grouping_fused.py)");
+}
