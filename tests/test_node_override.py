@@ -226,11 +226,6 @@ def test_a_failed_kernel_build_falls_back_counted_and_drops_that_backend(monkeyp
     assert len(builds) == 1 and not patch.stats.backend_calls
     assert patch.stats.fallbacks == {"kernel_build_failed": 1, "no_cuda_gpu": 1}
     assert torch.equal(second, sdpa)
-    # calls 2 and 3 of a shape are the stats' timing baseline (the model's attention); call 4 runs VC
-    second = [attention_pytorch(q, k, v, H, skip_reshape=True, skip_output_reshape=True, transformer_options=options(patch))
-              for _ in range(3)][-1]
-    assert len(builds) == 1 and patch.stats.backend_calls == {"reference": 1} and patch.stats.baseline_calls == 2
-    assert rel_l2(second, sdpa) < TOLERANCE
 
 
 def test_a_failed_build_of_a_backend_chosen_by_name_stops_the_run_with_the_compiler_message(monkeypatch):

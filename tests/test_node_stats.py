@@ -6,10 +6,9 @@ import torch
 
 pytestmark = pytest.mark.usefixtures("comfy_standin")
 
-KEYS = {"node_id", "backend_calls", "fallbacks", "grouping_calls", "attention_ms", "sampled_calls", "steps", "est_speedup",
-        "cache_evictions", "checked_calls", "nonfinite_calls"}
 KEYS = {"node_id", "backend_calls", "fallbacks", "grouping_calls", "baseline_calls", "attention_ms", "sampled_calls",
-        "steps", "est_speedup", "grouping_share", "slower_shapes", "kept_slower"}
+        "steps", "est_speedup", "grouping_share", "slower_shapes", "kept_slower", "cache_evictions", "checked_calls",
+        "nonfinite_calls"}
 
 
 def test_one_event_and_one_log_line_per_run(caplog):
@@ -142,7 +141,7 @@ def run_toy(mode, steps, monkeypatch, grouping_ms=0.5, vc_ms=2.0, model_ms=1.0):
             return fn(*args, **kwargs)
         return timed
 
-    stand_in = backends.Backend(name="stand_in", priority=1000, unsupported_reason=lambda q, c, l: None,
+    stand_in = backends.Backend(name="stand_in", priority=1000, constraints=backends.Constraints(device_type="any"),
                                 run=costs(vc_ms, lambda q, k, v, perm, config, layout, sm_scale: torch.zeros_like(q)))
     backends.backends()  # load the built-in backends before adding ours
     monkeypatch.setitem(backends._REGISTRY, "stand_in", stand_in)

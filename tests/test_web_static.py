@@ -119,17 +119,17 @@ def test_core_helpers_under_node():
     assert out["untimed"][0] == "backend: no VC-Attention calls | attention not timed | est. speed-up n/a"
     assert out["unavailable"] == "backend mma cannot run on this machine (no CUDA GPU is visible): the run will stop"
     assert out["available"] == ["", ""]
+    assert out["slower"][2:] == [
+        "grouping: 5 calls over 20 steps, 7.1% of the attention time",
+        "slower than the model's attention at 1x12x32760x128 (the model's attention ran there)",
+    ]
+    assert out["kept"][3] == "slower than the model's attention at 1x12x32760x128 (kept as chosen)"
 
 
 def test_the_backend_marks_come_from_the_schema_key_the_node_sends():
     node_py = (Path(__file__).resolve().parent.parent / "nodes" / "node_attention.py").read_text(encoding="utf-8")
     key = re.search(r'"(vc_attention_unavailable)"', node_py).group(1)
     assert f"backend?.[1]?.{key}" in MAIN_JS and "backendWarning(" in MAIN_JS
-    assert out["slower"][2:] == [
-        "grouping: 5 calls over 20 steps, 7.1% of the attention time",
-        "slower than the model's attention at 1x12x32760x128 (the model's attention ran there)",
-    ]
-    assert out["kept"][3] == "slower than the model's attention at 1x12x32760x128 (kept as chosen)"
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js")
