@@ -36,7 +36,9 @@ def _attention_op(
     smooth_k: bool,
     sm_scale: Optional[float],
     backend: str,
+    perm_from_grouping: bool,
 ) -> torch.Tensor:
+    inputs.check_perm_values(perm, perm_from_grouping)
     config = VCConfig(qk=qk, v=v_format, p=p, smooth_k=smooth_k)
     chosen = backends.select(q, config, layout, backend)
     BACKEND_CALLS[chosen.name] += 1
@@ -44,7 +46,7 @@ def _attention_op(
 
 
 @_attention_op.register_fake
-def _attention_fake(q, k, v, perm, layout, qk, v_format, p, smooth_k, sm_scale, backend):
+def _attention_fake(q, k, v, perm, layout, qk, v_format, p, smooth_k, sm_scale, backend, perm_from_grouping):
     return torch.empty_like(q)
 
 
@@ -74,7 +76,8 @@ def vc_attention(
     """
     inputs.check_call(q, k, v, layout, config)
     b, h, n = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhnd" else (q.shape[0], q.shape[2], q.shape[1])
-    inputs.check_perm(perm, b, h, n, perm_from_grouping)
+    inputs.check_perm_shape(perm, b, h, n)
     if q.numel() == 0:
         return torch.empty_like(q)
-    return _attention_op(q, k, v, perm, layout, config.qk, config.v, config.p, config.smooth_k, sm_scale, backend)
+    return _attention_op(q, k, v, perm, layout, config.qk, config.v, config.p, config.smooth_k, sm_scale, backend,
+                         perm_from_grouping)

@@ -145,3 +145,14 @@ def test_config_and_rank_mistakes_are_sentences():
         api.vc_attention(q[0], q[0], q[0])
     with pytest.raises(TypeError, match="q, k and v must be tensors"):
         api.vc_attention(q, q, q.numpy())
+
+
+def test_the_checks_leave_the_op_traceable_in_one_graph():
+    """The perm's values are checked inside the custom op (eager, real tensors), not while tracing."""
+    q = torch.randn(1, 2, 128, 64)
+    perm = _perm(1, 2, 128)
+    compiled = torch.compile(lambda q, p: api.vc_attention(q, q, q, perm=p, backend="reference"), fullgraph=True)
+    assert torch.equal(compiled(q, perm), api.vc_attention(q, q, q, perm=perm, backend="reference"))
+    perm[0, 0, 0] = perm[0, 0, 1]
+    with pytest.raises(ValueError, match="perm must be a permutation"):
+        compiled(q, perm)
