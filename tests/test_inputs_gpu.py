@@ -1,0 +1,50 @@
+"""GPU tier of the public op's input checks: a bad perm never reaches the CUDA prepare kernel.
+
+The prepare kernel reads K and V rows through perm without a bounds check, so an out-of-range value
+must be refused before it runs, and a repeated token (a silently wrong output) too, unless the perm
+is declared to come from our own grouping.
+"""
+import pytest
+import torch
+
+from vc_attention.kernels import api, backends, grouping
+from vc_attention.kernels.config import FIDELITY
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def _fast_backend(q):
+    try:
+        return backends.select(q, FIDELITY, "bhnd", allow_slow=False).name
+    except backends.NoCapableBackend as err:
+        pytest.skip(str(err))
+
+
+@pytest.mark.parametrize("broken", ["out_of_range", "negative", "duplicate"])
+def test_a_bad_perm_is_refused_before_the_kernel(broken):
+    q, k, v = (torch.randn(1, 2, 300, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    name = _fast_backend(q)
+    perm = grouping.group_tokens(v, 8, 1).perm()
+    if broken == "out_of_range":
+        perm[0, 1, 17] = 10**6
+    elif broken == "negative":
+        perm[0, 0, 0] = -1
+    else:
+        perm[0, 0, 3] = perm[0, 0, 4]
+    before = api.BACKEND_CALLS[name]
+    words = "perm must be a permutation" if broken == "duplicate" else r"perm values must lie in \[0, 300\)"
+    with pytest.raises(ValueError, match=words):
+        api.vc_attention(q, k, v, perm=perm, backend=name)
+    assert api.BACKEND_CALLS[name] == before
+
+
+def test_the_grouping_perm_runs_on_the_trusted_and_the_checked_path():
+    q, k, v = (torch.randn(1, 2, 300, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    name = _fast_backend(q)
+    perm = grouping.group_tokens(v, 8, 1).perm()
+    trusted = api.vc_attention(q, k, v, perm=perm, backend=name, perm_from_grouping=True)
+    checked = api.vc_attention(q, k, v, perm=perm, backend=name)
+    assert torch.equal(trusted, checked)
