@@ -60,7 +60,9 @@ def _attention_op(
     sm_scale: Optional[float],
     backend: str,
     selected: bool,
+    perm_from_grouping: bool,
 ) -> torch.Tensor:
+    inputs.check_perm_values(perm, perm_from_grouping)
     config = VCConfig(qk=qk, v=v_format, p=p, smooth_k=smooth_k)
     # the one selection of this call: here, or by the caller that passed the Backend it selected
     chosen = backends.get(backend) if selected else backends.select(q, config, layout, backend, kv=(k, v))
@@ -71,7 +73,7 @@ def _attention_op(
 
 
 @_attention_op.register_fake
-def _attention_fake(q, k, v, perm, layout, qk, v_format, p, smooth_k, sm_scale, backend, selected):
+def _attention_fake(q, k, v, perm, layout, qk, v_format, p, smooth_k, sm_scale, backend, selected, perm_from_grouping):
     return torch.empty_like(q)
 
 
@@ -104,9 +106,10 @@ def vc_attention(
     """
     inputs.check_call(q, k, v, layout, config)
     b, h, n = to_bhnd(q, layout).shape[:3]
-    inputs.check_perm(perm, b, h, n, perm_from_grouping)
+    inputs.check_perm_shape(perm, b, h, n)
     if q.numel() == 0:
         return torch.empty_like(q)
     selected = isinstance(backend, backends.Backend)
     name = backend.name if selected else backend
-    return _attention_op(q, k, v, perm, layout, config.qk, config.v, config.p, config.smooth_k, sm_scale, name, selected)
+    return _attention_op(q, k, v, perm, layout, config.qk, config.v, config.p, config.smooth_k, sm_scale, name, selected,
+                         perm_from_grouping)

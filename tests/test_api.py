@@ -98,15 +98,28 @@ def _perm(b, h, n, seed=0):
     return torch.stack([torch.randperm(n, generator=g) for _ in range(b * h)]).view(b, h, n).to(torch.int32)
 
 
-@pytest.mark.parametrize("from_grouping", [False, True])
 @pytest.mark.parametrize("bad", [-1, 100, 10**6])
-def test_a_perm_value_out_of_range_is_refused_on_every_path(bad, from_grouping):
+def test_a_perm_value_out_of_range_is_refused(bad):
     """Out-of-range values raised a torch error on the CPU and index unchecked in the CUDA prepare kernel."""
     q = torch.randn(1, 2, 100, 64)
     perm = _perm(1, 2, 100)
     perm[0, 1, 7] = bad
     with pytest.raises(ValueError, match=r"perm values must lie in \[0, 100\)"):
-        api.vc_attention(q, q, q, perm=perm, perm_from_grouping=from_grouping, backend="reference")
+        api.vc_attention(q, q, q, perm=perm, backend="reference")
+
+
+def test_the_grouping_perm_is_trusted_without_a_host_sync(monkeypatch):
+    """The node's path (perm_from_grouping=True) reads nothing back from the device per call."""
+    from vc_attention.kernels import inputs
+
+    def no_sync(*args, **kwargs):
+        raise AssertionError("the trusted path must not reduce the perm (a host sync per call)")
+
+    monkeypatch.setattr(inputs.torch, "aminmax", no_sync)
+    q = torch.randn(1, 2, 100, 64)
+    api.vc_attention(q, q, q, perm=_perm(1, 2, 100), perm_from_grouping=True, backend="reference")
+    with pytest.raises(AssertionError, match="trusted path"):
+        api.vc_attention(q, q, q, perm=_perm(1, 2, 100), backend="reference")
 
 
 @pytest.mark.parametrize("broken", ["duplicate", "all_zero"])
@@ -169,3 +182,14 @@ def test_config_and_rank_mistakes_are_sentences():
         api.vc_attention(q[0], q[0], q[0])
     with pytest.raises(TypeError, match="q, k and v must be tensors"):
         api.vc_attention(q, q, q.numpy())
+
+
+def test_the_checks_leave_the_op_traceable_in_one_graph():
+    """The perm's values are checked inside the custom op (eager, real tensors), not while tracing."""
+    q = torch.randn(1, 2, 128, 64)
+    perm = _perm(1, 2, 128)
+    compiled = torch.compile(lambda q, p: api.vc_attention(q, q, q, perm=p, backend="reference"), fullgraph=True)
+    assert torch.equal(compiled(q, perm), api.vc_attention(q, q, q, perm=perm, backend="reference"))
+    perm[0, 0, 0] = perm[0, 0, 1]
+    with pytest.raises(ValueError, match="perm must be a permutation"):
+        compiled(q, perm)

@@ -302,8 +302,8 @@ def test_the_node_hands_its_own_grouping_as_trusted(monkeypatch):
     from vc_attention.kernels import inputs
 
     seen = []
-    real = inputs.check_perm
-    monkeypatch.setattr(inputs, "check_perm", lambda perm, b, h, n, trusted: seen.append(trusted) or real(perm, b, h, n, trusted))
+    real = inputs.check_perm_values
+    monkeypatch.setattr(inputs, "check_perm_values", lambda perm, trusted: seen.append(trusted) or real(perm, trusted))
     q, k, v = qkv((B, H, N, D))
     patch = make_patch()
     attention_pytorch(q, k, v, H, skip_reshape=True, skip_output_reshape=True, transformer_options=options(patch))

@@ -12,8 +12,12 @@ namespace vc {
 
 constexpr int kPrepThreads = 256;
 
+// The host checks a caller's perm; the node's own grouping perm is trusted without a host sync, so
+// the kernel still never reads outside the head: an out-of-range index reads token `slot` instead.
 __device__ __forceinline__ int64_t source_token(const PrepareParams& p, int bh, int slot) {
-  return p.perm ? int64_t(p.perm[int64_t(bh) * p.n + slot]) : int64_t(slot);
+  if (!p.perm) return int64_t(slot);
+  const int64_t tok = int64_t(p.perm[int64_t(bh) * p.n + slot]);
+  return (tok >= 0 && tok < p.n) ? tok : int64_t(slot);
 }
 
 template <typename T>
