@@ -264,11 +264,21 @@ def test_torch_compile_fullgraph_equals_eager(no_emulation):
     assert torch.equal(got, eager)
 
 
-def test_bench_runs_every_method_on_mma():
-    from vc_attention.commands import bench
+@pytest.mark.parametrize("portable", [False, True])
+def test_bench_runs_every_method(portable):
+    """The benchmark's attention section: every peer and our three configurations, timed and with
+    their fidelity, on the backend auto picks (and on mma beside it when the portable rows are asked)."""
+    from vc_attention.commands import bench_attention
 
     _backend("mma")
-    result = bench.benchmark({"small": (1, 2, 1024, 128)}, backend="mma", reps=1, fidelity=False)
-    methods = {r["method"]: r for r in result["rows"]}
-    assert {"sdpa-cudnn", "sdpa-flash", "vc-plain8", "vc-fidelity", "vc-speed"} <= set(methods)
-    assert all(methods[m]["backend"] == "mma" and methods[m]["ms"] > 0 for m in ("vc-plain8", "vc-fidelity", "vc-speed"))
+    before = api.BACKEND_CALLS.copy()
+    rows, groupings = bench_attention.attention_rows({"small": (1, 2, 1024, 128)}, "auto", 1,
+                                                     {"small"} if portable else set(), True, log=lambda *_: None)
+    ran = {(r["method"], r["backend"]) for r in rows}
+    assert {("sdpa-cudnn", None), ("sdpa-flash", None)} <= ran
+    ours = [r for r in rows if r["method"].startswith("vc-")]
+    assert {r["method"] for r in ours} == {"vc-plain8", "vc-fidelity", "vc-speed"}
+    assert ("vc-speed", "mma") in ran if portable else all(not r["portable"] for r in ours)
+    assert all(r["ms"] > 0 and 0 < r["rel_l2_video_like"] < 0.05 for r in ours)
+    assert "reference" not in api.BACKEND_CALLS - before
+    assert groupings[0]["share_of_speed_call"] > 0
