@@ -230,7 +230,28 @@ def main() -> int:
         for r in rows:
             vs_sage = f"  {r['vs_sage']:5.2f}x SA" if r.get("vs_sage") is not None else ""
             print(f"  {r['method']:<48} {r['ms']:8.2f} ms {r['tflops']:7.1f} TFLOPS-eq  {r.get('speedup', 1.0):5.2f}x{vs_sage}")
+    if len(libs) > 1 and "timing" in result:
+        print(compact_table(result["timing"], [lib.name for lib in libs]))
     return 0
+
+
+def compact_table(timing: dict, names: list) -> str:
+    """One line per variant and shape: kernel ms per mode, with the ratio to cuDNN (and SageAttention)."""
+    lines = ["\nvariants, kernel ms (x cuDNN / x SageAttention):"]
+    for shape, rows in timing.items():
+        by_method = {r["method"]: r for r in rows}
+        ref = by_method["sdpa-cudnn-bf16"]["ms"]
+        sage = by_method.get("sageattention", {}).get("ms")
+        lines.append(f"{shape}: cuDNN {ref:.2f} ms" + (f", SageAttention {sage:.2f} ms" if sage else ""))
+        for name in names:
+            cells = []
+            for tag in (SPEED.tag, FIDELITY.tag, PLAIN_8BIT.tag):
+                r = by_method.get(f"{name}:{tag} kernel")
+                if r is None:
+                    continue
+                cells.append(f"{tag} {r['ms']:7.2f} ({ref / r['ms']:.2f}x" + (f" / {sage / r['ms']:.2f}x)" if sage else ")"))
+            lines.append(f"  {name:<24} " + "  ".join(cells))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

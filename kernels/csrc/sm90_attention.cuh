@@ -47,6 +47,10 @@ constexpr bool p_through_smem() {
   return D == 128 && (VC_SM90_P_SMEM == 2 || (VC_SM90_P_SMEM == 1 && EXPCAST));
 }
 
+#ifndef VC_SM90_D64_OVERLAP_ALL
+#define VC_SM90_D64_OVERLAP_ALL 0  // head dim 64: own-PV overlap with two P register sets for exp2 P too
+#endif
+
 #ifndef VC_SM90_MEAN_MMA
 #define VC_SM90_MEAN_MMA 0  // V-Smooth: restore the block means by a TF32 wgmma every 8 tiles (1) or per tile (0)
 #endif
@@ -565,7 +569,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     fold(n_kv - 1, alpha, sl);
     flush_means(n_kv - 1);
     release(sl);
-  } else if constexpr (D == 64 && EXPCAST) {
+  } else if constexpr (D == 64 && (EXPCAST || VC_SM90_D64_OVERLAP_ALL)) {
     // Head dim 64 has the registers for a second P fragment set, so the batch is [QK(j), PV(j-1)]
     // and the softmax of tile j also overlaps this warpgroup's own PV(j-1) (H200: 16.8 -> 14.5 ms at
     // (1,32,32768,64); with MUFU exp2 the single-stream fold+softmax below is faster). Unrolled by
