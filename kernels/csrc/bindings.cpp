@@ -117,4 +117,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "VC-Attention CUDA kernels: fused prepare and the portable mma.sync attention.";
   m.def("prepare", &prepare, "q, k, v (+perm) -> quantized operands, written into the given tensors");
   m.def("attention", &attention, "prepared operands -> out (B,H,N,D view), optional lse (B,H,N)");
+  m.def("cta_rows", &vc::attn_mma_cta_rows, "query rows per CTA of this build's attention kernel (128: the wide layout)");
 }
