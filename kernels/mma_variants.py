@@ -13,8 +13,6 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     # FlashAttention-2 layout: 32 rows per warp in two MMA chains sharing K/V fragments, 128-row
     # CTAs, 64-key cp.async ring of 2 stages, softmax per 64 keys
     "wide": ("-DVC_MMA_WIDE=1",),
-    # the same with softmax steps of 32 keys (fewer live score registers, one more O fold)
-    "wide-step32": ("-DVC_MMA_WIDE=1", "-DVC_MMA_WIDE_STEP_KEYS=32"),
     # the same with a 3-stage ring (66 KB shared memory at D=128: Hopper only fits 2+ CTAs)
     "wide-3stages": ("-DVC_MMA_WIDE=1", "-DVC_MMA_STAGES=3"),
 }

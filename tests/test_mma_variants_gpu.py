@@ -4,8 +4,8 @@ emulation (skips without a GPU).
 The default build is covered by tests/test_kernels_gpu.py; here each non-default variant is built
 (`extension(flags)`), checked to be the layout it claims (`cta_rows`), and compared with
 reference.py at odd N (tail chunks in either half of a 128-key tile), both head dims, both layouts,
-fp16/bf16 and video-like data. The wide layout's online softmax steps by 64 or 32 keys, so its exact
-emulation is reference.quantize_p with offset_block = that step (patched in); the gate is the same
+fp16/bf16 and video-like data. The wide layout's online softmax steps by 64 keys, so its exact
+emulation is reference.quantize_p with offset_block=64 (patched in); the gate is the same
 1e-3 rel-L2 as the default build's, above the bf16 output's own rounding.
 """
 import functools
@@ -27,13 +27,7 @@ pytestmark = [
 CONFIGS = {"fidelity": FIDELITY, "speed": SPEED, "plain8": PLAIN_8BIT, "fp8qk": VCConfig(qk="fp8")}
 WIDE = [name for name, flags in mma_variants.VARIANTS.items() if "-DVC_MMA_WIDE=1" in flags]
 GATE = 1e-3
-
-
-def _step_keys(flags):
-    for flag in flags:
-        if flag.startswith("-DVC_MMA_WIDE_STEP_KEYS="):
-            return int(flag.split("=")[1])
-    return 64
+WIDE_STEP_KEYS = 64  # the wide layout's online-softmax step (kChunkKeys in attn_mma_wide.cuh)
 
 
 @pytest.fixture
@@ -85,7 +79,7 @@ def test_variant_builds_the_layout_it_names(variant):
 @pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
 @pytest.mark.parametrize("d,dtype", [(64, torch.float16), (128, torch.bfloat16)])
 def test_wide_matches_reference(variant, name, n, layout, d, dtype, emulate_steps):
-    emulate_steps(_step_keys(mma_variants.flags(variant)))
+    emulate_steps(WIDE_STEP_KEYS)
     config = CONFIGS[name]
     q, k, v = _qkv(2, 3, n, d, dtype, layout, seed=n + d)
     perm = torch.argsort(torch.rand(2, 3, n, device="cuda"), dim=-1) if config.v == "vsmooth" else None
@@ -98,7 +92,7 @@ def test_wide_video_like(variant, name, emulate_steps):
     from vc_attention.kernels.fidelity import grouping_permutation
     from vc_attention.kernels.videodata import video_like_qkv
 
-    emulate_steps(_step_keys(mma_variants.flags(variant)))
+    emulate_steps(WIDE_STEP_KEYS)
     config = CONFIGS[name]
     q, k, v = video_like_qkv(B=1, H=2, T=4, Hgrid=30, Wgrid=52, D=128, dtype=torch.bfloat16, device="cuda")
     perm = grouping_permutation(v, 64, 8) if config.v == "vsmooth" else None

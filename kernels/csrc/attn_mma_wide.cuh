@@ -13,8 +13,8 @@
 //   the subnormal tail than the reference's per-tile offsets (reference.running_row_offsets with
 //   block=64 is the exact emulation).
 // - Q fragments stay in registers for D=64; for D=128 they are re-read from shared memory every
-//   chunk (8 ldmatrix per warp per chunk), which keeps O (128), S (64) and the operands under the
-//   255-register cap without spills.
+//   chunk (8 ldmatrix per warp per chunk): O (128) and S (64) already put D=128 at the 255-register
+//   cap (ptxas -v per arch in docs/kernel-notes.md sec. 10).
 // The P encoding is attn_mma.cuh's encode_p (one definition for both layouts).
 #pragma once
 #include "attn_mma.cuh"
@@ -32,17 +32,6 @@ constexpr int kWideRowsPerWarp = 16 * kWideChains;       // 32
 constexpr int kWideRows = kAttnWarps * kWideRowsPerWarp;  // 128 query rows per CTA
 constexpr int kChunkKeys = 64;                           // keys per stage and per softmax step
 constexpr int kChunksPerTile = kKBlock / kChunkKeys;
-// Keys per online-softmax step inside a chunk: 32 halves the live score registers (S) at the
-// price of one more O fold per 32 keys; overridable at build time to time both.
-#ifndef VC_MMA_WIDE_STEP_KEYS
-#define VC_MMA_WIDE_STEP_KEYS 64
-#endif
-constexpr int kWideStepKeys = VC_MMA_WIDE_STEP_KEYS;
-// 1: D=128 keeps its Q fragments in registers too (32 more live registers, no Q re-reads).
-#ifndef VC_MMA_WIDE_Q_IN_REGS
-#define VC_MMA_WIDE_Q_IN_REGS 0
-#endif
-static_assert(kWideStepKeys == 32 || kWideStepKeys == 64, "VC_MMA_WIDE_STEP_KEYS must be 32 or 64");
 
 // 50 KB for D=128 with 2 stages: two CTAs fit the 100 KB of an Ada / consumer-Blackwell SM.
 template <int D>
@@ -77,10 +66,10 @@ __device__ __forceinline__ void load_rows_async(uint32_t dst, const uint8_t* src
 template <int D, bool kQkFp8, bool kExpCast, bool kVSmooth>
 struct AttnMmaWide {
   static constexpr int kKSteps = D / 32;             // MMA k-steps over the head dim (QK)
-  static constexpr int kKeyTiles = kWideStepKeys / 8;  // n-tiles of S per softmax step
+  static constexpr int kKeyTiles = kChunkKeys / 8;   // n-tiles of S per chunk
   static constexpr int kDimTiles = D / 8;            // n-tiles of O
-  static constexpr int kPSteps = kWideStepKeys / 32;  // MMA k-steps over keys (PV) per softmax step
-  static constexpr bool kQInRegs = D == 64 || VC_MMA_WIDE_Q_IN_REGS;
+  static constexpr int kPSteps = kChunkKeys / 32;    // MMA k-steps over keys (PV) per chunk
+  static constexpr bool kQInRegs = D == 64;
   using Smem = WideSmem<D>;
   using SAcc = std::conditional_t<kQkFp8, float, int>;
   using Encoder = AttnMma<D, kQkFp8, kExpCast, kVSmooth>;
@@ -150,13 +139,10 @@ struct AttnMmaWide {
       }
       const float scale = q_scale * p.k_scale[int64_t(bh) * n_tiles + chunk / kChunksPerTile];
       const int valid = p.n - chunk * kChunkKeys;  // keys of this chunk that are real (> 0)
-#pragma unroll
-      for (int key0 = 0; key0 < kChunkKeys; key0 += kWideStepKeys) {
-        if (valid < kChunkKeys) {
-          if (key0 < valid) process_keys<true>(sbase, chunk % kWideStages, key0, scale, valid, warp_row0, lane, smem);
-        } else {
-          process_keys<false>(sbase, chunk % kWideStages, key0, scale, kChunkKeys, warp_row0, lane, smem);
-        }
+      if (valid < kChunkKeys) {
+        process_chunk<true>(sbase, chunk % kWideStages, scale, valid, warp_row0, lane, smem);
+      } else {
+        process_chunk<false>(sbase, chunk % kWideStages, scale, kChunkKeys, warp_row0, lane, smem);
       }
     }
     store_output(p, bh, q_row0 + warp_row0, lane);
@@ -174,9 +160,9 @@ struct AttnMmaWide {
       for (int ks = 0; ks < kKSteps; ++ks) q_fragment(q_frag[c][ks], sbase, warp_row0, c, ks, lane);
   }
 
-  // keys [key0, key0 + kWideStepKeys) of the chunk in ring stage `stage`; its first `valid` keys are real
+  // one 64-key chunk in ring stage `stage`; its first `valid` keys are real
   template <bool kMask>
-  __device__ __forceinline__ void process_keys(uint32_t sbase, int stage, int key0, float scale, int valid, int warp_row0, int lane, uint8_t* smem) {
+  __device__ __forceinline__ void process_chunk(uint32_t sbase, int stage, float scale, int valid, int warp_row0, int lane, uint8_t* smem) {
     const int t = lane & 3, matrix = lane >> 3, r = lane & 7;
     // ---- S = Q K^T for both chains; k-step outer so consecutive MMAs are independent
     SAcc s[kWideChains][kKeyTiles][4];
@@ -199,7 +185,7 @@ struct AttnMmaWide {
       }
 #pragma unroll
       for (int pair = 0; pair < kKeyTiles / 2; ++pair) {
-        const int key = key0 + 16 * pair + 4 * (r >> 1) + 2 * (matrix >> 1) + (r & 1);
+        const int key = 16 * pair + 4 * (r >> 1) + 2 * (matrix >> 1) + (r & 1);
         uint32_t b[4];
         ldmatrix_x4(b, k_base + swizzled<D, true>(key, 2 * ks + (matrix & 1)));
 #pragma unroll
@@ -215,7 +201,7 @@ struct AttnMmaWide {
       }
     }
     // key index (within the chunk) of accumulator element e of n-tile i for this thread
-    auto key_of = [&](int i, int e) { return key0 + 16 * (i >> 1) + 4 * t + 2 * (i & 1) + (e & 1); };
+    auto key_of = [&](int i, int e) { return 16 * (i >> 1) + 4 * t + 2 * (i & 1) + (e & 1); };
 
     // ---- row max -> new integer offset per chain and row (max of raw scores; scale > 0)
     float alpha[kWideChains][2], offset[kWideChains][2];
@@ -298,7 +284,7 @@ struct AttnMmaWide {
 #pragma unroll
       for (int ks = 0; ks < kPSteps; ++ks) {
         uint32_t b[4];
-        ldmatrix_x4(b, v_base + swizzled<kChunkKeys>(dim, key0 / 16 + 2 * ks + (matrix & 1)));
+        ldmatrix_x4(b, v_base + swizzled<kChunkKeys>(dim, 2 * ks + (matrix & 1)));
 #pragma unroll
         for (int c = 0; c < kWideChains; ++c) {
           mma_e4m3(part[c][0], p_frag[c][ks], b[0], b[1]);
