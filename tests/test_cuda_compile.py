@@ -73,6 +73,7 @@ def _spills(ptxas_report: str) -> dict[str, int]:
 def test_variant_compiles(compiled, source, variant, arch):
     result = compiled[(source, arch, variant)]
     assert result.returncode == 0, f"nvcc failed for {source} {variant} sm_{jit.arch_code(arch)}:\n{result.stderr}"
+    assert "warning" not in result.stderr.lower(), result.stderr
     assert "wide_kernel" in result.stderr, "the variant flags did not select the wide kernel"
     spills = _spills(result.stderr)
     assert len(spills) == 8, result.stderr  # 2 QK formats x 2 P encodings x 2 V formats
