@@ -384,6 +384,8 @@ def load_extension(name: str, sources, extra_cuda_cflags=(), extra_cflags=(), ar
     return module
 
 
-def nvcc_compile_only_command(source: Path, arch: str, output: Path, nvcc: str | None = None) -> list[str]:
-    """nvcc command that compiles one torch-free .cu to a cubin with the build's flags (for tests)."""
-    return [nvcc or find_nvcc(), "--cubin", "-std=c++17", *BASE_CUDA_FLAGS, *gencode_flags(arch), f"-I{CSRC_DIR}", "-o", str(output), str(source)]
+def nvcc_compile_only_command(source: Path, arch: str, output: Path, nvcc: str | None = None, extra_flags=()) -> list[str]:
+    """nvcc command that compiles one torch-free .cu to a cubin with the build's flags (for tests);
+    extra_flags: a build-time variant's -D flags, or -Xptxas=-v for the register report."""
+    return [nvcc or find_nvcc(), "--cubin", "-std=c++17", *BASE_CUDA_FLAGS, *extra_flags, *gencode_flags(arch), f"-I{CSRC_DIR}",
+            "-o", str(output), str(source)]

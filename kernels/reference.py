@@ -206,16 +206,18 @@ def p_expcast(u: torch.Tensor) -> torch.Tensor:
     return expcast_code(u).to(torch.uint8).view(torch.float8_e4m3fn).float()
 
 
-def quantize_p(s: torch.Tensor, config: VCConfig) -> torch.Tensor:
+def quantize_p(s: torch.Tensor, config: VCConfig, offset_block: int = K_BLOCK) -> torch.Tensor:
     """Scores (log2 units) -> quantized, UNnormalized probabilities, float64, as the kernel sums them.
 
     Each key block is encoded against the running offset of the block (running_row_offsets), then
     rescaled by 2^(M_running - M_final) - exactly what the online softmax's alpha factors do to the
     accumulator and the row sum. In the normal E4M3 range this equals encoding against the final
     offset; in the subnormal/underflow tail it reproduces what the kernel keeps there.
+    offset_block: keys per online-softmax step of the kernel being emulated (K_BLOCK for the sm90
+    and default mma kernels; the wide mma kernel steps by 64 or 32 keys).
     """
-    run = running_row_offsets(s)
-    m_run = run.repeat_interleave(K_BLOCK, dim=-1)[..., : s.shape[-1]]
+    run = running_row_offsets(s, offset_block)
+    m_run = run.repeat_interleave(offset_block, dim=-1)[..., : s.shape[-1]]
     u = s - m_run
     p = p_exp2_cast(u) if config.p == "exp2" else p_expcast(u)
     return p.double() * torch.exp2((m_run - run[..., -1:]).double())

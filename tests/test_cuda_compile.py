@@ -1,19 +1,26 @@
 """nvcc compile-only of every CUDA source of the portable kernels for each target arch (no GPU).
 
 Each (source, arch) pair is compiled once, in parallel, with the JIT's own flags; the sm90_* sources
-belong to the Hopper backend and are compiled by its tests.
+belong to the Hopper backend and are compiled by its tests. The build-time variants of the attention
+kernel (kernels/mma_variants.py) are compiled too: the wide layout for every arch, the other
+variants for sm_90a (the H200 they are timed on), with the ptxas register report.
 """
 import concurrent.futures
 import os
+import re
 import shutil
 import subprocess
 
 import pytest
 
-from vc_attention.kernels import jit
+from vc_attention.kernels import jit, mma_variants
 
-ARCHS = ("8.9", "9.0a", "12.0a")
+# sm_100a: a B200 runs the portable kernel (the sm90 backend is Hopper-only), so it must build there
+ARCHS = ("8.9", "9.0a", "10.0a", "12.0a")
 SOURCES = sorted(p for p in jit.CSRC_DIR.glob("*.cu") if not p.name.startswith("sm90_"))
+ATTN_SOURCES = ("attn_mma_d64.cu", "attn_mma_d128.cu")
+VARIANT_BUILDS = [(name, arch) for name in mma_variants.VARIANTS if name != "rows16"
+                  for arch in (ARCHS if name == "wide" else ("9.0a",))]
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None and not os.environ.get("CUDA_HOME"), reason="nvcc not installed")
 
@@ -23,12 +30,15 @@ def compiled(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("cubin")
     nvcc = jit.find_nvcc()
 
-    def build(source, arch):
-        cmd = jit.nvcc_compile_only_command(source, arch, out_dir / f"{source.stem}-{jit.arch_code(arch)}.cubin", nvcc)
+    def build(source, arch, variant=None):
+        flags = mma_variants.flags(variant) + ("-Xptxas=-v",) if variant else ()
+        out = out_dir / f"{source.stem}-{variant or 'default'}-{jit.arch_code(arch)}.cubin"
+        cmd = jit.nvcc_compile_only_command(source, arch, out, nvcc, extra_flags=flags)
         return subprocess.run(cmd, capture_output=True, text=True, check=False)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        futures = {(s.name, a): pool.submit(build, s, a) for s in SOURCES for a in ARCHS}
+        futures = {(s.name, a, None): pool.submit(build, s, a) for s in SOURCES for a in ARCHS}
+        futures.update({(src, a, v): pool.submit(build, jit.CSRC_DIR / src, a, v) for v, a in VARIANT_BUILDS for src in ATTN_SOURCES})
         return {key: fut.result() for key, fut in futures.items()}
 
 
@@ -40,6 +50,30 @@ def test_sources_found():
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("source", [p.name for p in SOURCES])
 def test_compiles(compiled, source, arch):
-    result = compiled[(source, arch)]
+    result = compiled[(source, arch, None)]
     assert result.returncode == 0, f"nvcc failed for {source} sm_{jit.arch_code(arch)}:\n{result.stderr}"
     assert "warning" not in result.stderr.lower(), result.stderr
+
+
+def _spills(ptxas_report: str) -> dict[str, int]:
+    """Spill-store bytes per kernel from a `ptxas -v` report."""
+    spills, kernel = {}, None
+    for line in ptxas_report.splitlines():
+        name = re.search(r"Compiling entry function '(\w+)'", line)
+        if name:
+            kernel = name.group(1)
+        stores = re.search(r"(\d+) bytes spill stores", line)
+        if stores and kernel:
+            spills[kernel] = int(stores.group(1))
+    return spills
+
+
+@pytest.mark.parametrize("variant,arch", VARIANT_BUILDS)
+@pytest.mark.parametrize("source", ATTN_SOURCES)
+def test_variant_compiles(compiled, source, variant, arch):
+    result = compiled[(source, arch, variant)]
+    assert result.returncode == 0, f"nvcc failed for {source} {variant} sm_{jit.arch_code(arch)}:\n{result.stderr}"
+    assert "warning" not in result.stderr.lower(), result.stderr
+    assert "wide_kernel" in result.stderr, "the variant flags did not select the wide kernel"
+    spills = _spills(result.stderr)
+    assert len(spills) == 8, result.stderr  # 2 QK formats x 2 P encodings x 2 V formats

@@ -9,4 +9,6 @@ const char* launch_attn_mma(const AttnParams& p, void* stream) {
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
+int attn_mma_cta_rows() { return VC_MMA_WIDE ? kWideRows : kQBlock; }
+
 }  // namespace vc

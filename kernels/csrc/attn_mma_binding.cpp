@@ -53,4 +53,5 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "VC-Attention portable mma.sync attention over prepared operands.";
   m.def("attention", &attention, "prepared operands -> out (B,H,N,D view), optional lse (B,H,N)");
+  m.def("cta_rows", &vc::attn_mma_cta_rows, "query rows per CTA of this build's attention kernel (128: the wide layout)");
 }

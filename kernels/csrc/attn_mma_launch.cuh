@@ -2,16 +2,35 @@
 // each compile their own head dim in parallel).
 #pragma once
 #include "attn_mma.cuh"
+#include "attn_mma_wide.cuh"
+
+// Which work split the build runs (timed side by side by bench/mma_variants.py):
+// 0 = 16 query rows per warp, 64-row CTAs (attn_mma.cuh); 1 = the FlashAttention-2 layout,
+// 32 rows per warp, 128-row CTAs, 64-key cp.async ring (attn_mma_wide.cuh).
+#ifndef VC_MMA_WIDE
+#define VC_MMA_WIDE 0
+#endif
 
 namespace vc {
 
+// if constexpr: only the selected layout is instantiated (and compiled)
+template <int D, bool kQkFp8, bool kExpCast, bool kVSmooth>
+inline void (*attn_kernel_of_build())(const AttnParams) {
+  if constexpr (VC_MMA_WIDE) {
+    return attn_mma_wide_kernel<D, kQkFp8, kExpCast, kVSmooth>;
+  } else {
+    return attn_mma_kernel<D, kQkFp8, kExpCast, kVSmooth>;
+  }
+}
+
 template <int D, bool kQkFp8, bool kExpCast, bool kVSmooth>
 cudaError_t launch_attn_mma_variant(const AttnParams& p, cudaStream_t stream) {
-  auto* kernel = attn_mma_kernel<D, kQkFp8, kExpCast, kVSmooth>;
-  constexpr int kSmem = AttnSmem<D>::kBytes;
+  auto* kernel = attn_kernel_of_build<D, kQkFp8, kExpCast, kVSmooth>();
+  constexpr int kSmem = VC_MMA_WIDE ? WideSmem<D>::kBytes : AttnSmem<D>::kBytes;
+  constexpr int kRows = VC_MMA_WIDE ? kWideRows : kQBlock;
   const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
-  const dim3 grid((p.n + kQBlock - 1) / kQBlock, p.batch * p.heads);
+  const dim3 grid((p.n + kRows - 1) / kRows, p.batch * p.heads);
   kernel<<<grid, kAttnThreads, kSmem, stream>>>(p);
   return cudaGetLastError();
 }

@@ -48,5 +48,7 @@ struct AttnParams {
 // Launchers (prepare.cu, attn_mma.cu). Return a CUDA error string or nullptr on success.
 const char* launch_prepare(const PrepareParams& p, void* stream);
 const char* launch_attn_mma(const AttnParams& p, void* stream);
+// Query rows per CTA of the attention kernel this build runs (tells the build-time variants apart).
+int attn_mma_cta_rows();
 
 }  // namespace vc

@@ -1,0 +1,25 @@
+"""Build-time variants of the portable `mma` kernel: named -D flag sets for `extension(variant_flags)`.
+
+The backend runs the default build (no flags). The variants exist so one GPU call can test and time
+the work splits side by side (bench/mma_variants.py, tests/test_mma_variants_gpu.py); what each
+flag does is documented where it is read (kernels/csrc/attn_mma_launch.cuh, attn_mma_wide.cuh,
+attn_mma.cuh) and measured in docs/kernel-notes.md.
+"""
+from __future__ import annotations
+
+VARIANTS: dict[str, tuple[str, ...]] = {
+    # 16 query rows per warp, 64-row CTAs, 128-key double buffer (the default build)
+    "rows16": (),
+    # FlashAttention-2 layout: 32 rows per warp in two MMA chains sharing K/V fragments, 128-row
+    # CTAs, 64-key cp.async ring of 2 stages, softmax per 64 keys
+    "wide": ("-DVC_MMA_WIDE=1",),
+    # the same with a 3-stage ring (66 KB shared memory at D=128: Hopper only fits 2+ CTAs)
+    "wide-3stages": ("-DVC_MMA_WIDE=1", "-DVC_MMA_STAGES=3"),
+}
+
+
+def flags(name: str) -> tuple[str, ...]:
+    """The -D flags of a named variant; ValueError names the known ones."""
+    if name not in VARIANTS:
+        raise ValueError(f"unknown mma kernel variant {name!r}; known: {', '.join(VARIANTS)}.")
+    return VARIANTS[name]

@@ -1,0 +1,62 @@
+"""Which backend `auto` picks per GPU family, and that its JIT targets an arch the compile tests
+build (CPU: the device capability and the CUDA runtime are mocked).
+
+On a B200 (sm_100) the Hopper-only sm90 backend declines and the portable `mma` backend runs,
+JIT-built for sm_100a, which tests/test_cuda_compile.py compiles in CI.
+"""
+import pytest
+import torch
+
+from vc_attention.kernels import backend_cuda, backends, jit
+
+from .test_cuda_compile import ARCHS as COMPILED_ARCHS
+
+FAMILIES = {  # capability -> (backend chosen under auto, arch its JIT builds)
+    (8, 9): ("mma", "8.9"),      # Ada: RTX 4090, L40S
+    (9, 0): ("sm90", "9.0a"),    # Hopper: H100, H200
+    (10, 0): ("mma", "10.0a"),   # Blackwell datacenter: B200
+    (12, 0): ("mma", "12.0a"),   # consumer Blackwell: RTX 5090
+}
+
+
+@pytest.fixture
+def gpu_of(monkeypatch):
+    """Pretend the process sees a CUDA GPU of the given capability, with a toolkit."""
+    def pretend(capability):
+        monkeypatch.setattr(torch.version, "cuda", "13.0")
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+        monkeypatch.setattr(jit, "toolchain_reason", lambda arch=None: None)
+        monkeypatch.delenv(jit.ENV_PREFIX + "ARCH", raising=False)
+        for backend in backends.backends():
+            monkeypatch.setattr(backend, "_availability", None)  # availability is cached per process
+    return pretend
+
+
+def _auto_choice() -> str:
+    """The fastest backend that is available here (what `auto` picks for a supported call)."""
+    return next(b.name for b in backends.backends() if b.availability() is None and not b.slow)
+
+
+@pytest.mark.parametrize("capability", list(FAMILIES))
+def test_auto_picks_a_backend_built_for_the_gpu(gpu_of, capability):
+    gpu_of(capability)
+    backend, arch = FAMILIES[capability]
+    assert _auto_choice() == backend
+    assert jit.target_arch() == arch
+    assert arch in COMPILED_ARCHS, f"sm_{jit.arch_code(arch)} is not compiled by tests/test_cuda_compile.py"
+
+
+def test_b200_runs_mma_built_for_sm100a(gpu_of):
+    gpu_of((10, 0))
+    reasons = dict(backends.describe())
+    assert "Hopper" in reasons["sm90"]
+    assert reasons["mma"] is None
+    spec = jit.make_spec(backend_cuda.EXTENSION_NAME, backend_cuda.SOURCES)
+    assert spec.arch == "10.0a"
+    assert "-gencode=arch=compute_100a,code=sm_100a" in spec.cuda_flags
+
+
+def test_below_ada_has_no_cuda_backend(gpu_of):
+    gpu_of((8, 6))
+    assert "sm_89" in dict(backends.describe())["mma"]

@@ -1,0 +1,119 @@
+"""GPU tier: every build-time variant of the portable kernel (kernels/mma_variants.py) against the
+emulation (skips without a GPU).
+
+The default build is covered by tests/test_kernels_gpu.py; here each non-default variant is built
+(`extension(flags)`), checked to be the layout it claims (`cta_rows`), and compared with
+reference.py at odd N (tail chunks in either half of a 128-key tile), both head dims, both layouts,
+fp16/bf16 and video-like data. The wide layout's online softmax steps by 64 keys, so its exact
+emulation is reference.quantize_p with offset_block=64 (patched in); the gate is the same
+1e-3 rel-L2 as the default build's, above the bf16 output's own rounding.
+"""
+import functools
+import math
+
+import pytest
+import torch
+
+from vc_attention.kernels import backend_cuda, mma_variants, reference
+from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED, VCConfig
+from vc_attention.kernels.prepare import prepare_cuda
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                       reason="needs a CUDA GPU with FP8 tensor cores (sm_89+)"),
+]
+
+CONFIGS = {"fidelity": FIDELITY, "speed": SPEED, "plain8": PLAIN_8BIT, "fp8qk": VCConfig(qk="fp8")}
+WIDE = [name for name, flags in mma_variants.VARIANTS.items() if "-DVC_MMA_WIDE=1" in flags]
+GATE = 1e-3
+WIDE_STEP_KEYS = 64  # the wide layout's online-softmax step (kChunkKeys in attn_mma_wide.cuh)
+
+
+@pytest.fixture
+def emulate_steps(monkeypatch):
+    """Make the emulation's online softmax step by `keys` keys, like the kernel under test."""
+    original = reference.quantize_p
+
+    def use(keys):
+        monkeypatch.setattr(reference, "quantize_p", functools.partial(original, offset_block=keys))
+    return use
+
+
+def _rel_l2(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def _qkv(b, h, n, d, dtype, layout, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    shape = (b, h, n, d) if layout == "bhnd" else (b, n, h, d)
+    q, k, v = (torch.randn(shape, generator=gen, device="cuda") for _ in range(3))
+    v = v + 2.0 * torch.randn(d, generator=gen, device="cuda")  # channel offsets (V-Smooth territory)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def _check(variant, q, k, v, perm, config, layout):
+    flags = mma_variants.flags(variant)
+    ops = prepare_cuda(q, k, v, perm, config, layout)
+    out = torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")  # poisoned
+    backend_cuda.attention_from_operands(ops, config, out, layout, variant_flags=flags)
+    assert torch.isfinite(out).all()
+    qb, kb, vb = (reference.to_bhnd(t, layout).contiguous() for t in (q, k, v))
+    ref64 = reference.vc_attention_reference(qb, kb, vb, config, perm=perm, parts=True).out
+    rounding = _rel_l2(ref64.to(q.dtype), ref64) if q.dtype == torch.bfloat16 else 0.0
+    err = _rel_l2(reference.to_bhnd(out, layout), ref64)
+    assert err <= GATE + rounding, f"{variant}: rel-L2 {err:.2e} vs the emulation (gate {GATE + rounding:.2e})"
+    return err
+
+
+@pytest.mark.parametrize("variant", [v for v in mma_variants.VARIANTS if v != "rows16"])
+def test_variant_builds_the_layout_it_names(variant):
+    ext = backend_cuda.extension(mma_variants.flags(variant))
+    assert ext.cta_rows() == (128 if variant in WIDE else 64)
+    assert backend_cuda.extension().cta_rows() == 64  # the default build keeps the 16-row layout
+
+
+@pytest.mark.parametrize("variant", WIDE)
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("n", [1, 63, 77, 129, 200, 4097])
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+@pytest.mark.parametrize("d,dtype", [(64, torch.float16), (128, torch.bfloat16)])
+def test_wide_matches_reference(variant, name, n, layout, d, dtype, emulate_steps):
+    emulate_steps(WIDE_STEP_KEYS)
+    config = CONFIGS[name]
+    q, k, v = _qkv(2, 3, n, d, dtype, layout, seed=n + d)
+    perm = torch.argsort(torch.rand(2, 3, n, device="cuda"), dim=-1) if config.v == "vsmooth" else None
+    _check(variant, q, k, v, perm, config, layout)
+
+
+@pytest.mark.parametrize("variant", WIDE)
+@pytest.mark.parametrize("name", ["fidelity", "speed", "plain8"])
+def test_wide_video_like(variant, name, emulate_steps):
+    from vc_attention.kernels.fidelity import grouping_permutation
+    from vc_attention.kernels.videodata import video_like_qkv
+
+    emulate_steps(WIDE_STEP_KEYS)
+    config = CONFIGS[name]
+    q, k, v = video_like_qkv(B=1, H=2, T=4, Hgrid=30, Wgrid=52, D=128, dtype=torch.bfloat16, device="cuda")
+    perm = grouping_permutation(v, 64, 8) if config.v == "vsmooth" else None
+    _check(variant, q, k, v, perm, config, "bhnd")
+
+
+@pytest.mark.parametrize("variant", WIDE)
+def test_wide_lse_matches_default_build(variant):
+    """The LSE output of the wide layout equals the default build's (same scores, same offsets'
+    meaning), and its output is within the gate of the default build's at N = 32760."""
+    config = SPEED
+    q, k, v = _qkv(1, 2, 32760, 128, torch.bfloat16, "bhnd", seed=5)
+    perm = torch.argsort(torch.rand(1, 2, 32760, device="cuda"), dim=-1)
+    ops = prepare_cuda(q, k, v, perm, config)
+    outs, lses = [], []
+    for flags in ((), mma_variants.flags(variant)):
+        out = torch.empty_like(q)
+        lse = torch.empty(1, 2, 32760, device="cuda")
+        backend_cuda.attention_from_operands(ops, config, out, "bhnd", lse=lse, variant_flags=flags)
+        outs.append(out)
+        lses.append(lse)
+    assert torch.allclose(lses[0], lses[1], atol=1e-3, rtol=0)
+    assert _rel_l2(outs[1], outs[0]) <= 2 * GATE
+    assert math.isfinite(float(lses[1].sum()))
