@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from vc_attention.commands.bench import cuda_time_ms
-from vc_attention.kernels import backend_cuda, mma_variants
+from vc_attention.kernels import backend_mma, mma_variants
 from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED
-from vc_attention.kernels.prepare import prepare_cuda
+from vc_attention.kernels.prepare_cuda import prepare_cuda
 
 SHAPES = {"wan21-1.3b-480p": (1, 12, 32760, 128), "wan22-14b-720p": (1, 40, 75600, 128), "d64": (1, 32, 32768, 64)}
 MODES = {"fidelity": FIDELITY, "speed": SPEED, "plain8": PLAIN_8BIT}
@@ -61,9 +61,9 @@ def time_shape(name, shape, variants, reps, sage, rows):
         for variant in variants:
             flags = mma_variants.flags(variant)
             out = torch.full_like(q, float("nan"))
-            backend_cuda.attention_from_operands(ops, config, out, "bhnd", variant_flags=flags)
+            backend_mma.attention_from_operands(ops, config, out, "bhnd", variant_flags=flags)
             first = out if first is None else first
-            attn_ms = cuda_time_ms(lambda: backend_cuda.attention_from_operands(ops, config, out, "bhnd", variant_flags=flags), reps)
+            attn_ms = cuda_time_ms(lambda: backend_mma.attention_from_operands(ops, config, out, "bhnd", variant_flags=flags), reps)
             row = dict(shape=name, mode=mode, variant=variant, flags=list(flags), prepare_ms=prep_ms, attention_ms=attn_ms,
                        total_ms=prep_ms + attn_ms, vs_first_variant=rel_l2(out, first), finite=bool(torch.isfinite(out).all()))
             if sage_ms is not None:
@@ -85,7 +85,7 @@ def main() -> int:
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     for variant in variants:
-        backend_cuda.extension(mma_variants.flags(variant))  # build all first: the timing loop never compiles
+        backend_mma.extension(mma_variants.flags(variant))  # build all first: the timing loop never compiles
     sage = sage_portable()
     rows: list[dict] = []
     for shape in args.shapes.split(","):

@@ -14,9 +14,9 @@ import math
 import pytest
 import torch
 
-from vc_attention.kernels import backend_cuda, mma_variants, reference
+from vc_attention.kernels import backend_mma, mma_variants, reference
 from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED, VCConfig
-from vc_attention.kernels.prepare import prepare_cuda
+from vc_attention.kernels.prepare_cuda import prepare_cuda
 
 pytestmark = [
     pytest.mark.gpu,
@@ -56,7 +56,7 @@ def _check(variant, q, k, v, perm, config, layout):
     flags = mma_variants.flags(variant)
     ops = prepare_cuda(q, k, v, perm, config, layout)
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")  # poisoned
-    backend_cuda.attention_from_operands(ops, config, out, layout, variant_flags=flags)
+    backend_mma.attention_from_operands(ops, config, out, layout, variant_flags=flags)
     assert torch.isfinite(out).all()
     qb, kb, vb = (reference.to_bhnd(t, layout).contiguous() for t in (q, k, v))
     ref64 = reference.vc_attention_reference(qb, kb, vb, config, perm=perm, parts=True).out
@@ -68,9 +68,9 @@ def _check(variant, q, k, v, perm, config, layout):
 
 @pytest.mark.parametrize("variant", [v for v in mma_variants.VARIANTS if v != "rows16"])
 def test_variant_builds_the_layout_it_names(variant):
-    ext = backend_cuda.extension(mma_variants.flags(variant))
+    ext = backend_mma.extension(mma_variants.flags(variant))
     assert ext.cta_rows() == (128 if variant in WIDE else 64)
-    assert backend_cuda.extension().cta_rows() == 64  # the default build keeps the 16-row layout
+    assert backend_mma.extension().cta_rows() == 64  # the default build keeps the 16-row layout
 
 
 @pytest.mark.parametrize("variant", WIDE)
@@ -111,7 +111,7 @@ def test_wide_lse_matches_default_build(variant):
     for flags in ((), mma_variants.flags(variant)):
         out = torch.empty_like(q)
         lse = torch.empty(1, 2, 32760, device="cuda")
-        backend_cuda.attention_from_operands(ops, config, out, "bhnd", lse=lse, variant_flags=flags)
+        backend_mma.attention_from_operands(ops, config, out, "bhnd", lse=lse, variant_flags=flags)
         outs.append(out)
         lses.append(lse)
     assert torch.allclose(lses[0], lses[1], atol=1e-3, rtol=0)
