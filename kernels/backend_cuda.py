@@ -12,7 +12,7 @@ import torch
 
 from . import jit, reference
 from .backends import Backend, register
-from .config import VCConfig
+from .config import KERNEL_P_ENCODINGS, VCConfig
 from .prepare import PreparedOperands, prepare_and_run, rows_aligned
 
 EXTENSION_NAME = "vc_attention_mma"
@@ -51,6 +51,8 @@ def _unsupported_reason(q: torch.Tensor, config: VCConfig, layout: str) -> Optio
         return f"head dim {q.shape[-1]} (supported: {HEAD_DIMS})"
     if torch.cuda.get_device_capability(q.device) < jit.MIN_CAPABILITY:
         return "GPU below sm_89"
+    if config.p not in KERNEL_P_ENCODINGS:
+        return f"P encoding {config.p!r} is emulation only (the kernels implement {KERNEL_P_ENCODINGS})"
     if not rows_aligned(q):
         return "q, k, v need a contiguous last dim and 16-byte aligned rows"
     return None

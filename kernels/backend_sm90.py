@@ -13,7 +13,7 @@ import torch
 
 from . import jit, reference
 from .backends import Backend, register
-from .config import VCConfig
+from .config import KERNEL_P_ENCODINGS, VCConfig
 from .prepare import PreparedOperands, prepare_and_run, rows_aligned
 
 EXTENSION_NAME = "vc_attention_sm90"
@@ -50,6 +50,8 @@ def _unsupported_reason(q: torch.Tensor, config: VCConfig, layout: str) -> Optio
         return f"head dim {q.shape[-1]} (supported: {HEAD_DIMS})"
     if config.qk != "int8":
         return "FP8 QK is not implemented in the sm90 kernel (INT8 QK only)"
+    if config.p not in KERNEL_P_ENCODINGS:
+        return f"P encoding {config.p!r} is emulation only (the kernels implement {KERNEL_P_ENCODINGS})"
     if not rows_aligned(q):
         return "q, k, v need a contiguous last dim and 16-byte aligned rows"
     return None
