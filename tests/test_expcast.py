@@ -2,10 +2,12 @@
 float64 derivation of its definition, monotone, exactly decodable, and within per-range error bounds
 of the ideal 2^(u+8) that the paper's ExpCast (p="expcast_paper") breaks in the subnormal range."""
 import math
+import re
 
 import pytest
 import torch
 
+from vc_attention.kernels import jit
 from vc_attention.kernels import reference as R
 
 SUBNORMAL_QUANTUM = 2.0**-9  # E4M3's smallest code and the spacing of its subnormals
@@ -155,3 +157,13 @@ def test_a_long_row_keeps_its_tail_mass():
     ideal = torch.exp2(u.double() + R.P_LOG2_MAX).sum()
     assert abs(R.p_expcast(u).double().sum() / ideal - 1) < 0.05
     assert R.p_expcast_paper(u).double().sum() / ideal < 0.8
+
+
+def test_the_kernel_header_uses_the_spec_constants():
+    """kernels/csrc/p_encoding.cuh spells the constants as float literals: they must round to the
+    float32 values the reference uses (nvcc rounds a float literal once, as torch does here)."""
+    header = (jit.CSRC_DIR / "p_encoding.cuh").read_text()
+    literals = dict(re.findall(r"constexpr float (kExpCast\w+) = ([0-9.]+)f;", header))
+    as_float32 = {name: float(torch.tensor(float(text), dtype=torch.float32)) for name, text in literals.items()}
+    assert as_float32 == {"kExpCastRowConstant": _float32_row_constant(), "kExpCastFloor": R.EXPCAST_FLOOR}
+    assert "<< 10" in header and R.EXPCAST_SHIFT == 10
