@@ -2,8 +2,10 @@
 
 Builds the attention extensions through kernels/jit.py (the JIT cache: the same binaries the
 backends run), dumps their SASS with cuobjdump and counts, per kernel instantiation, MUFU.EX2, F2I
-and F2FP (the E4M3 pair cast). Speed kernels must have zero MUFU.EX2 and zero F2I; the exp2 kernels
-must have MUFU.EX2 (proof that the count sees the instruction at all).
+and F2FP (the E4M3 pair cast). Speed kernels must have zero MUFU.EX2 and no F2I other than the
+unsigned one of an integer division (`bh / heads` in the epilogue: I2F.U32.RP, MUFU.RCP,
+F2I.FTZ.U32.TRUNC, at most one per I2F.U32.RP); the exp2 kernels must have MUFU.EX2 (proof that the
+count sees the instruction at all).
 
   python3 bench/expcast_sass.py [--out DIR]
 
@@ -22,7 +24,7 @@ import torch
 
 from vc_attention.kernels import backend_cuda, backend_sm90
 
-OPS = ("MUFU.EX2", "F2I", "F2FP", "I2F")
+OPS = ("MUFU.EX2", "F2I", "F2I.U32", "I2F.U32.RP", "F2FP")
 # kernel name -> (short name, its bool template parameters in order)
 KERNELS = {
     "attn_mma_kernel": ("mma", ("qk_fp8", "expcast", "vsmooth")),
@@ -41,8 +43,14 @@ def find_cuobjdump() -> str:
 
 
 def count_ops(block: str) -> dict:
-    # F2I and I2F appear as F2I.S32..., F2I.TRUNC...: match the opcode, not F2IP or I2FP
-    return {op: len(re.findall(r"\b" + re.escape(op) + r"(?=[.\s])", block)) for op in OPS}
+    """Occurrences of each opcode (with modifiers in any order after it: F2I.FTZ.U32.TRUNC counts as
+    F2I and F2I.U32); I2FP / F2IP (other instructions) do not match F2I / I2F."""
+    counts = {}
+    for op in OPS:
+        opcode, *mods = op.split(".")
+        found = re.findall(r"\b" + opcode + r"((?:\.[A-Z0-9_]+)*)(?=\s)", block)
+        counts[op] = sum(all("." + m in "".join(f) + "." for m in mods) for f in found)
+    return counts
 
 
 def kernel_rows(sass: str) -> list[dict]:
@@ -63,8 +71,10 @@ def kernel_rows(sass: str) -> list[dict]:
 def failures(rows: list[dict]) -> list[str]:
     bad = []
     for row in rows:
-        if row["expcast"] and (row["MUFU.EX2"] or row["F2I"]):
-            bad.append(f"{row['kernel']}: speed kernel has MUFU.EX2={row['MUFU.EX2']} F2I={row['F2I']}")
+        other_f2i = row["F2I"] - row["F2I.U32"]
+        if row["expcast"] and (row["MUFU.EX2"] or other_f2i or row["F2I.U32"] > row["I2F.U32.RP"]):
+            bad.append(f"{row['kernel']}: speed kernel has MUFU.EX2={row['MUFU.EX2']}, F2I={row['F2I']} "
+                       f"(of them unsigned {row['F2I.U32']}, integer divisions {row['I2F.U32.RP']})")
         if not row["expcast"] and not row["MUFU.EX2"]:
             bad.append(f"{row['kernel']}: exp2 kernel shows no MUFU.EX2 (the count is broken)")
     if not any(row["expcast"] for row in rows):
@@ -87,11 +97,11 @@ def main() -> int:
         sass = subprocess.run([cuobjdump, "--dump-sass", module.__file__], capture_output=True, text=True, check=True).stdout
         (out_dir / f"{name}.sass").write_text(sass)
         rows += kernel_rows(sass)
-    print(f"{'kernel':<52} " + " ".join(f"{op:>8}" for op in OPS))
+    print(f"{'kernel':<48} " + " ".join(f"{op:>10}" for op in OPS))
     for row in rows:
-        print(f"{row['kernel']:<52} " + " ".join(f"{row[op]:>8}" for op in OPS))
+        print(f"{row['kernel']:<48} " + " ".join(f"{row[op]:>10}" for op in OPS))
     bad = failures(rows)
-    print("\n".join(bad) if bad else f"OK: {sum(r['expcast'] for r in rows)} speed kernels without MUFU.EX2 or F2I")
+    print("\n".join(bad) if bad else f"OK: {sum(r['expcast'] for r in rows)} speed kernels without MUFU.EX2 or a softmax F2I")
     return 1 if bad else 0
 
 
