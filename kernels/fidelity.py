@@ -174,10 +174,13 @@ def fidelity_table(
     sm_scale: float | None = None,
     methods=tuple(METHODS),
     progress=None,
+    extra_rows=None,
 ) -> list[FidelityRow]:
     """One FidelityRow per method on (B,H,N,D) q, k, v against fp64 exact attention.
 
     progress(method) is called before each method (the CLI prints it; the table takes seconds).
+    extra_rows(exact) may return more rows measured against the same exact output (e.g. a peer
+    kernel run on the GPU), appended last.
     """
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
@@ -189,6 +192,8 @@ def fidelity_table(
         if progress is not None:
             progress(method)
         rows.append(fidelity_row(method, method_parts(method, q, k, v, perm, sm_scale), exact))
+    if extra_rows is not None:
+        rows.extend(extra_rows(exact))
     return rows
 
 
