@@ -34,11 +34,15 @@ V_BLOCK = K_BLOCK
 
 P_LOG2_MAX = 8  # the row offset M maps to 2^8 = 256
 EXPCAST_BETA = -0.35  # centres eps(m) = m - 8 log2(1 + m/8) in the min-max sense (-0.3443 rounded)
-EXPCAST_MAX_CODE = 8 * P_LOG2_MAX + 56  # 120 = 0x78 = 256.0
-# The corrected ExpCast (p_expcast) holds w = u + 8 + beta/8 in a float32 near 1536 = 1.5 * 2^10,
-# whose ulp is 2^-13: y = u + EXPCAST_ROW_CONSTANT, then its bits shifted by EXPCAST_SHIFT.
+EXPCAST_MAX_CODE = 8 * P_LOG2_MAX + 56  # 120 = 0x78 = 256.0: the paper's encoding
+# The corrected ExpCast (p_expcast) maps the row max to 448 (the E4M3 maximum, code 126): 0.8 octave
+# more range above the subnormals than 256, at no cost (docs/fidelity-study.md). It holds
+# w = u + log2(448) + beta/8 in a float32 near 1536 = 1.5 * 2^10, whose ulp is 2^-13:
+# y = u + EXPCAST_ROW_CONSTANT, then its bits shifted by EXPCAST_SHIFT.
+EXPCAST_LOG2_SCALE = math.log2(E4M3_MAX)
+EXPCAST_TOP_CODE = 126  # 448.0
 EXPCAST_FIXED_POINT = 1536.0
-EXPCAST_ROW_CONSTANT = EXPCAST_FIXED_POINT + P_LOG2_MAX + EXPCAST_BETA / 8  # 1543.95625, float32 in use
+EXPCAST_ROW_CONSTANT = EXPCAST_FIXED_POINT + EXPCAST_LOG2_SCALE + EXPCAST_BETA / 8  # float32: 1544.76355
 EXPCAST_FLOOR = EXPCAST_FIXED_POINT - 24.0  # w >= -24: 2^w is far below E4M3's smallest code 2^-9
 EXPCAST_SHIFT = 10  # 23 mantissa bits - 13 fraction bits
 
@@ -215,7 +219,7 @@ def p_expcast_paper(u: torch.Tensor) -> torch.Tensor:
 
 
 def expcast_fixed_point(u: torch.Tensor) -> torch.Tensor:
-    """y = max(fl32(u + EXPCAST_ROW_CONSTANT), EXPCAST_FLOOR): u + 8 + beta/8 as a fixed-point number
+    """y = max(fl32(u + EXPCAST_ROW_CONSTANT), EXPCAST_FLOOR): u + log2(448) + beta/8 as a fixed-point number
     with 13 fraction bits (the float32 ulp on [1024, 2048)); the floor keeps y - 1536 >= -24, far
     below the E4M3 underflow, and turns u = -inf (a masked key) into code 0."""
     return torch.clamp(u.float() + torch.tensor(EXPCAST_ROW_CONSTANT, dtype=torch.float32), min=EXPCAST_FLOOR)
@@ -232,14 +236,15 @@ def expcast_exponent_float(y: torch.Tensor) -> torch.Tensor:
 
 
 def p_expcast(u: torch.Tensor) -> torch.Tensor:
-    """Speed encoding (ExpCast, corrected): P = E4M3(2^floor(w) (1 + frac(w))), w = u + 8 + beta/8
-    held to 13 fraction bits; float32 values of the E4M3 codes.
+    """Speed encoding (ExpCast, corrected): P = E4M3(2^floor(w) (1 + frac(w))), w = u + log2(448) +
+    beta/8 held to 13 fraction bits; float32 values of the E4M3 codes (row max 448, code 126).
 
     A piecewise-linear exp2 built from float32 exponent bits, rounded by the hardware cast (RNE,
-    satfinite). In the normal E4M3 range the code is rint(8w + 56), the paper's rint(8u + 119.65)
-    up to where the rounding boundaries fall (u resolved to 2^-13); below 2^-6 the cast rounds the
-    chord of 2^w to multiples of 2^-9, so the E4M3 subnormal codes get their true values and
-    probabilities survive down to u = -18 (the paper's codes 1..7 mis-decode and stop at u = -14.9).
+    satfinite: at u = 0 the float is 451.3, cast to 448). In the normal E4M3 range the code is
+    rint(8w + 56), the paper's linear code (shifted by 8 log2(448/256)) up to where the rounding
+    boundaries fall (u resolved to 2^-13); below 2^-6 the cast rounds the chord of 2^w to multiples
+    of 2^-9, so the E4M3 subnormal codes get their true values and probabilities survive down to
+    u = -18.8 (the paper's codes 1..7 mis-decode and stop at u = -14.9).
     Kernel (kernels/csrc/p_encoding.cuh): FFMA (s * sc + row constant), FMNMX (floor), LEA (shift,
     add), half an F2FP.E4M3 (two per instruction): no MUFU, no F2I.
     """
@@ -247,7 +252,7 @@ def p_expcast(u: torch.Tensor) -> torch.Tensor:
 
 
 def expcast_code(u: torch.Tensor) -> torch.Tensor:
-    """The E4M3 byte of p_expcast(u) as int32 (0..120 for u <= 0)."""
+    """The E4M3 byte of p_expcast(u) as int32 (0..126 for u <= 0)."""
     return p_expcast(u).to(torch.float8_e4m3fn).view(torch.uint8).to(torch.int32)
 
 

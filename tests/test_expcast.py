@@ -14,9 +14,12 @@ SUBNORMAL_QUANTUM = 2.0**-9  # E4M3's smallest code and the spacing of its subno
 NORMAL_MIN = 2.0**-6
 
 
+LOG2_SCALE = math.log2(448.0)  # the row max maps to 448, the largest E4M3 value
+
+
 def _float32_row_constant() -> float:
-    """1536 + 8 + beta/8 rounded to float32 (spacing 2^-13 on [1024, 2048), ties to even)."""
-    exact = 1536 + 8 + R.EXPCAST_BETA / 8
+    """1536 + log2(448) + beta/8 rounded to float32 (spacing 2^-13 on [1024, 2048), ties to even)."""
+    exact = 1536 + LOG2_SCALE + R.EXPCAST_BETA / 8
     return round(exact * 2**13) / 2**13
 
 
@@ -37,8 +40,8 @@ def _e4m3_byte(v: torch.Tensor) -> torch.Tensor:
 
 
 def _definition(u: torch.Tensor) -> torch.Tensor:
-    """The encoding's definition in float64: w = u + 8 + beta/8 rounded to 13 fraction bits (as the
-    float32 sum with the row constant does), floored at -24; P = E4M3(2^floor(w) (1 + frac(w)))."""
+    """The encoding's definition in float64: w = u + log2(448) + beta/8 rounded to 13 fraction bits
+    (as the float32 sum with the row constant does), floored at -24; P = E4M3(2^floor(w) (1 + frac(w)))."""
     y = torch.round((u.double() + _float32_row_constant()) * 2**13) / 2**13
     w = torch.clamp(y, min=R.EXPCAST_FLOOR) - R.EXPCAST_FIXED_POINT
     return _e4m3_round(torch.exp2(torch.floor(w)) * (1 + w - torch.floor(w)))
@@ -67,20 +70,21 @@ def test_codes_equal_the_definition_bit_for_bit():
 
 def test_the_row_constant_is_the_float32_the_kernels_use():
     assert float(torch.tensor(R.EXPCAST_ROW_CONSTANT, dtype=torch.float32)) == _float32_row_constant()
-    assert _float32_row_constant() == 1543.9562988281250
+    assert _float32_row_constant() == 1544.7635498046875
 
 
 def test_anchor_codes():
-    codes = R.expcast_code(torch.tensor([0.0, -8.0, -14.0, -16.0, -17.5, -20.0, -math.inf]))
-    # u = 0: 2^7 (1 + 0.956) = 250.4 rounds to 256 (code 120, the paper's too); u = -16: 2^-8 (code 2)
-    assert codes.tolist() == [120, 56, 8, 2, 1, 0, 0]
+    u = torch.tensor([0.0, -LOG2_SCALE, -8.0, -14.8, -16.8, -18.3, -19.0, -math.inf])
+    # u = 0: 2^8 (1 + 0.764) = 451.6 saturates to 448 (code 126); u = -log2 448: 0.978 rounds to 1.0
+    # (code 56); 448 2^-16.8 = 2^-8: subnormal code 2
+    assert R.expcast_code(u).tolist() == [126, 56, 62, 8, 2, 1, 0, 0]
 
 
 def test_monotone_in_u():
     u = torch.sort(_u_samples()).values
     codes = R.expcast_code(u)
     assert bool((codes[1:] >= codes[:-1]).all())
-    assert codes[-1] == R.EXPCAST_MAX_CODE and codes[0] == 0
+    assert codes[-1] == R.EXPCAST_TOP_CODE and codes[0] == 0
 
 
 def test_decode_is_exact():
@@ -97,66 +101,79 @@ def test_integer_row_offset_shifts_normal_codes_exactly():
 
 
 # ---------------------------------------------------------------- error bounds against exp2
-ENCODINGS = {"expcast": R.p_expcast, "expcast_paper": R.p_expcast_paper}
+# each encoding with the log2 of the value its row max maps to: ranges are relative to that scale
+ENCODINGS = {"expcast": (R.p_expcast, LOG2_SCALE), "expcast_paper": (R.p_expcast_paper, 8.0)}
 # normal range: at most half a code of rounding plus the linear mantissa's |eps - beta| <= 0.35 codes
 NORMAL_REL_BOUND = 2 ** ((0.5 + 0.35) / 8) - 1  # 7.6%
 # subnormal range: half a quantum of rounding plus the chord of 2^w, about 0.24 quanta at most
 SUBNORMAL_ABS_BOUND = 0.75 * SUBNORMAL_QUANTUM
 
 
-def _errors(encode, lo: float, hi: float):
-    u = torch.linspace(lo, hi, 400001)[:-1]
-    ideal = torch.exp2(u.double() + R.P_LOG2_MAX)
+def _errors(name, lo: float, hi: float):
+    """u over [lo, hi) + the octave shift of the encoding's scale (lo, hi given for a 2^8 scale), the
+    encoded values and the ideal 2^(u + log2 scale)."""
+    encode, log2_scale = ENCODINGS[name]
+    u = torch.linspace(lo, hi, 400001)[:-1] + (8.0 - log2_scale)
+    ideal = torch.exp2(u.double() + log2_scale)
     return u, encode(u).double(), ideal
 
 
-def _normal_range_ok(encode) -> bool:
-    _, got, ideal = _errors(encode, -14.0, 0.0)
+def _normal_range_ok(name) -> bool:
+    _, got, ideal = _errors(name, -14.0, 0.0)
     return bool(((got - ideal).abs() / ideal <= NORMAL_REL_BOUND).all())
 
 
-def _subnormal_range_ok(encode) -> bool:
-    """-18 <= u < -14 (2^(u+8) below E4M3's normal range): absolute error within the bound, and no
-    probability above half the smallest code lost (the exact cast keeps those)."""
-    _, got, ideal = _errors(encode, -18.0, -14.0)
+def _subnormal_range_ok(name) -> bool:
+    """2^(u + log2 scale) in [2^-10, 2^-6), below E4M3's normal range: absolute error within the
+    bound, and no probability above half the smallest code lost (the exact cast keeps those)."""
+    _, got, ideal = _errors(name, -18.0, -14.0)
     kept = (got > 0) | (ideal <= SUBNORMAL_QUANTUM / 2 * 1.05)
     return bool(((got - ideal).abs() <= SUBNORMAL_ABS_BOUND).all() and kept.all())
 
 
-def _underflow_ok(encode) -> bool:
-    u, got, ideal = _errors(encode, -40.0, -18.05)
+def _underflow_ok(name) -> bool:
+    _, got, ideal = _errors(name, -40.0, -18.05)
     return bool((got == 0).all() and (ideal <= SUBNORMAL_QUANTUM / 2).all())
 
 
 @pytest.mark.parametrize("name", list(ENCODINGS))
 def test_normal_range_relative_error(name):
-    assert _normal_range_ok(ENCODINGS[name])
+    assert _normal_range_ok(name)
 
 
 def test_subnormal_range_absolute_error():
-    assert _subnormal_range_ok(R.p_expcast)
+    assert _subnormal_range_ok("expcast")
 
 
 def test_the_paper_encoding_fails_the_subnormal_bound():
     """The bound can fail: the paper's codes 1..7 decode as c 2^-9 instead of 2^((c-56)/8) and
     u < -14.9 encodes to 0, errors of up to 4.3 quanta."""
-    assert not _subnormal_range_ok(R.p_expcast_paper)
-    _, got, ideal = _errors(R.p_expcast_paper, -18.0, -14.0)
+    assert not _subnormal_range_ok("expcast_paper")
+    _, got, ideal = _errors("expcast_paper", -18.0, -14.0)
     assert (got - ideal).abs().max() > 4 * SUBNORMAL_QUANTUM
 
 
 @pytest.mark.parametrize("name", list(ENCODINGS))
 def test_underflow_range_is_zero(name):
-    assert _underflow_ok(ENCODINGS[name])
+    assert _underflow_ok(name)
+
+
+@pytest.mark.parametrize("name,top", [("expcast", 448.0), ("expcast_paper", 256.0)])
+def test_the_row_max_lands_in_the_top_octave(name, top):
+    encode, _ = ENCODINGS[name]
+    got = encode(torch.tensor([0.0, -0.999])).tolist()
+    assert got[0] == top and top / 2 * 0.95 < got[1] < top
 
 
 def test_a_long_row_keeps_its_tail_mass():
-    """A row with most keys at u in [-18, -14] (long video rows): the corrected encoding keeps the
-    tail's probability mass within 5%, the paper's loses most of it."""
-    u = -14.0 - torch.rand(4096, generator=torch.Generator().manual_seed(2)) * 4
-    ideal = torch.exp2(u.double() + R.P_LOG2_MAX).sum()
-    assert abs(R.p_expcast(u).double().sum() / ideal - 1) < 0.05
-    assert R.p_expcast_paper(u).double().sum() / ideal < 0.8
+    """A row with every key below the normal range (2^-10 to 2^-6 of the scale's 2^8; long video
+    rows): the corrected encoding keeps the tail's probability mass within 5%, the paper's loses most."""
+    r = torch.rand(4096, generator=torch.Generator().manual_seed(2)) * 4
+    for name, keeps in (("expcast", True), ("expcast_paper", False)):
+        encode, log2_scale = ENCODINGS[name]
+        u = -14.0 - r + (8.0 - log2_scale)
+        ratio = encode(u).double().sum() / torch.exp2(u.double() + log2_scale).sum()
+        assert (abs(ratio - 1) < 0.05) if keeps else (ratio < 0.8)
 
 
 def test_the_kernel_header_uses_the_spec_constants():
@@ -165,5 +182,7 @@ def test_the_kernel_header_uses_the_spec_constants():
     header = (jit.CSRC_DIR / "p_encoding.cuh").read_text()
     literals = dict(re.findall(r"constexpr float (kExpCast\w+) = ([0-9.]+)f;", header))
     as_float32 = {name: float(torch.tensor(float(text), dtype=torch.float32)) for name, text in literals.items()}
-    assert as_float32 == {"kExpCastRowConstant": _float32_row_constant(), "kExpCastFloor": R.EXPCAST_FLOOR}
+    scale = float(torch.tensor(LOG2_SCALE + R.EXPCAST_BETA / 8, dtype=torch.float32))
+    assert as_float32 == {"kExpCastRowConstant": _float32_row_constant(), "kExpCastFloor": R.EXPCAST_FLOOR,
+                          "kExpCastLog2Scale": scale}
     assert "<< 10" in header and R.EXPCAST_SHIFT == 10

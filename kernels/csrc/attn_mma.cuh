@@ -320,8 +320,9 @@ struct AttnMma {
         *reinterpret_cast<uint32_t*>(dst + col) = p.out_bf16 ? pack2<__nv_bfloat16>(lo, hi) : pack2<__half>(lo, hi);
       }
       if (p.lse != nullptr && t == 0) {
-        // sum_j 2^s_ij = l * 2^(M - 8); natural-log units for the caller
-        p.lse[int64_t(bh) * p.n + row] = (row_offset[half] - 8.0f + log2f(row_sum[half])) * kLn2;
+        // sum_j 2^s_ij = l * 2^(M - 8) (ExpCast: its own scale, approximately); natural-log units
+        const float log2_scale = kExpCast ? vc_p::kExpCastLog2Scale : 8.0f;
+        p.lse[int64_t(bh) * p.n + row] = (row_offset[half] - log2_scale + log2f(row_sum[half])) * kLn2;
       }
     }
   }

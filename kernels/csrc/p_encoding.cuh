@@ -3,10 +3,11 @@
 // element, one F2FP.E4M3 per two elements, PRMT to pack.
 //
 // u = x * mul - M (log2 units, M the integer running row offset). The float32
-//   y = max(x * mul + (1536 + 8 + beta/8 - M), 1512)
-// holds w = u + 8 + beta/8 to 13 fraction bits (the float32 ulp on [1024, 2048)); shifting its bits
+//   y = max(x * mul + (1536 + log2(448) + beta/8 - M), 1512)
+// holds w = u + log2(448) + beta/8 to 13 fraction bits (the float32 ulp on [1024, 2048)); shifting its bits
 // left by 10 and adding 127 << 23 gives the float32 2^floor(w) (1 + frac(w)) (bit 22 and y's own
-// exponent fall off the top), and the hardware cast rounds that to E4M3. The floor 1512 keeps
+// exponent fall off the top), and the hardware cast rounds that to E4M3 (451.3 at u = 0 saturates
+// to 448, never NaN). The floor 1512 keeps
 // w >= -24 (code 0) and maps a masked key (x = -inf) to code 0.
 //
 // Compile-time variant VC_EXPCAST_PAPER=1: the paper's ExpCast (reference.p_expcast_paper), for
@@ -20,9 +21,14 @@
 
 namespace vc_p {
 
-// float32(1536 + 8 + beta/8), beta = -0.35: reference.EXPCAST_ROW_CONSTANT (tests/test_expcast_gpu.py
-// reads it from here and compares)
-constexpr float kExpCastRowConstant = 1543.95625f;
+// float32(1536 + log2(448) + beta/8), beta = -0.35: reference.EXPCAST_ROW_CONSTANT (the row max maps
+// to 448; tests/test_expcast.py reads the literals here and compares)
+constexpr float kExpCastRowConstant = 1544.7636049f;
+#if VC_EXPCAST_PAPER
+constexpr float kExpCastLog2Scale = 7.95625f;  // 8 + beta/8: P ~ 2^(u + this)
+#else
+constexpr float kExpCastLog2Scale = 8.7636049f;  // log2(448) + beta/8: P ~ 2^(u + this), for the LSE
+#endif
 constexpr float kExpCastFloor = 1512.0f;  // reference.EXPCAST_FLOOR
 constexpr uint32_t kFloatOneBits = 127u << 23;
 constexpr float kPaperBias = 119.65f;  // 8*8 + 56 + beta (reference.expcast_paper_code)
