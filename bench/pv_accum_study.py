@@ -26,9 +26,9 @@ import math
 
 import torch
 
-from vc_attention.kernels import fidelity
+from vc_attention.study import fidelity
 from vc_attention.kernels import reference as ref
-from vc_attention.kernels import videodata
+from vc_attention.study import videodata
 from vc_attention.kernels.config import FIDELITY, SPEED, VCConfig
 from vc_attention.kernels.grouping import DEFAULT_ITERS
 

@@ -3,7 +3,8 @@
 Runs the bit-exact emulations (kernels/reference.py, study/reference_fp4.py) on the embedded
 video-like sample, a synthetic one of the size asked for, or Q/K/V captured from a real model
 (`--qkv FILE`), and prints method | rel-L2 | PSNR | TV | QK-term | V-term (study/fidelity.py
-defines each column).
+defines each column). On a CUDA GPU with `sageattention` installed, SageAttention's own output on
+the same data is measured too (commands/fidelity_peers.py).
 """
 from __future__ import annotations
 
@@ -131,7 +132,12 @@ def _load(args):
 
 
 def _fmt_pct(x: float) -> str:
-    return f"{100 * x:.2f}%"
+    return f"{100 * x:.2f}%" if math.isfinite(x) else "-"
+
+
+def _fmt(x: float) -> str:
+    """Five decimals; '-' for a figure a row cannot have (a peer kernel run as a black box)."""
+    return f"{x:.5f}" if math.isfinite(x) else "-"
 
 
 def format_table(rows) -> str:
@@ -143,7 +149,7 @@ def format_table(rows) -> str:
     for r in rows:
         lines.append(
             f"| {r.method} | {r.rel_l2:.5f} | {r.psnr_db:.2f} | {_fmt_pct(r.tv_mean)} / {_fmt_pct(r.tv_max)} "
-            f"| {r.qk_term:.5f} | {r.v_term:.5f} |"
+            f"| {_fmt(r.qk_term)} | {_fmt(r.v_term)} |"
         )
     return "\n".join(lines)
 
@@ -157,6 +163,7 @@ def run(args) -> int:
 
     from ..kernels import grouping
     from ..study import fidelity
+    from . import fidelity_peers
     from .errors import require_cuda
 
     if args.device == "cuda":
@@ -195,10 +202,21 @@ def run(args) -> int:
             for name, value in stats.items():
                 print(f"{name:22s} {value:.4f}")
         return 0
-    rows = fidelity.fidelity_table(q, k, v, clusters=clusters, iters=iters, progress=progress)
+    notes: list[str] = []
+
+    def peer_rows(exact):
+        reason = fidelity_peers.unavailable_reason(q)
+        if reason:
+            notes.append(f"no SageAttention rows: {reason}")
+            return []
+        return fidelity_peers.sageattention_rows(q, k, v, exact, notes)
+
+    rows = fidelity.fidelity_table(q, k, v, clusters=clusters, iters=iters, progress=progress, extra_rows=peer_rows)
     progress(f"done, {len(rows)} methods")
+    for note in notes:
+        print(f"  {note}", file=sys.stderr)
     if args.json:
-        out = dict(info, rows=[{key: _finite_or_none(val) for key, val in r.as_dict().items()} for r in rows])
+        out = dict(info, rows=[{key: _finite_or_none(val) for key, val in r.as_dict().items()} for r in rows], notes=notes)
         print(json.dumps(out, indent=2))
         return 0
     print(

@@ -12,7 +12,7 @@ import torch
 
 from . import jit
 from .backends import Backend, Constraints, register
-from .config import VCConfig
+from .config import KERNEL_P_ENCODINGS, VCConfig
 from .layout import to_bhnd
 from .operands import PreparedOperands
 
@@ -22,6 +22,7 @@ CONSTRAINTS = Constraints(
     min_capability=jit.MIN_CAPABILITY,  # FP8 mma.sync: Ada, Hopper, Blackwell
     dtypes=(torch.float16, torch.bfloat16),
     head_dims=(64, 128),
+    p_encodings=KERNEL_P_ENCODINGS,
     aligned_rows=True,
     needs_jit=True,
 )

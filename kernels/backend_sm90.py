@@ -13,7 +13,7 @@ import torch
 
 from . import jit
 from .backends import Backend, Constraints, register
-from .config import VCConfig
+from .config import KERNEL_P_ENCODINGS, VCConfig
 from .layout import to_bhnd
 from .operands import PreparedOperands
 
@@ -26,6 +26,7 @@ CONSTRAINTS = Constraints(
     dtypes=(torch.float16, torch.bfloat16),
     head_dims=(64, 128),
     qk_formats=("int8",),  # the wgmma QK path is INT8 only
+    p_encodings=KERNEL_P_ENCODINGS,
     aligned_rows=True,
     jit_arch=ARCH,
     needs_jit=True,

@@ -9,7 +9,8 @@ from dataclasses import dataclass, replace
 
 QK_FORMATS = ("int8", "fp8")
 V_FORMATS = ("vsmooth", "per_channel")
-P_ENCODINGS = ("exp2", "expcast")
+P_ENCODINGS = ("exp2", "expcast", "expcast_paper")
+KERNEL_P_ENCODINGS = ("exp2", "expcast")  # what the CUDA kernels implement; the rest is emulation only
 LAYOUTS = ("bhnd", "bnhd")
 
 
@@ -19,7 +20,9 @@ class VCConfig:
 
     qk: "int8" (INT8 Q and K, per-block scales) or "fp8" (E4M3 Q and K, the paper's B300 setting).
     v:  "vsmooth" (block mean removed, FP8 residual) or "per_channel" (SageAttention2-style FP8 V).
-    p:  "exp2" (exp2 then E4M3 cast: fidelity mode) or "expcast" (direct E4M3 codes: speed mode).
+    p:  "exp2" (exp2 then E4M3 cast: fidelity mode), "expcast" (exp2 from float32 exponent bits
+        then E4M3 cast, row max at 448, no MUFU: speed mode) or "expcast_paper" (the paper's direct E4M3 codes, whose
+        subnormal codes mis-decode; emulation only, kept for comparison).
     smooth_k: subtract the per-channel mean of K over tokens (softmax-invariant, always cheap).
     """
 

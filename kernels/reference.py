@@ -26,7 +26,13 @@ from .config import VCConfig
 from .constants import (  # noqa: F401 (re-exported: the spec's parameters, shared with the CUDA build)
     E4M3_MAX,
     EXPCAST_BETA,
+    EXPCAST_FIXED_POINT,
+    EXPCAST_FLOOR,
+    EXPCAST_LOG2_SCALE,
     EXPCAST_MAX_CODE,
+    EXPCAST_ROW_CONSTANT,
+    EXPCAST_SHIFT,
+    EXPCAST_TOP_CODE,
     INT8_MAX,
     K_BLOCK,
     LOG2E,
@@ -180,11 +186,13 @@ def p_exp2_cast(u: torch.Tensor) -> torch.Tensor:
     return fp8_e4m3(torch.exp2(u.float() + P_LOG2_MAX))
 
 
-def expcast_code(u: torch.Tensor, beta: float = EXPCAST_BETA) -> torch.Tensor:
-    """ExpCast-FP8: the E4M3 byte straight from the log-domain score, as an int32 code 0..120.
+def expcast_paper_code(u: torch.Tensor, beta: float = EXPCAST_BETA) -> torch.Tensor:
+    """The paper's ExpCast-FP8: the E4M3 byte straight from the log-domain score, int32 code 0..120.
 
     c(u) = clip_[0,120](rint(8 u + (8*8 + 56 + beta))), computed as one float32 multiply-add
-    (8u is exact, so u*8 + 119.65f rounds once, like an fma) followed by rint.
+    (8u is exact, so u*8 + 119.65f rounds once, like an fma) followed by rint. Codes 1..7 are E4M3
+    subnormals worth c * 2^-9, not the intended 2^((c-56)/8), and u < -14.9 gives 0: kept as the
+    named variant p="expcast_paper" for comparison only.
     """
     t = u.float() * 8.0 + torch.tensor(8 * P_LOG2_MAX + 56 + beta, dtype=torch.float32)
     return torch.round(t).clamp_(0, EXPCAST_MAX_CODE).to(torch.int32)
@@ -199,11 +207,50 @@ def decode_e4m3(codes: torch.Tensor) -> torch.Tensor:
     return torch.where(e > 0, normal, sub)
 
 
-def p_expcast(u: torch.Tensor) -> torch.Tensor:
-    """Speed encoding: decoded ExpCast codes (the values the FP8 MMA multiplies).
+def p_expcast_paper(u: torch.Tensor) -> torch.Tensor:
+    """The paper's ExpCast as the values the FP8 MMA multiplies (decoded through torch's float8 view)."""
+    return expcast_paper_code(u).to(torch.uint8).view(torch.float8_e4m3fn).float()
 
-    Decodes through torch's float8 view (exact, and equal to decode_e4m3 for codes 0..120: tested)."""
-    return expcast_code(u).to(torch.uint8).view(torch.float8_e4m3fn).float()
+
+def expcast_fixed_point(u: torch.Tensor) -> torch.Tensor:
+    """y = max(fl32(u + EXPCAST_ROW_CONSTANT), EXPCAST_FLOOR): u + log2(448) + beta/8 as a fixed-point number
+    with 13 fraction bits (the float32 ulp on [1024, 2048)); the floor keeps y - 1536 >= -24, far
+    below the E4M3 underflow, and turns u = -inf (a masked key) into code 0."""
+    return torch.clamp(u.float() + torch.tensor(EXPCAST_ROW_CONSTANT, dtype=torch.float32), min=EXPCAST_FLOOR)
+
+
+def expcast_exponent_float(y: torch.Tensor) -> torch.Tensor:
+    """float32 with bits (bits(y) << 10) + (127 << 23) mod 2^32 = 2^floor(w) (1 + frac(w)), w = y - 1536.
+
+    The low 23 bits of y are 2^22 + (y - 1536) 2^13; shifted left by 10, bit 22 and y's exponent
+    fall off the top and the 8 integer bits of w land in the exponent field (+127 re-biases it)."""
+    bits = y.view(torch.int32).to(torch.int64)
+    out = ((bits << EXPCAST_SHIFT) + (127 << 23)) & 0xFFFFFFFF
+    return out.to(torch.int32).view(torch.float32)
+
+
+def p_expcast(u: torch.Tensor) -> torch.Tensor:
+    """Speed encoding (ExpCast, corrected): P = E4M3(2^floor(w) (1 + frac(w))), w = u + log2(448) +
+    beta/8 held to 13 fraction bits; float32 values of the E4M3 codes (row max 448, code 126).
+
+    A piecewise-linear exp2 built from float32 exponent bits, rounded by the hardware cast (RNE,
+    satfinite: at u = 0 the float is 451.3, cast to 448). In the normal E4M3 range the code is
+    rint(8w + 56), the paper's linear code (shifted by 8 log2(448/256)) up to where the rounding
+    boundaries fall (u resolved to 2^-13); below 2^-6 the cast rounds the chord of 2^w to multiples
+    of 2^-9, so the E4M3 subnormal codes get their true values and probabilities survive down to
+    u = -18.8 (the paper's codes 1..7 mis-decode and stop at u = -14.9).
+    Kernel (kernels/csrc/p_encoding.cuh): FFMA (s * sc + row constant), FMNMX (floor), LEA (shift,
+    add), half an F2FP.E4M3 (two per instruction): no MUFU, no F2I.
+    """
+    return fp8_e4m3(expcast_exponent_float(expcast_fixed_point(u)))
+
+
+def expcast_code(u: torch.Tensor) -> torch.Tensor:
+    """The E4M3 byte of p_expcast(u) as int32 (0..126 for u <= 0)."""
+    return p_expcast(u).to(torch.float8_e4m3fn).view(torch.uint8).to(torch.int32)
+
+
+P_ENCODERS = {"exp2": p_exp2_cast, "expcast": p_expcast, "expcast_paper": p_expcast_paper}
 
 
 def quantize_p(s: torch.Tensor, config: VCConfig, offset_block: int = K_BLOCK) -> torch.Tensor:
@@ -219,7 +266,7 @@ def quantize_p(s: torch.Tensor, config: VCConfig, offset_block: int = K_BLOCK) -
     run = running_row_offsets(s, offset_block)
     m_run = run.repeat_interleave(offset_block, dim=-1)[..., : s.shape[-1]]
     u = s - m_run
-    p = p_exp2_cast(u) if config.p == "exp2" else p_expcast(u)
+    p = P_ENCODERS[config.p](u)
     return p.double() * torch.exp2((m_run - run[..., -1:]).double())
 
 

@@ -37,9 +37,7 @@ EXPCAST_448_MAX_CODE = 126
 # exponent field is 127 + floor(y - 1536) and whose mantissa is frac(y - 1536) (a piecewise-linear
 # 2^(y - 1536) in every octave). 1512 clamps y - 1536 >= -24, far below the E4M3 underflow (2^-10).
 FIXED_POINT_MAGIC = 1536.0
-FIXED_POINT_SHIFT = 10
 FIXED_POINT_FLOOR = 1512.0
-FLOAT32_ONE_BITS = 127 << 23
 FRACTION_MASK = (1 << 13) - 1  # the 13 fraction bits of y below 2^-0
 FLOAT32_1024_BITS = 0x44800000  # 1024.0f: OR-ing 13 fraction bits into it gives 1024 + frac exactly
 # 2^f ~ 1 + f - c f (1 - f) on [0, 1): c = 0.34 keeps the relative error under 0.27% (min-max c = 0.3398).
@@ -86,13 +84,13 @@ def exp2_cast_448(u: torch.Tensor) -> torch.Tensor:
 
 
 def paper(u: torch.Tensor) -> torch.Tensor:
-    """The paper's ExpCast (= reference.p_expcast): code = clip_[0,120](rint(8u + 119.65)).
+    """The paper's ExpCast (= reference.p_expcast_paper, the speed path before the fix): code = clip_[0,120](rint(8u + 119.65)).
 
     Kernel: x = FFMA.SAT(s, 8/256, (119.65 - 8M)/256) in [0, 1]; y = FFMA(x, 256, 1.5*2^23), whose
     low byte is rint(256 x) (round-half-even); the byte is the E4M3 code.
     Cost per element: 2 ALU, no MUFU, no cvt.
     """
-    return ref.p_expcast(u)
+    return ref.p_expcast_paper(u)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -122,7 +120,7 @@ def paper_ftz(u: torch.Tensor) -> torch.Tensor:
     Kernel: the paper's 2 ops + ISETP on the code byte + SEL: 4 ALU. Drops the tail instead of
     mis-weighting it (codes 1..7 decode too LOW already, so this can only lose more mass).
     """
-    codes = ref.expcast_code(u)
+    codes = ref.expcast_paper_code(u)
     return _codes_to_values(torch.where(codes < 8, torch.zeros_like(codes), codes))
 
 
@@ -131,12 +129,7 @@ def _fixed_point_y(u: torch.Tensor, offset: float) -> torch.Tensor:
     return torch.clamp(u.float() + _f32(FIXED_POINT_MAGIC + offset), min=FIXED_POINT_FLOOR)
 
 
-def _exponent_bits_to_float(y: torch.Tensor) -> torch.Tensor:
-    """LEA: bits = (bits(y) << 10) + (127 << 23) mod 2^32, read as float32 = 2^floor(w) (1 + frac(w)),
-    w = y - 1536 in [-24, 9)."""
-    bits = y.view(torch.int32).to(torch.int64)
-    out = ((bits << FIXED_POINT_SHIFT) + FLOAT32_ONE_BITS) & 0xFFFFFFFF
-    return out.to(torch.int32).view(torch.float32)
+_exponent_bits_to_float = ref.expcast_exponent_float
 
 
 def bits_cast(u: torch.Tensor) -> torch.Tensor:
@@ -149,7 +142,7 @@ def bits_cast(u: torch.Tensor) -> torch.Tensor:
     subnormal range the cast rounds the piecewise-linear 2^w to multiples of 2^-9, which fixes codes
     1..7 and keeps values down to u = -18 (the beta shift centres the chord's +6% overshoot).
     Kernel: FFMA (s + row constant), FMNMX (floor 1512), LEA (shift 10, add 127<<23), F2FP.E4M3 pack.
-    Cost per element: 3 ALU + 0.5 cvt, no MUFU.
+    Cost per element: 3 ALU + 0.5 cvt, no MUFU. The speed path's encoding is its 448 form (bits_cast_448).
     """
     y = _fixed_point_y(u, ref.P_LOG2_MAX + ref.EXPCAST_BETA / 8)
     return ref.fp8_e4m3(_exponent_bits_to_float(y))
@@ -158,9 +151,8 @@ def bits_cast(u: torch.Tensor) -> torch.Tensor:
 def bits_cast_448(u: torch.Tensor) -> torch.Tensor:
     """bits_cast with the row max at 448: w = u + log2(448) + beta/8; at u = 0 the float is
     2^8 (1 + 0.763) = 451.3, which the satfinite cast rounds to 448 (code 126), never NaN.
-    Same instructions as bits_cast: 3 ALU + 0.5 cvt."""
-    y = _fixed_point_y(u, LOG2_448 + ref.EXPCAST_BETA / 8)
-    return ref.fp8_e4m3(_exponent_bits_to_float(y))
+    Same instructions as bits_cast: 3 ALU + 0.5 cvt. The speed path's encoding: reference.p_expcast."""
+    return ref.p_expcast(u)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -238,13 +230,13 @@ VARIANTS = {
     for v in (
         Variant("exp2_cast", exp2_cast, 1, 1, 0.5, "fidelity path (MUFU exp2 + cast)"),
         Variant("exp2_cast_448", exp2_cast_448, 1, 1, 0.5, "fidelity path, row max at 448"),
-        Variant("paper", paper, 2, 0, 0, "the paper's ExpCast (speed path today)"),
+        Variant("paper", paper, 2, 0, 0, "the paper's ExpCast (p=expcast_paper)"),
         Variant("paper_ftz", paper_ftz, 4, 0, 0, "paper, codes 1..7 flushed to 0"),
         Variant("subnormal_exact", subnormal_exact, 19, 0, 0, "paper + exact subnormal codes by thresholds"),
         Variant("bits_cast", bits_cast, 3, 0, 0.5, "exponent-bit exp2 (linear mantissa) + E4M3 cast"),
         Variant("bits_cast_quadratic", bits_cast_quadratic, 7, 0, 0.5, "bits_cast + quadratic mantissa correction"),
         Variant("paper_448", paper_448, 2, 0, 0, "paper, row max at 448 (max code 126)"),
-        Variant("bits_cast_448", bits_cast_448, 3, 0, 0.5, "bits_cast, row max at 448"),
+        Variant("bits_cast_448", bits_cast_448, 3, 0, 0.5, "bits_cast, row max at 448 (p=expcast)"),
         Variant("hybrid_paper", hybrid_paper, 1.5, 0.5, 0.25, "half exp2 + cast, half paper"),
         Variant("hybrid_bits", hybrid_bits, 2, 0.5, 0.5, "half exp2 + cast, half bits_cast"),
     )

@@ -174,11 +174,14 @@ def fidelity_table(
     sm_scale: float | None = None,
     methods=tuple(METHODS),
     progress=None,
+    extra_rows=None,
 ) -> list[FidelityRow]:
     """One FidelityRow per method on (B,H,N,D) q, k, v against fp64 exact attention.
 
     progress(stage) is called before each stage: the exact attention, the grouping, each method
     (the CLI prints it with the elapsed time; the table takes seconds to a minute on a CPU).
+    extra_rows(exact) may return more rows measured against the same exact output (e.g. a peer
+    kernel run on the GPU), appended last.
     """
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
@@ -194,6 +197,8 @@ def fidelity_table(
     for method in methods:
         progress(method)
         rows.append(fidelity_row(method, method_parts(method, q, k, v, perm, sm_scale), exact))
+    if extra_rows is not None:
+        rows.extend(extra_rows(exact))
     return rows
 
 

@@ -42,7 +42,7 @@ def clustered_v(b, h, n, d, centres=24, seed=0, dtype=torch.bfloat16):
 
 
 def video_v(d=128, dtype=torch.bfloat16):
-    from vc_attention.kernels.videodata import video_like_qkv
+    from vc_attention.study.videodata import video_like_qkv
 
     return video_like_qkv(B=1, H=2, T=2, Hgrid=30, Wgrid=52, D=d, dtype=dtype, device="cuda")[2]
 
@@ -211,7 +211,7 @@ def test_capture_in_a_cuda_graph():
 def test_v_term_error_not_worse_than_the_torch_grouping(monkeypatch):
     """The quality measure of docs/grouping.md (bench/grouping_sweep.py) on video-like data."""
     from vc_attention.bench.grouping_sweep import exact_probabilities, v_term_error
-    from vc_attention.kernels.videodata import video_like_qkv
+    from vc_attention.study.videodata import video_like_qkv
 
     q, k, v = video_like_qkv(B=1, H=2, T=2, Hgrid=30, Wgrid=52, D=128, dtype=torch.bfloat16, device="cuda")
     rows = torch.randperm(v.shape[2], generator=torch.Generator().manual_seed(0))[:256].to("cuda")

@@ -89,8 +89,8 @@ def test_wide_matches_reference(variant, name, n, layout, d, dtype, emulate_step
 @pytest.mark.parametrize("variant", WIDE)
 @pytest.mark.parametrize("name", ["fidelity", "speed", "plain8"])
 def test_wide_video_like(variant, name, emulate_steps):
-    from vc_attention.kernels.fidelity import grouping_permutation
-    from vc_attention.kernels.videodata import video_like_qkv
+    from vc_attention.study.fidelity import grouping_permutation
+    from vc_attention.study.videodata import video_like_qkv
 
     emulate_steps(WIDE_STEP_KEYS)
     config = CONFIGS[name]

@@ -36,24 +36,24 @@ def test_labels_to_permutation_is_stable_sort_and_a_permutation():
 
 
 # ---------------------------------------------------------------- ExpCast codes
-def test_every_expcast_code_decodes_to_its_e4m3_value():
+def test_every_paper_expcast_code_decodes_to_its_e4m3_value():
     codes = torch.arange(0, R.EXPCAST_MAX_CODE + 1)
     torch_vals = codes.to(torch.uint8).view(torch.float8_e4m3fn).float()
     assert torch.equal(R.decode_e4m3(codes), torch_vals)
     u = (codes.float() - 119.65) / 8  # the u whose code is exactly `codes`
-    assert torch.equal(R.expcast_code(u), codes.to(torch.int32))
-    assert torch.equal(R.p_expcast(u), torch_vals)
+    assert torch.equal(R.expcast_paper_code(u), codes.to(torch.int32))
+    assert torch.equal(R.p_expcast_paper(u), torch_vals)
 
 
-def test_expcast_anchor_codes():
-    codes = R.expcast_code(torch.tensor([0.0, -8.0, -14.0, 5.0, -40.0]))
+def test_paper_expcast_anchor_codes():
+    codes = R.expcast_paper_code(torch.tensor([0.0, -8.0, -14.0, 5.0, -40.0]))
     assert codes.tolist() == [120, 56, 8, 120, 0]
     assert R.decode_e4m3(codes[:3]).tolist() == [256.0, 1.0, 2.0**-6]
 
 
-def test_expcast_is_monotone_in_u():
+def test_paper_expcast_is_monotone_in_u():
     u = torch.linspace(-20, 0, 20001)
-    codes = R.expcast_code(u)
+    codes = R.expcast_paper_code(u)
     assert bool((codes[1:] >= codes[:-1]).all())
 
 
@@ -68,22 +68,26 @@ def test_beta_is_the_minmax_centre_of_eps():
 def test_integer_row_offset_shifts_codes_exactly():
     """Why M is an integer: a running max one integer lower gives the same mantissas, codes - 8."""
     u = -torch.rand(10000) * 10  # codes stay >= 16 so the shifted code is still normal
-    assert torch.equal(R.expcast_code(u - 1.0), R.expcast_code(u) - 8)
+    assert torch.equal(R.expcast_paper_code(u - 1.0), R.expcast_paper_code(u) - 8)
     assert torch.equal(R.p_exp2_cast(u - 1.0) * 2, R.p_exp2_cast(u))
 
 
 # ---------------------------------------------------------------- Proposition 3.1
-def _expcast_row(u):
+def _expcast_row(u, encode):
     p = torch.softmax(u.double() * math.log(2), dim=-1)
-    p_hat = R.p_expcast(u).double()
+    p_hat = encode(u).double()
     return p, p_hat / p_hat.sum(-1, keepdim=True)
 
 
-def test_proposition_3_1_tv_and_output_bound_in_normal_range():
+EXPCAST_ENCODINGS = pytest.mark.parametrize("encode", [R.p_expcast, R.p_expcast_paper], ids=["expcast", "paper"])
+
+
+@EXPCAST_ENCODINGS
+def test_proposition_3_1_tv_and_output_bound_in_normal_range(encode):
     g = torch.Generator().manual_seed(1)
     u = -torch.rand(4000, 256, generator=g) * 14.0
     u[:, 0] = 0.0  # row max at 0 -> code 120, all u >= -14 (normal E4M3)
-    p, p_hat = _expcast_row(u)
+    p, p_hat = _expcast_row(u, encode)
     tv = 0.5 * (p - p_hat).abs().sum(-1)
     assert tv.max().item() < 0.0364
     v = torch.randn(256, 32, generator=g, dtype=torch.float64) * torch.rand(32, generator=g, dtype=torch.float64)
@@ -92,11 +96,12 @@ def test_proposition_3_1_tv_and_output_bound_in_normal_range():
     assert (err <= 0.0364 * diam).all()
 
 
-def test_proposition_3_1_with_underflow_tail():
+@EXPCAST_ENCODINGS
+def test_proposition_3_1_with_underflow_tail(encode):
     g = torch.Generator().manual_seed(2)
     u = -torch.rand(4000, 256, generator=g) * 22.0
     u[:, 0] = 0.0
-    p, p_hat = _expcast_row(u)
+    p, p_hat = _expcast_row(u, encode)
     tau = (p * (u < -14).double()).sum(-1)
     assert tau.max() > 0  # the tail really exists in this test
     tv = 0.5 * (p - p_hat).abs().sum(-1)
@@ -167,14 +172,14 @@ def _online_softmax_emulation(q, k, v, config):
         m_new = torch.maximum(m, torch.ceil(s_blk.amax(-1, keepdim=True)))
         alpha = torch.exp2(m - m_new).double()
         u = s_blk - m_new
-        p = (R.p_exp2_cast(u) if config.p == "exp2" else R.p_expcast(u)).double()
+        p = R.P_ENCODERS[config.p](u).double()
         acc = alpha * acc + p @ v_hat[..., j : j + R.K_BLOCK, :]
         l = alpha * l + p.sum(-1, keepdim=True)
         m = m_new
     return acc / l
 
 
-@pytest.mark.parametrize("config", [FIDELITY, SPEED, PLAIN_8BIT], ids=lambda c: c.tag)
+@pytest.mark.parametrize("config", [FIDELITY, SPEED, SPEED.with_(p="expcast_paper"), PLAIN_8BIT], ids=lambda c: c.tag)
 def test_online_softmax_with_integer_offsets_matches_vectorized_reference(config):
     q, k, v = rand_qkv(1, 2, 700, 64, seed=4)
     q = q * 3  # peaky rows so the running max really moves between blocks

@@ -13,6 +13,7 @@
 // needs no shuffles: column c of n-tile 2j+h of a 16-key group holds key 4(c/2) + 2h + c%2.
 #pragma once
 #include "common.cuh"
+#include "p_encoding.cuh"
 #include "vc_params.h"
 
 namespace vc {
@@ -290,12 +291,9 @@ struct AttnMma {
   // four u = s - M (<= 0, -inf for masked keys) -> four E4M3 bytes, first in the lowest byte
   __device__ __forceinline__ uint32_t encode_p(const float (&u)[4]) const {
     if constexpr (kExpCast) {
-      // code = clip[0,120](rint(8u + 119.65)): the bias goes in BEFORE the rounding magic, whose
-      // spacing of 1.0 would otherwise drop the fractional beta; rint by the magic, no F2I
-      uint32_t code[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) code[j] = __float_as_uint(fmaxf(fmaf(u[j], kE4m3OctaveCodes, kExpCastBias), 0.0f) + kRoundMagic);
-      return __byte_perm(__byte_perm(code[0], code[1], 0x0040), __byte_perm(code[2], code[3], 0x0040), 0x5410);
+      const vc_p::ExpCastRow row = vc_p::expcast_row(1.0f, 0.0f);  // u already has M subtracted
+      return vc_p::expcast_pack4(vc_p::expcast_arg(u[0], row), vc_p::expcast_arg(u[1], row),
+                                 vc_p::expcast_arg(u[2], row), vc_p::expcast_arg(u[3], row));
     } else {
       float v[4];
 #pragma unroll
@@ -323,8 +321,9 @@ struct AttnMma {
                                                                 : pack2<__half>(saturate_fp16(lo), saturate_fp16(hi));
       }
       if (p.lse != nullptr && t == 0) {
-        // sum_j 2^s_ij = l * 2^(M - 8); natural-log units for the caller
-        p.lse[int64_t(bh) * p.n + row] = (row_offset[half] - kPLog2Max + log2f(row_sum[half])) * kLn2;
+        // sum_j 2^s_ij = l * 2^(M - 8) (ExpCast: its own scale, approximately); natural-log units
+        const float log2_scale = kExpCast ? vc_p::kExpCastLog2Scale : kPLog2Max;
+        p.lse[int64_t(bh) * p.n + row] = (row_offset[half] - log2_scale + log2f(row_sum[half])) * kLn2;
       }
     }
   }

@@ -9,6 +9,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "p_encoding.cuh"
 #include "sm90_ptx.cuh"
 #include "vc_constants.h"
 #include "sm90_wgmma.cuh"
@@ -117,12 +118,6 @@ __device__ __forceinline__ float ex2_approx(float x) {
 // Scores arrive as exact int32 dot products (|acc| <= 128*127*127 < 2^22: every conversion is exact).
 __device__ __forceinline__ float int_to_float_exact(int32_t acc) { return static_cast<float>(acc); }  // I2FP
 
-__device__ __forceinline__ float fma_sat(float a, float b, float c) {
-  float d;
-  asm("fma.rn.sat.f32 %0, %1, %2, %3;" : "=f"(d) : "f"(a), "f"(b), "f"(c));
-  return d;
-}
-
 #ifndef VC_SM90_EXP2_POLY
 #define VC_SM90_EXP2_POLY 0  // fidelity mode: how many of every 4 exp2 run on the FMA pipe (0..4)
 #endif
@@ -158,17 +153,6 @@ __device__ __forceinline__ uint32_t encode_exp2(float a0, float a1, float a2, fl
       : "=r"(packed)
       : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
   return packed;
-}
-
-// ExpCast code clip[0,120](rint(8u + 119.65)), u = s - M, with no F2I and no MUFU. `arg` is
-// (8u + 119.65) / 256 already clamped to [0, 1] by the saturating FMA that produced it; the float
-// sum 256*arg + 1.5*2^23 rounds to the nearest integer (ties to even) into the low mantissa byte.
-__device__ __forceinline__ uint32_t expcast_bits(float arg) { return __float_as_uint(fmaf(arg, 256.f, 12582912.f)); }
-
-__device__ __forceinline__ uint32_t encode_expcast(float a0, float a1, float a2, float a3) {
-  const uint32_t lo = __byte_perm(expcast_bits(a0), expcast_bits(a1), 0x0040);
-  const uint32_t hi = __byte_perm(expcast_bits(a2), expcast_bits(a3), 0x0040);
-  return __byte_perm(lo, hi, 0x5410);
 }
 
 // fp16 output saturates at 65504, as reference.to_output_dtype: dequantized V can exceed the input's
@@ -272,6 +256,7 @@ __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], float sc, i
       }
   int mx[2];
   float base[2];
+  vc_p::ExpCastRow prow[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     mx[r] = max(max(part[r][0], part[r][1]), max(part[r][2], part[r][3]));
@@ -280,10 +265,9 @@ __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], float sc, i
     const float m_new = fmaxf(row_off[r], ceilf(static_cast<float>(mx[r]) * sc));
     alpha[r] = exp2_of_int(row_off[r] - m_new);
     row_off[r] = m_new;
-    // fidelity: arg = s - M + 8;  speed: arg = (8(s - M) + 119.65) / 256, saturated to [0, 1]
-    base[r] = EXPCAST ? (vc::kExpCastBias - vc::kE4m3OctaveCodes * m_new) * (1.f / 256.f) : vc::kPLog2Max - m_new;
+    base[r] = vc::kPLog2Max - m_new;  // fidelity: arg = s - M + 8
+    prow[r] = vc_p::expcast_row(sc, m_new);  // speed: p_encoding.cuh
   }
-  const float mul = EXPCAST ? sc * (1.f / 32.f) : sc;
   // register r of k-step kk holds row g (r even) or g+8 (r odd) at keys 32kk + 16(r/2) + 4t + 0..3,
   // which are the columns (c0, e=0), (c0, e=1), (c0+1, e=0), (c0+1, e=1) (see key_of_column)
 #pragma unroll
@@ -296,10 +280,10 @@ __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], float sc, i
       for (int q = 0; q < 4; ++q) {
         const int chunk = c0 + (q >> 1), e = q & 1;
         const float x = int_to_float_exact(s[4 * chunk + 2 * row + e]);
-        a[q] = EXPCAST ? fma_sat(x, mul, base[row]) : fmaf(x, mul, base[row]);
-        if (MASK && key_of_column(chunk, t, e) >= valid) a[q] = EXPCAST ? 0.f : neg_inf();
+        a[q] = EXPCAST ? vc_p::expcast_arg(x, prow[row]) : fmaf(x, sc, base[row]);
+        if (MASK && key_of_column(chunk, t, e) >= valid) a[q] = EXPCAST ? vc_p::expcast_masked_arg() : neg_inf();
       }
-      pa[kk][r] = EXPCAST ? encode_expcast(a[0], a[1], a[2], a[3]) : encode_exp2(a[0], a[1], a[2], a[3]);
+      pa[kk][r] = EXPCAST ? vc_p::expcast_pack4(a[0], a[1], a[2], a[3]) : encode_exp2(a[0], a[1], a[2], a[3]);
     }
 }
 

@@ -1,0 +1,213 @@
+"""Fidelity-mode knobs, emulated on CPU: which quantizer refinement lowers the error, and by how much.
+
+One knob at a time from each mode's baseline (reference.py today: Q scale per 64 rows, K per 128
+keys, V-Smooth residual scale per channel, row max at 256, integer running row offset):
+- Q scale per 16 rows, per thread group (rows g and g+8 of each 16-row MMA tile: what a
+  thread holds) and per row;
+- K scale per 32 keys;
+- V residual scale per 128-key block and channel instead of per channel over all tokens;
+- P range: row max at 448 instead of 256 (exp2 + cast, or the ExpCast chord, at 448);
+- exact running row max (float, rescale by MUFU exp2) instead of the integer offset.
+Data: video-like Q/K/V (study/videodata.py) and random Gaussian Q/K/V (V with channel offsets),
+bf16, V-Smooth grouping (k-means, 64 clusters x 2 iterations, as the node). A few hundred query rows
+per head against ALL keys (the quantizers see all rows, as in a kernel), compared with fp64 exact
+attention. rel-L2 is of the bf16 output (what the kernels return); "bf16 floor" is the exact output
+rounded to bf16. TV, QK term and V term as in study/fidelity.py (float64 output).
+
+    python3 bench/fidelity_study.py --data video --sizes 32760 75600 --seeds 0 1 --rows 64 --heads 2
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from vc_attention.study import expcast_variants as variants
+from vc_attention.study import fidelity
+from vc_attention.kernels import reference as ref
+from vc_attention.study import videodata
+
+GRIDS = {32760: (21, 30, 52), 75600: (21, 45, 80), 4096: (2, 32, 64)}  # Wan 480p / 720p latents
+P_ENCODERS = {
+    ("exp2", 256): ref.p_exp2_cast,
+    ("exp2", 448): variants.exp2_cast_448,
+    ("expcast", 256): variants.bits_cast,
+    ("expcast", 448): ref.p_expcast,  # the spec since this study
+
+    ("expcast_paper", 256): ref.p_expcast_paper,
+}
+
+
+@dataclass(frozen=True)
+class Knobs:
+    p: str = "exp2"
+    q_groups: str = "64"  # rows per scale, "thread" (rows g, g+8 of each 16) or "1"
+    k_block: int = 128
+    v_scale: str = "channel"  # or "block" (per 128-key block and channel)
+    p_max: int = 256
+    offset: str = "integer"  # or "exact"
+    label: str = field(default="", compare=False)
+
+
+def knob_rows(p: str) -> list[Knobs]:
+    """The baseline (row max 256: the spec of both modes when this study ran) and one knob at a time."""
+    base = Knobs(p=p, label=f"{p}: baseline (row max 256)")
+    rows = [base]
+    for g in ("16", "thread", "1"):
+        rows.append(Knobs(p=p, q_groups=g, label=f"{p}: Q scale per {g if g != 'thread' else 'thread group'}"
+                          + (" rows" if g not in ("thread", "1") else (" (2 rows)" if g == "thread" else " row"))))
+    for kb in (32,):
+        rows.append(Knobs(p=p, k_block=kb, label=f"{p}: K scale per {kb} keys"))
+    rows.append(Knobs(p=p, v_scale="block", label=f"{p}: V residual scale per block x channel"))
+    rows.append(Knobs(p=p, p_max=448, label=f"{p}: row max at 448" + (" (the spec now)" if p == "expcast" else "")))
+    rows.append(Knobs(p=p, offset="exact", label=f"{p}: exact running max"))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# quantizers with a choice of granularity (same arithmetic as reference.quantize_int8_blocks)
+def row_group_amax(x: torch.Tensor, groups: str) -> torch.Tensor:
+    """(B,H,N,D) -> (B,H,N,1): max |x| over each row's scale group."""
+    b, h, n, d = x.shape
+    a = x.abs().amax(-1, keepdim=True)  # per row
+    if groups == "1":
+        return a
+    if groups == "thread":  # rows r and r+8 of every 16-row tile share a scale
+        ap = ref.pad_rows(a, 16).reshape(b, h, -1, 2, 8, 1)
+        return ap.amax(dim=3, keepdim=True).expand_as(ap).reshape(b, h, -1, 1)[:, :, :n]
+    block = int(groups)
+    ap = ref.pad_rows(a, block).reshape(b, h, -1, block, 1)
+    return ap.amax(dim=3, keepdim=True).expand_as(ap).reshape(b, h, -1, 1)[:, :, :n]
+
+
+def int8_rows(x: torch.Tensor, groups: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """INT8 codes (as float32) and the per-row scale (B,H,N,1) of x quantized per row group."""
+    x = x.float()
+    amax = row_group_amax(x, groups)
+    inv = torch.where(amax > 0, ref.INT8_MAX / amax, torch.zeros_like(amax))
+    return torch.round(x * inv).clamp_(-ref.INT8_MAX, ref.INT8_MAX), amax / ref.INT8_MAX
+
+
+def v_hat_block_scale(v_perm: torch.Tensor) -> torch.Tensor:
+    """V-Smooth with the residual's FP8 scale per (128-key block, channel)."""
+    n = v_perm.shape[-2]
+    mean = ref.expand_rows(ref.block_means_fp16(v_perm).float(), ref.V_BLOCK, n)
+    resid = v_perm.float() - mean
+    b, h, _, d = resid.shape
+    amax = ref.pad_rows(resid.abs(), ref.V_BLOCK).reshape(b, h, -1, ref.V_BLOCK, d).amax(3)  # (B,H,nb,D)
+    scale = ref.expand_rows(amax / ref.E4M3_MAX, ref.V_BLOCK, n)
+    inv = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
+    return ref.fp8_e4m3(resid * inv) * scale + mean
+
+
+def quantized_p(s: torch.Tensor, knobs: Knobs) -> torch.Tensor:
+    """Unnormalized P (float64) with the kernel's running offsets: integer (spec) or exact max."""
+    n = s.shape[-1]
+    nb = -(-n // ref.K_BLOCK)
+    if knobs.offset == "integer":
+        run = ref.running_row_offsets(s)
+    else:
+        padded = torch.nn.functional.pad(s, (0, nb * ref.K_BLOCK - n), value=-math.inf)
+        run = torch.cummax(padded.reshape(*s.shape[:-1], nb, ref.K_BLOCK).amax(-1), dim=-1).values
+    m_run = run.repeat_interleave(ref.K_BLOCK, dim=-1)[..., :n]
+    p = P_ENCODERS[knobs.p, knobs.p_max](s - m_run)
+    return p.double() * torch.exp2((m_run - run[..., -1:]).double())
+
+
+# ----------------------------------------------------------------------------------------------
+def make_data(kind: str, n: int, heads: int, seed: int):
+    if kind == "video":
+        t, hg, wg = GRIDS[n]
+        return videodata.video_like_qkv(B=1, H=heads, T=t, Hgrid=hg, Wgrid=wg, seed=seed, dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, heads, n, 128, generator=gen) for _ in range(3))
+    v = v + 2.0 * torch.randn(128, generator=gen)
+    return q.bfloat16(), k.bfloat16(), v.bfloat16()
+
+
+@dataclass
+class Case:
+    q: torch.Tensor
+    k_perm: torch.Tensor
+    v_perm: torch.Tensor
+    rows: torch.Tensor
+    exact: torch.Tensor  # (B,H,rows,D) float64
+    p_exact: torch.Tensor
+    v_hat: dict  # V-Smooth V as the PV product uses it, per residual-scale choice (float32)
+
+
+def make_case(kind: str, n: int, heads: int, rows: int, seed: int) -> Case:
+    q, k, v = make_data(kind, n, heads, seed)
+    perm = fidelity.grouping_permutation(v, 64, 2, seed)
+    kp, vp = ref.permute_tokens(k, perm), ref.permute_tokens(v, perm)
+    idx = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:rows].sort().values
+    logits = q[:, :, idx].double() @ kp.double().transpose(-1, -2) / math.sqrt(q.shape[-1])
+    p_exact = torch.softmax(logits, dim=-1)
+    v_hat = {"channel": ref.dequantized_v(vp, ref.VCConfig()).float(), "block": v_hat_block_scale(vp).float()}
+    return Case(q, kp, vp, idx, p_exact @ vp.double(), p_exact, v_hat)
+
+
+def measure(case: Case, knobs: Knobs) -> dict:
+    qs = case.q.float() * torch.tensor(ref.qk_scale(case.q.shape[-1], None), dtype=torch.float32)
+    q_q, q_sc = int8_rows(qs, knobs.q_groups)
+    k_q, k_sc = int8_rows(ref.smooth_k(case.k_perm)[0], str(knobs.k_block))
+    acc = torch.matmul(q_q[:, :, case.rows], k_q.transpose(-1, -2))
+    s = acc * (q_sc[:, :, case.rows] * k_sc.transpose(-1, -2))  # reference.scores_log2's order
+    p = quantized_p(s, knobs)
+    p = p / p.sum(-1, keepdim=True)
+    # float32 products (relative error ~1e-7, far below every figure here) keep the CPU time down
+    p32 = p.float()
+    out = (p32 @ case.v_hat[knobs.v_scale]).double()
+    out_exact_v = (p32 @ case.v_perm.float()).double()
+    norm = case.exact.norm()
+    return {
+        "rel_l2": ((out.bfloat16().double() - case.exact).norm() / norm).item(),
+        "tv": (0.5 * (p - case.p_exact).abs().sum(-1)).mean().item(),
+        "qk_term": ((out_exact_v - case.exact).norm() / norm).item(),
+        "v_term": ((out - out_exact_v).norm() / norm).item(),
+    }
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[32760, 75600], choices=sorted(GRIDS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--data", nargs="+", default=["video", "random"], choices=["video", "random"])
+    parser.add_argument("--heads", type=int, default=2)
+    parser.add_argument("--rows", type=int, default=256, help="query rows sampled per head")
+    parser.add_argument("--modes", nargs="+", default=["exp2", "expcast", "expcast_paper"])
+    args = parser.parse_args(argv)
+    torch.set_num_threads(2)
+    knob_list = [k for m in args.modes for k in (knob_rows(m) if m != "expcast_paper" else [Knobs(p=m, label="expcast_paper: the paper's ExpCast")])]
+    results: dict = {}
+    floors: dict = {}
+    for kind in args.data:
+        for n in args.sizes:
+            for seed in args.seeds:
+                start = time.time()
+                case = make_case(kind, n, args.heads, args.rows, seed)
+                floors[kind, n, seed] = ((case.exact.bfloat16().double() - case.exact).norm() / case.exact.norm()).item()
+                for knobs in knob_list:
+                    results[kind, n, seed, knobs] = measure(case, knobs)
+                print(f"{kind} N={n} seed={seed}: {time.time() - start:.0f} s", flush=True)
+    cols = [(kind, n) for kind in args.data for n in args.sizes]
+    terms_col = (args.data[0], args.sizes[-1])
+    print(f"\nrel-L2 of the bf16 output vs fp64 exact (mean over seeds {args.seeds}; {args.rows} rows x "
+          f"{args.heads} heads, all keys); TV / QK term / V term at {terms_col[0]} N={terms_col[1]}")
+    print("| knob | " + " | ".join(f"{kind} {n}" for kind, n in cols) + " | TV | QK term | V term |")
+    print("|---" * (len(cols) + 4) + "|")
+    print("| bf16 output floor | " + " | ".join(
+        f"{sum(floors[kind, n, s] for s in args.seeds) / len(args.seeds):.5f}" for kind, n in cols) + " | | | |")
+    for knobs in knob_list:
+        means = {c: {m: sum(results[c[0], c[1], s, knobs][m] for s in args.seeds) / len(args.seeds)
+                     for m in ("rel_l2", "tv", "qk_term", "v_term")} for c in cols}
+        last = means[terms_col]
+        print(f"| {knobs.label} | " + " | ".join(f"{means[c]['rel_l2']:.5f}" for c in cols)
+              + f" | {last['tv']:.4f} | {last['qk_term']:.5f} | {last['v_term']:.5f} |")
+
+
+if __name__ == "__main__":
+    main()

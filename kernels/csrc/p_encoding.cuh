@@ -1,0 +1,95 @@
+// The speed path's P encoding (reference.p_expcast), per element, for every attention kernel.
+// Torch-free; needs sm_89+ for the E4M3 conversion. No MUFU and no F2I: FFMA, FMNMX, LEA per
+// element, one F2FP.E4M3 per two elements, PRMT to pack.
+//
+// u = x * mul - M (log2 units, M the integer running row offset). The float32
+//   y = max(x * mul + (1536 + log2(448) + beta/8 - M), 1512)
+// holds w = u + log2(448) + beta/8 to 13 fraction bits (the float32 ulp on [1024, 2048)); shifting its bits
+// left by 10 and adding 127 << 23 gives the float32 2^floor(w) (1 + frac(w)) (bit 22 and y's own
+// exponent fall off the top), and the hardware cast rounds that to E4M3 (451.3 at u = 0 saturates
+// to 448, never NaN). The floor 1512 keeps
+// w >= -24 (code 0) and maps a masked key (x = -inf) to code 0.
+//
+// Compile-time variant VC_EXPCAST_PAPER=1: the paper's ExpCast (reference.p_expcast_paper), for
+// timing comparisons only; its subnormal codes mis-decode (docs/kernel-notes.md).
+#pragma once
+#include <cstdint>
+
+#include "vc_constants.h"
+
+#ifndef VC_EXPCAST_PAPER
+#define VC_EXPCAST_PAPER 0
+#endif
+
+namespace vc_p {
+
+// the constants come from kernels/constants.py through vc_constants.h (one definition)
+#if VC_EXPCAST_PAPER
+constexpr float kExpCastLog2Scale = vc::kPLog2Max + vc::kExpCastBeta / 8.f;  // P ~ 2^(u + this)
+#else
+constexpr float kExpCastLog2Scale = vc::kExpCastPLog2Scale;  // P ~ 2^(u + this), for the LSE
+#endif
+constexpr uint32_t kFloatOneBits = 127u << 23;
+
+// Per-row constants of u = x * sc - m: one multiply-add per element with them.
+struct ExpCastRow {
+  float mul, add;
+};
+
+__device__ __forceinline__ ExpCastRow expcast_row(float sc, float m) {
+#if VC_EXPCAST_PAPER
+  // (8u + 119.65) / 256, saturated to [0, 1] by the FMA; the scaling by 2^-8 is exact
+  return {sc * (1.f / 32.f), (vc::kExpCastBias - 8.f * m) * (1.f / 256.f)};
+#else
+  return {sc, vc::kExpCastRowConstant - m};
+#endif
+}
+
+// What a masked key's argument is set to (it encodes to code 0).
+__device__ __forceinline__ float expcast_masked_arg() {
+#if VC_EXPCAST_PAPER
+  return 0.f;
+#else
+  return __int_as_float(0xff800000);  // -inf: the floor turns it into code 0
+#endif
+}
+
+__device__ __forceinline__ float expcast_arg(float x, const ExpCastRow& row) {
+#if VC_EXPCAST_PAPER
+  float d;
+  asm("fma.rn.sat.f32 %0, %1, %2, %3;" : "=f"(d) : "f"(x), "f"(row.mul), "f"(row.add));
+  return d;
+#else
+  return fmaf(x, row.mul, row.add);
+#endif
+}
+
+#if VC_EXPCAST_PAPER
+// 256 * arg + 1.5*2^23 leaves rint(256 arg) (ties to even) in the low mantissa byte: the code
+__device__ __forceinline__ uint32_t paper_code_bits(float arg) { return __float_as_uint(fmaf(arg, 256.f, 12582912.f)); }
+#else
+// float32 2^floor(w) (1 + frac(w)) from the fixed-point y (the floor applied here)
+__device__ __forceinline__ float exponent_float(float y) {
+  return __uint_as_float((__float_as_uint(fmaxf(y, vc::kExpCastFloor)) << vc::kExpCastShift) + kFloatOneBits);
+}
+#endif
+
+// Four arguments -> four E4M3 bytes, the first in the lowest byte.
+__device__ __forceinline__ uint32_t expcast_pack4(float a0, float a1, float a2, float a3) {
+#if VC_EXPCAST_PAPER
+  const uint32_t lo = __byte_perm(paper_code_bits(a0), paper_code_bits(a1), 0x0040);
+  const uint32_t hi = __byte_perm(paper_code_bits(a2), paper_code_bits(a3), 0x0040);
+  return __byte_perm(lo, hi, 0x5410);
+#else
+  uint32_t packed;
+  asm("{\n.reg .b16 lo, hi;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+      "mov.b32 %0, {lo, hi};\n}\n"
+      : "=r"(packed)
+      : "f"(exponent_float(a0)), "f"(exponent_float(a1)), "f"(exponent_float(a2)), "f"(exponent_float(a3)));
+  return packed;
+#endif
+}
+
+}  // namespace vc_p
