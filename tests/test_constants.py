@@ -76,9 +76,14 @@ def test_the_spec_uses_the_shared_values():
     assert constants.EXPCAST_MAX_CODE == 120 and constants.E4M3_ONE_CODE == 0x38
     assert torch.tensor(constants.E4M3_ONE_CODE, dtype=torch.uint8).view(torch.float8_e4m3fn).float() == 1.0
     assert torch.tensor(constants.EXPCAST_MAX_CODE, dtype=torch.uint8).view(torch.float8_e4m3fn).float() == constants.P_MAX
-    # u = 0 (the row max) encodes to the top code; one octave down is 8 codes lower
+    # u = 0 (the row max) encodes to the top code (256 in the paper's encoding, 448 in the corrected
+    # one); one octave down is 8 codes lower
+    octave = constants.E4M3_OCTAVE_CODES
+    paper = reference.expcast_paper_code(torch.tensor([0.0, -1.0]))
+    assert paper.tolist() == [constants.EXPCAST_MAX_CODE, constants.EXPCAST_MAX_CODE - octave]
     codes = reference.expcast_code(torch.tensor([0.0, -1.0]))
-    assert codes.tolist() == [constants.EXPCAST_MAX_CODE, constants.EXPCAST_MAX_CODE - constants.E4M3_OCTAVE_CODES]
+    assert codes.tolist() == [constants.EXPCAST_TOP_CODE, constants.EXPCAST_TOP_CODE - octave]
+    assert torch.tensor(constants.EXPCAST_TOP_CODE, dtype=torch.uint8).view(torch.float8_e4m3fn).float() == constants.E4M3_MAX
     assert torch.tensor(constants.E4M3_MAX).to(torch.float8_e4m3fn).float() == constants.E4M3_MAX
     assert torch.finfo(torch.float8_e4m3fn).max == constants.E4M3_MAX
 

@@ -176,13 +176,19 @@ def test_a_long_row_keeps_its_tail_mass():
         assert (abs(ratio - 1) < 0.05) if keeps else (ratio < 0.8)
 
 
-def test_the_kernel_header_uses_the_spec_constants():
-    """kernels/csrc/p_encoding.cuh spells the constants as float literals: they must round to the
-    float32 values the reference uses (nvcc rounds a float literal once, as torch does here)."""
+def test_the_kernel_header_reads_the_spec_constants():
+    """kernels/csrc/p_encoding.cuh takes the encoding's constants from the build's -D flags
+    (kernels/constants.py, one definition); nvcc rounds each float literal once, to the float32
+    value the reference uses."""
+    from vc_attention.kernels import constants
+
     header = (jit.CSRC_DIR / "p_encoding.cuh").read_text()
-    literals = dict(re.findall(r"constexpr float (kExpCast\w+) = ([0-9.]+)f;", header))
-    as_float32 = {name: float(torch.tensor(float(text), dtype=torch.float32)) for name, text in literals.items()}
+    for name in ("kExpCastRowConstant", "kExpCastFloor", "kExpCastShift", "kExpCastPLog2Scale", "kExpCastBias"):
+        assert f"vc::{name}" in header, name
+    defines = dict(flag[len("-D"):].split("=", 1) for flag in constants.cuda_defines())
+    as_float32 = float(torch.tensor(float(defines["VC_EXPCAST_ROW_CONSTANT"].rstrip("f")), dtype=torch.float32))
+    assert as_float32 == _float32_row_constant()
+    assert float(defines["VC_EXPCAST_FLOOR"].rstrip("f")) == R.EXPCAST_FLOOR
     scale = float(torch.tensor(LOG2_SCALE + R.EXPCAST_BETA / 8, dtype=torch.float32))
-    assert as_float32 == {"kExpCastRowConstant": _float32_row_constant(), "kExpCastFloor": R.EXPCAST_FLOOR,
-                          "kExpCastLog2Scale": scale}
-    assert "<< 10" in header and R.EXPCAST_SHIFT == 10
+    assert float(torch.tensor(float(defines["VC_EXPCAST_P_LOG2_SCALE"].rstrip("f")), dtype=torch.float32)) == scale
+    assert int(defines["VC_EXPCAST_SHIFT"]) == R.EXPCAST_SHIFT == 10
