@@ -5,8 +5,9 @@
 #   COMFYUI_PATH=/path/to/ComfyUI bash tests/setup_real_host.sh [--setup-only] [pytest arguments]
 #
 # 1. A virtual environment (VC_TEST_VENV, default ~/.cache/vc-attention/comfyui-test-venv) that sees
-#    this Python's packages (so the torch already installed is reused) gets ComfyUI's
-#    requirements.txt, pytest and the `playwright` Python package. Playwright's own browser download
+#    this Python's packages gets ComfyUI's requirements.txt, pytest and the `playwright` Python
+#    package. Your torch is reused when the registry's torchvision / torchaudio accept it; otherwise
+#    pip puts the torch they need into the environment (several GB with its CUDA libraries). Playwright's own browser download
 #    is not used: the tests drive Debian's chromium package (/usr/bin/chromium), installed with apt
 #    when missing.
 # 2. pytest runs the tests marked `comfyui` (tests/test_real_comfyui.py, the real-host part of
