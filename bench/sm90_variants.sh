@@ -10,6 +10,7 @@
 #   bash bench/sm90_variants.sh            # on the H200, from the repository root; ~4-6 minutes
 #   SM90_VARIANTS="base mean" SM90_BUILD_ONLY=1 bash bench/sm90_variants.sh   # CPU: builds + ptxas only
 #   SM90_NCU=psmem_mean bash bench/sm90_variants.sh   # + one ncu-profiled launch of that variant
+#   SM90_BUILD_ONLY=1 ...; then SM90_REUSE_BUILD=1 ...  # build beside other work, then check + time
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -35,6 +36,8 @@ CONSTANTS=$(python3 -c "from vc_attention.kernels.constants import cuda_defines;
 
 build() {  # name: one nvcc process per variant (16 kernel instantiations each)
   local name=$1
+  # SM90_REUSE_BUILD=1: keep a library built by an earlier SM90_BUILD_ONLY call of the same tree
+  [[ -n "${SM90_REUSE_BUILD:-}" && -f "$BUILD/sm90_$name.so" ]] && return 0
   rm -f "$BUILD/sm90_$name.so"  # a stale library must not pass for a fresh build
   # shellcheck disable=SC2086
   "$NVCC" -shared -Xcompiler -fPIC -std=c++17 -O3 --expt-relaxed-constexpr -lineinfo -DNDEBUG \
