@@ -43,10 +43,10 @@ def test_auto_runs_a_fast_backend_on_a_gpu_and_times_with_events(monkeypatch):
     outs = [attention_pytorch(q, k, v, heads=h, transformer_options=to) for _ in range(4)]
     sdpa = attention_pytorch(q, k, v, heads=h)
     assert not patch.stats.fallbacks
-    assert dict(patch.stats.backend_calls) == {fast[0]: 3}
+    assert dict(patch.stats.backend_calls) == {fast[0]: 2}
     rel = ((outs[0].double() - sdpa.double()).norm() / sdpa.double().norm()).item()
     assert rel < 0.06
     patch.end_run()
     (event, payload, _), = server.messages
-    assert payload["backend_calls"] == {fast[0]: 3}
+    assert payload["backend_calls"] == {fast[0]: 2}
     assert payload["sampled_calls"] >= 1 and payload["attention_ms"] > 0 and payload["est_speedup"] > 0

@@ -330,11 +330,13 @@ struct AttnMmaWide {
           const int col = 8 * i + 2 * t;
           const float2 sc = *reinterpret_cast<const float2*>(v_scale + col);
           const float lo = acc[c][i][2 * half] * sc.x * inv_l, hi = acc[c][i][2 * half + 1] * sc.y * inv_l;
-          *reinterpret_cast<uint32_t*>(dst + col) = p.out_bf16 ? pack2<__nv_bfloat16>(lo, hi) : pack2<__half>(lo, hi);
+          *reinterpret_cast<uint32_t*>(dst + col) = p.out_bf16 ? pack2<__nv_bfloat16>(lo, hi)
+                                                                : pack2<__half>(saturate_fp16(lo), saturate_fp16(hi));
         }
         if (p.lse != nullptr && t == 0) {
-          // sum_j 2^s_ij = l * 2^(M - 8); natural-log units for the caller
-          p.lse[int64_t(bh) * p.n + row] = (row_offset[c][half] - 8.0f + log2f(row_sum[c][half])) * kLn2;
+          // sum_j 2^s_ij = l * 2^(M - 8) (ExpCast: its own scale, approximately); natural-log units
+          const float log2_scale = kExpCast ? vc_p::kExpCastLog2Scale : kPLog2Max;
+          p.lse[int64_t(bh) * p.n + row] = (row_offset[c][half] - log2_scale + log2f(row_sum[c][half])) * kLn2;
         }
       }
   }
