@@ -68,17 +68,24 @@ __device__ __forceinline__ void warp_best(float& v, int& idx, bool larger) {
   }
 }
 
+// Column of element k of row r in the tensor-core pass's unpadded shared rows: 8-element blocks
+// XOR-permuted by the row, so the MMA fragment loads of a warp (8 rows x 4 words) and the 16-byte
+// row stores hit 32 different banks.
+__device__ __forceinline__ int swizzle(int r, int k) { return k ^ ((r & 7) << 3); }
+
 // The end of one tile in both assignment passes (labels of the tile in shared memory): the counts,
 // then the cluster sums (a thread owns one channel and adds the tile's tokens in token order, so
 // the float sums are deterministic) or, in the final round, the labels.
-template <typename T, int D, int Pitch>
+template <typename T, int D, int Pitch, bool Swizzled>
 __device__ __forceinline__ void finish_tile(const GroupParams& p, bool accumulate, int g, int64_t tok0, int valid,
                                             const uint16_t* xs, const int* labels, float* sums, int* counts) {
   const int tid = threadIdx.x;
   if (tid < valid) atomicAdd(&counts[labels[tid]], 1);  // integer adds: order-independent
   if (accumulate) {
     if (tid < D) {
-      for (int r = 0; r < valid; ++r) sums[labels[r] * D + tid] += unpack_one<T>(xs[r * Pitch + tid]);
+      for (int r = 0; r < valid; ++r) {
+        sums[labels[r] * D + tid] += unpack_one<T>(xs[r * Pitch + (Swizzled ? swizzle(r, tid) : tid)]);
+      }
     }
   } else if (tid < valid) {
     p.raw_labels[int64_t(g) * p.n + tok0 + tid] = uint8_t(labels[tid]);
@@ -227,7 +234,7 @@ __global__ void __launch_bounds__(kPassThreads) group_pass_kernel(const GroupPar
       if (tx == 0) labels[ty * 4 + i] = best_c[i];
     }
     __syncthreads();
-    finish_tile<T, D, kPitchX>(p, accumulate, g, tok0, valid, xs, labels, sums, counts);
+    finish_tile<T, D, kPitchX, false>(p, accumulate, g, tok0, valid, xs, labels, sums, counts);
   }
   __syncthreads();
   write_partials<D>(p, accumulate, g, part, sums, counts);
@@ -251,18 +258,15 @@ __device__ __forceinline__ uint32_t load_pair(const uint16_t* at) { return *rein
 // Warp w owns tokens 16w..16w+15 of a tile: A = the tokens, B = 8 centroids per MMA.
 template <int D>
 __global__ void __launch_bounds__(kPassThreads) group_pass_tc_kernel(const GroupParams p, const bool accumulate) {
-  // +8 elements per row: 16-byte aligned rows, and the fragment loads of a warp (8 rows x 4 words)
-  // fall in 32 different banks
-  constexpr int kPitch = D + 8;
   constexpr int kTile = kGroupTileTokens;
   static_assert(kPassThreads / 32 * 16 == kTile, "each warp owns 16 tokens of the tile");
   const int clusters = p.clusters;
   const int cp = group_padded_clusters(clusters);
 
   extern __shared__ __align__(16) unsigned char group_smem[];
-  uint16_t* cs = reinterpret_cast<uint16_t*>(group_smem);  // [kGroupSplits][cp][kPitch] bf16 terms
-  uint16_t* xs = cs + kGroupSplits * cp * kPitch;
-  float* sums = reinterpret_cast<float*>(xs + kTile * kPitch);
+  uint16_t* cs = reinterpret_cast<uint16_t*>(group_smem);  // [kGroupSplits][cp][D] bf16 terms, swizzled
+  uint16_t* xs = cs + kGroupSplits * cp * D;               // [kTile][D], swizzled
+  float* sums = reinterpret_cast<float*>(xs + kTile * D);
   float* norms = sums + cp * D;
   int* counts = reinterpret_cast<int*>(norms + cp);
   int* labels = counts + cp;
@@ -282,24 +286,26 @@ __global__ void __launch_bounds__(kPassThreads) group_pass_tc_kernel(const Group
 #pragma unroll
     for (int s = 0; s < kGroupSplits; ++s) {  // rest - term is exact: the terms carry disjoint bits
       const __nv_bfloat16 term = __float2bfloat16_rn(rest);
-      cs[(s * cp + c) * kPitch + k] = __bfloat16_as_ushort(term);
+      cs[(s * cp + c) * D + swizzle(c, k)] = __bfloat16_as_ushort(term);
       rest -= __bfloat162float(term);
     }
   }
   for (int i = tid; i < cp * D; i += kPassThreads) sums[i] = 0.f;
-  for (int c = tid; c < cp; c += kPassThreads) {
-    counts[c] = 0;
+  for (int c = tid; c < cp; c += kPassThreads) counts[c] = 0;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  for (int c = warp; c < cp; c += kPassThreads / 32) {  // a warp per centroid: coalesced reads
     float norm = 0.f;
-    if (c < clusters)
-      for (int k = 0; k < D; ++k) norm = fmaf(cg[c * D + k], cg[c * D + k], norm);
-    norms[c] = c < clusters ? norm : INFINITY;  // a padding centroid never wins
+    if (c < clusters) {
+      for (int k = lane; k < D; k += 32) norm = fmaf(cg[c * D + k], cg[c * D + k], norm);
+      for (int offset = 16; offset > 0; offset >>= 1) norm += __shfl_xor_sync(0xffffffffu, norm, offset);
+    }
+    if (lane == 0) norms[c] = c < clusters ? norm : INFINITY;  // a padding centroid never wins
   }
 
   const int64_t tiles = (int64_t(p.n) + kTile - 1) / kTile;
   const int64_t tile_begin = tiles * part / p.parts;
   const int64_t tile_end = tiles * (part + 1) / p.parts;
-  const int warp = tid / 32;
-  const int lane = tid % 32;
   const int row = lane / 4;  // tokens 16*warp + row and + row + 8 of the tile
   const int quad = lane % 4;  // k pair 2*quad (+8) of each 16-wide step; centroids 2*quad, +1 of each 8
   constexpr int kRowChunks = D / 8;
@@ -313,11 +319,12 @@ __global__ void __launch_bounds__(kPassThreads) group_pass_tc_kernel(const Group
       const int q = i % kRowChunks;
       uint4 val = make_uint4(0u, 0u, 0u, 0u);
       if (r < valid) val = __ldg(reinterpret_cast<const uint4*>(vg + (tok0 + r) * p.v_stride[2] + q * 8));
-      *reinterpret_cast<uint4*>(xs + r * kPitch + q * 8) = val;
+      *reinterpret_cast<uint4*>(xs + r * D + swizzle(r, q * 8)) = val;
     }
     __syncthreads();
 
-    const uint16_t* xa = xs + (warp * 16 + row) * kPitch + 2 * quad;
+    // rows 16*warp + row (+ 8) of xs and centroids chunk + 8j + row all have row % 8 == row: one swizzle
+    const uint16_t* xa = xs + (warp * 16 + row) * D;
     float best[2] = {INFINITY, INFINITY};
     int best_c[2] = {0, 0};
     for (int chunk = 0; chunk < cp; chunk += kGroupChunk) {
@@ -328,14 +335,15 @@ __global__ void __launch_bounds__(kPassThreads) group_pass_tc_kernel(const Group
         for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
 #pragma unroll 2
       for (int k = 0; k < D; k += 16) {
-        const uint32_t a[4] = {load_pair(xa + k), load_pair(xa + 8 * kPitch + k), load_pair(xa + k + 8),
-                               load_pair(xa + 8 * kPitch + k + 8)};
+        const int lo = swizzle(row, k + 2 * quad);
+        const int hi = swizzle(row, k + 8 + 2 * quad);
+        const uint32_t a[4] = {load_pair(xa + lo), load_pair(xa + 8 * D + lo), load_pair(xa + hi), load_pair(xa + 8 * D + hi)};
 #pragma unroll
         for (int s = kGroupSplits - 1; s >= 0; --s) {  // smallest terms first
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
-            const uint16_t* cb = cs + (s * cp + chunk + j * 8 + row) * kPitch + k + 2 * quad;
-            mma_bf16_16816(acc[j], a, load_pair(cb), load_pair(cb + 8));
+            const uint16_t* cb = cs + (s * cp + chunk + j * 8 + row) * D;
+            mma_bf16_16816(acc[j], a, load_pair(cb + lo), load_pair(cb + hi));
           }
         }
       }
@@ -371,7 +379,7 @@ __global__ void __launch_bounds__(kPassThreads) group_pass_tc_kernel(const Group
       if (quad == 0) labels[warp * 16 + row + half * 8] = best_c[half];
     }
     __syncthreads();
-    finish_tile<__nv_bfloat16, D, kPitch>(p, accumulate, g, tok0, valid, xs, labels, sums, counts);
+    finish_tile<__nv_bfloat16, D, D, true>(p, accumulate, g, tok0, valid, xs, labels, sums, counts);
   }
   __syncthreads();
   write_partials<D>(p, accumulate, g, part, sums, counts);

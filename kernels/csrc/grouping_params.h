@@ -18,11 +18,11 @@ constexpr int kGroupSplits = 3;
 constexpr int group_padded_clusters(int clusters) { return (clusters + kGroupChunk - 1) / kGroupChunk * kGroupChunk; }
 
 // FP32 pass: cs float [Cp][D+4] + xs 16-bit [64][D+4];
-// tensor-core pass: cs bf16 [kGroupSplits][Cp][D+8] + xs 16-bit [64][D+8];
+// tensor-core pass: cs bf16 [kGroupSplits][Cp][D] + xs 16-bit [64][D] (swizzled, no padding: fits sm_89's 99 KB);
 // both: + sums float [Cp][D] + norms, counts [Cp] + labels [64]
 constexpr int64_t group_pass_smem_bytes(int head_dim, int clusters, bool tensor_cores) {
   const int64_t cp = group_padded_clusters(clusters);
-  const int64_t tiles = tensor_cores ? kGroupSplits * cp * (head_dim + 8) * 2 + int64_t(kGroupTileTokens) * (head_dim + 8) * 2
+  const int64_t tiles = tensor_cores ? kGroupSplits * cp * head_dim * 2 + int64_t(kGroupTileTokens) * head_dim * 2
                                      : cp * (head_dim + 4) * 4 + int64_t(kGroupTileTokens) * (head_dim + 4) * 2;
   return tiles + cp * head_dim * 4 + cp * 8 + kGroupTileTokens * 4;
 }
