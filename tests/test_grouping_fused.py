@@ -64,6 +64,20 @@ def test_bf16_takes_the_tensor_core_pass_where_its_shared_memory_fits(monkeypatc
     assert not grouping_fused.uses_tensor_cores(torch.bfloat16, 128, 64, h200)
 
 
+def test_three_bf16_terms_hold_a_float32_exactly():
+    """The tensor-core pass's centroid split (csrc/grouping.cuh: term = bf16(rest), rest -= term):
+    the terms add up to the float32 value exactly, so x.c loses nothing before the accumulation."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(200000, generator=gen) * torch.exp(6.0 * torch.randn(200000, generator=gen))
+    rest, total = x.clone(), torch.zeros_like(x, dtype=torch.float64)
+    for _ in range(grouping_fused.SPLITS):
+        term = rest.bfloat16().float()
+        total += term.double()
+        rest = rest - term
+    assert torch.equal(total, x.double())
+    assert not torch.equal(x.bfloat16().double() + (x - x.bfloat16().float()).bfloat16().double(), x.double())  # 2 terms do not
+
+
 def test_block_count_depends_on_shape_and_gpu_only(h200_like):
     dev = torch.device("cuda", 0)
     wan14b = grouping_fused.parts_for(dev, 40, 75600, 128, 64)
