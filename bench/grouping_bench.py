@@ -3,6 +3,7 @@
     python3 bench/grouping_bench.py            # old (torch) vs fused grouping at the issue's shapes,
                                                # and its share of a speed-mode call, same run
     python3 bench/grouping_bench.py --batch 1 2  # details at Wan2.2-14B 720p (time_grouping)
+    python3 bench/grouping_bench.py --passes tensor-cores,fp32  # both assignment passes, same run
 Import and call `time_grouping(B, H, N, D, clusters, iters)` from the attention benchmark so the
 grouping and the attention call it serves are timed in the same run.
 Importing it has no side effects (no CUDA work until a function is called).
@@ -27,6 +28,20 @@ SHAPES = {
     "d64": ((1, 32, 32768, 64), 0.50),
     "ltx-video": ((1, 32, 6144, 64), 0.50),
 }
+
+
+PASSES = {"tensor-cores": True, "fp32": False}  # --passes name -> grouping_fused.TENSOR_CORES
+
+
+@contextlib.contextmanager
+def assignment_pass(name: str):
+    """Inside the block the fused grouping uses this assignment pass (bf16 V; fp16 always FP32)."""
+    saved = grouping_fused.TENSOR_CORES
+    grouping_fused.TENSOR_CORES = PASSES[name]
+    try:
+        yield
+    finally:
+        grouping_fused.TENSOR_CORES = saved
 
 
 @contextlib.contextmanager
@@ -134,10 +149,11 @@ def time_grouping(
     return result
 
 
-def compare(shapes: dict, clusters: int, iters: int, repeats: int = 10) -> list[dict]:
+def compare(shapes: dict, clusters: int, iters: int, repeats: int = 10, passes: tuple = ("tensor-cores",)) -> list[dict]:
     """Median ms of one grouping step (group_tokens + perm, eager and CUDA-graph replay) on the
-    torch path ("old") and the fused kernels, and of one speed-mode call through the public op on
-    the same V with the fused permutation; share = fused eager ms / speed call ms."""
+    torch path ("old") and the fused kernels with each assignment pass of `passes` (one row each),
+    and of one speed-mode call through the public op on the same V with the fused permutation;
+    share = fused eager ms / speed call ms."""
     from vc_attention.kernels.api import vc_attention
     from vc_attention.kernels.backends import NoCapableBackend
     from vc_attention.kernels.config import SPEED
@@ -153,28 +169,31 @@ def compare(shapes: dict, clusters: int, iters: int, repeats: int = 10) -> list[
 
         with torch_path():
             old_ms = _median_ms(step, repeats)
-        fused_ms = _median_ms(step, repeats)
-        graph_ms = _graph_median_ms(v, clusters, iters, repeats)
         perm = step()
         try:
             speed_ms = _median_ms(lambda: vc_attention(q, k, v, config=SPEED, perm=perm), repeats)
         except NoCapableBackend as err:
             print(f"{name}: no speed-mode call ({err})")
             speed_ms = None
-        rows.append(dict(shape=name, B=b, H=h, N=n, D=d, old_ms=old_ms, fused_ms=fused_ms, fused_graph_ms=graph_ms,
-                         speed_call_ms=speed_ms, share=fused_ms / speed_ms if speed_ms else None, goal=goal))
+        for pass_name in passes:
+            with assignment_pass(pass_name):
+                fused_ms = _median_ms(step, repeats)
+                graph_ms = _graph_median_ms(v, clusters, iters, repeats)
+            rows.append(dict(shape=name, B=b, H=h, N=n, D=d, passes=pass_name, old_ms=old_ms, fused_ms=fused_ms,
+                             fused_graph_ms=graph_ms, speed_call_ms=speed_ms,
+                             share=fused_ms / speed_ms if speed_ms else None, goal=goal))
         del v, q, k, perm
         torch.cuda.empty_cache()
     return rows
 
 
 def format_rows(rows: list[dict]) -> str:
-    lines = [f"{'shape':20s} {'old ms':>8s} {'fused ms':>9s} {'graph ms':>9s} {'speed call':>10s} {'share':>7s} {'goal':>5s}"]
+    lines = [f"{'shape':20s} {'pass':12s} {'old ms':>8s} {'fused ms':>9s} {'graph ms':>9s} {'speed call':>10s} {'share':>7s} {'goal':>5s}"]
     for r in rows:
         share = "n/a" if r["share"] is None else f"{100 * r['share']:.1f}%"
         call = "n/a" if r["speed_call_ms"] is None else f"{r['speed_call_ms']:.2f}"
         verdict = "" if r["share"] is None else ("met" if r["share"] <= r["goal"] else "MISSED")
-        lines.append(f"{r['shape']:20s} {r['old_ms']:8.2f} {r['fused_ms']:9.3f} {r['fused_graph_ms']:9.3f} {call:>10s} "
+        lines.append(f"{r['shape']:20s} {r['passes']:12s} {r['old_ms']:8.2f} {r['fused_ms']:9.3f} {r['fused_graph_ms']:9.3f} {call:>10s} "
                      f"{share:>7s} {100 * r['goal']:4.0f}% {verdict}")
     return "\n".join(lines)
 
@@ -188,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=grouping.DEFAULT_ITERS)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--compare-permutations", action="store_true")
+    parser.add_argument("--passes", default="tensor-cores",
+                        help=f"comma-separated assignment passes to time: {', '.join(PASSES)} (one row each)")
     args = parser.parse_args(argv)
     print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}; "
           f"{args.clusters} clusters, {args.iters} iterations, bf16 V, median of {args.repeats}")
@@ -196,7 +217,10 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             raise SystemExit(f"unknown shapes {sorted(unknown)}; choose from {', '.join(SHAPES)}")
         chosen = {name: SHAPES[name] for name in args.shapes.split(",")}
-        print(format_rows(compare(chosen, args.clusters, args.iters, args.repeats)))
+        passes = tuple(args.passes.split(","))
+        if set(passes) - set(PASSES):
+            raise SystemExit(f"unknown passes {sorted(set(passes) - set(PASSES))}; choose from {', '.join(PASSES)}")
+        print(format_rows(compare(chosen, args.clusters, args.iters, args.repeats, passes)))
         print(f"grouping calls by path: {dict(grouping_fused.PATH_CALLS)}")
         return 0
     for b in args.batch:

@@ -14,6 +14,11 @@ Semantics (tested against reference.py in tests/test_grouping_fused_gpu.py): flo
 clusters keep their centroid; so labels equal the float32 reference's except where two distances
 are equal up to float rounding. Sums are added in a fixed order (no float atomics): the same input
 gives bit-identical results on every run and in a CUDA-graph replay.
+
+For bf16 V the assignment passes compute x.c on tensor cores (bf16 MMA, float32 accumulate) with
+each float32 centroid split into three bf16 terms, which together carry float32's 24 significant
+bits: the products are exact and only the accumulation order differs from the FP32 pass, so the
+same near-tie tolerance holds. TENSOR_CORES = False selects the FP32 pass (the benchmark times both).
 """
 from __future__ import annotations
 
@@ -35,16 +40,28 @@ MAX_GROUPS = 65535  # B*H: the grid's y dimension
 TILE_TOKENS = 64  # csrc/grouping_params.h kGroupTileTokens
 CHUNK = 64  # csrc/grouping_params.h kGroupChunk
 BLOCKS_PER_SLOT = 2  # assignment blocks per resident block slot: a short tail, small partial buffers
+SPLITS = 3  # csrc/grouping_params.h kGroupSplits: bf16 terms per float32 centroid
+TENSOR_CORES = True  # bf16 V: the tensor-core assignment pass where its shared memory fits
 
 PATH_CALLS: Counter = Counter()  # "fused", or "torch: <reason>"
 _disabled: Optional[str] = None  # set when the extension failed to build in this process
 _logged: set[str] = set()
 
 
-def pass_smem_bytes(head_dim: int, clusters: int) -> int:
+def pass_smem_bytes(head_dim: int, clusters: int, tensor_cores: bool = False) -> int:
     """Shared memory of the assignment pass (csrc/grouping_params.h group_pass_smem_bytes)."""
     cp = -(-clusters // CHUNK) * CHUNK
-    return cp * (head_dim + 4) * 4 + TILE_TOKENS * (head_dim + 4) * 2 + cp * head_dim * 4 + cp * 8 + TILE_TOKENS * 4
+    if tensor_cores:
+        tiles = SPLITS * cp * head_dim * 2 + TILE_TOKENS * head_dim * 2
+    else:
+        tiles = cp * (head_dim + 4) * 4 + TILE_TOKENS * (head_dim + 4) * 2
+    return tiles + cp * head_dim * 4 + cp * 8 + TILE_TOKENS * 4
+
+
+def uses_tensor_cores(dtype: torch.dtype, head_dim: int, clusters: int, optin: int) -> bool:
+    """Whether the assignment passes run on tensor cores: bf16 V (exact as an MMA operand), the
+    switch on, and the bf16 centroid terms fit in shared memory (else the FP32 pass runs)."""
+    return TENSOR_CORES and dtype == torch.bfloat16 and pass_smem_bytes(head_dim, clusters, True) <= optin
 
 
 def order_smem_bytes(head_dim: int, clusters: int) -> int:
@@ -113,11 +130,11 @@ def extension():
     return jit.load_extension(EXTENSION_NAME, SOURCES)
 
 
-def parts_for(device: torch.device, groups: int, n: int, head_dim: int, clusters: int) -> int:
+def parts_for(device: torch.device, groups: int, n: int, head_dim: int, clusters: int, tensor_cores: bool = False) -> int:
     """Blocks per (batch, head) of the assignment pass: a few per resident block slot of the GPU
-    in all (depends on the shape and the GPU only, never on the data)."""
+    in all (depends on the shape, the pass and the GPU only, never on the data)."""
     sms, _, per_sm = _device_limits(device.index if device.index is not None else torch.cuda.current_device())
-    resident = max(1, min(16, per_sm // (pass_smem_bytes(head_dim, clusters) + 1024)))
+    resident = max(1, min(16, per_sm // (pass_smem_bytes(head_dim, clusters, tensor_cores) + 1024)))
     target = BLOCKS_PER_SLOT * sms * resident
     tiles = -(-n // TILE_TOKENS)
     return max(1, min(tiles, -(-target // groups)))
@@ -131,8 +148,9 @@ def run(v: torch.Tensor, centroids: torch.Tensor, iters: int, order: Optional[bo
     c = centroids.shape[2]
     g = b * h
     device = v.device
-    parts = parts_for(device, g, n, d, c)
     _, optin, _ = _device_limits(device.index if device.index is not None else torch.cuda.current_device())
+    tensor_cores = uses_tensor_cores(v.dtype, d, c, optin)
+    parts = parts_for(device, g, n, d, c, tensor_cores)
     out = {
         "centroids": centroids,
         "raw_labels": torch.empty(b, h, n, dtype=torch.uint8, device=device),
@@ -149,8 +167,10 @@ def run(v: torch.Tensor, centroids: torch.Tensor, iters: int, order: Optional[bo
         )
     extension().kmeans_group(
         v, centroids.view(g, c, d), part_sums, part_counts, out["raw_labels"], out.get("rank"), out.get("counts"),
-        out.get("centroids_fp16"), out.get("labels"), out.get("perm"), iters, bool(order), optin,
+        out.get("centroids_fp16"), out.get("labels"), out.get("perm"), iters, bool(order), tensor_cores, optin,
         torch.cuda.current_stream(device).cuda_stream,
     )
     PATH_CALLS["fused"] += 1
+    if tensor_cores:
+        PATH_CALLS["fused: tensor cores"] += 1
     return out

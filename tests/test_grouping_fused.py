@@ -51,6 +51,33 @@ def test_an_ada_sized_gpu_still_takes_the_defaults(monkeypatch, h200_like):
     assert "shared memory" in grouping_fused.unsupported_reason(CudaLike(), 128)
 
 
+def test_bf16_takes_the_tensor_core_pass_where_its_shared_memory_fits(monkeypatch):
+    h200, ada = 232448, 101376  # opt-in shared memory per block
+    assert grouping_fused.uses_tensor_cores(torch.bfloat16, 128, 64, h200)
+    assert grouping_fused.uses_tensor_cores(torch.bfloat16, 128, 64, ada)  # the default fits sm_89 too
+    assert grouping_fused.uses_tensor_cores(torch.bfloat16, 64, 256, h200)
+    small = 90 * 1024  # the FP32 pass fits here, the three bf16 centroid terms do not: FP32 pass
+    assert grouping_fused.pass_smem_bytes(128, 64) <= small < grouping_fused.pass_smem_bytes(128, 64, True)
+    assert not grouping_fused.uses_tensor_cores(torch.bfloat16, 128, 64, small)
+    assert not grouping_fused.uses_tensor_cores(torch.float16, 128, 64, h200)  # fp16 is not exact in bf16
+    monkeypatch.setattr(grouping_fused, "TENSOR_CORES", False)
+    assert not grouping_fused.uses_tensor_cores(torch.bfloat16, 128, 64, h200)
+
+
+def test_three_bf16_terms_hold_a_float32_exactly():
+    """The tensor-core pass's centroid split (csrc/grouping.cuh: term = bf16(rest), rest -= term):
+    the terms add up to the float32 value exactly, so x.c loses nothing before the accumulation."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(200000, generator=gen) * torch.exp(6.0 * torch.randn(200000, generator=gen))
+    rest, total = x.clone(), torch.zeros_like(x, dtype=torch.float64)
+    for _ in range(grouping_fused.SPLITS):
+        term = rest.bfloat16().float()
+        total += term.double()
+        rest = rest - term
+    assert torch.equal(total, x.double())
+    assert not torch.equal(x.bfloat16().double() + (x - x.bfloat16().float()).bfloat16().double(), x.double())  # 2 terms do not
+
+
 def test_block_count_depends_on_shape_and_gpu_only(h200_like):
     dev = torch.device("cuda", 0)
     wan14b = grouping_fused.parts_for(dev, 40, 75600, 128, 64)
@@ -101,7 +128,8 @@ def test_shared_memory_sizes_mirror_the_header(tmp_path):
     program = tmp_path / "sizes.cpp"
     program.write_text(
         '#include <cstdio>\n#include "grouping_params.h"\nint main() {\n'
-        + "".join(f'  std::printf("%lld %lld\\n", (long long)vc::group_pass_smem_bytes({d}, {c}), '
+        + "".join(f'  std::printf("%lld %lld %lld\\n", (long long)vc::group_pass_smem_bytes({d}, {c}, false), '
+                  f"(long long)vc::group_pass_smem_bytes({d}, {c}, true), "
                   f"(long long)vc::group_order_smem_bytes({d}, {c}));\n" for d, c in cases)
         + "}\n"
     )
@@ -109,4 +137,6 @@ def test_shared_memory_sizes_mirror_the_header(tmp_path):
     subprocess.run(["g++", "-std=c++17", f"-I{jit.CSRC_DIR}", str(program), "-o", str(exe)], check=True)
     printed = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("\n")
     for (d, c), line in zip(cases, printed):
-        assert line == f"{grouping_fused.pass_smem_bytes(d, c)} {grouping_fused.order_smem_bytes(d, c)}"
+        expected = (grouping_fused.pass_smem_bytes(d, c), grouping_fused.pass_smem_bytes(d, c, True),
+                    grouping_fused.order_smem_bytes(d, c))
+        assert line == " ".join(map(str, expected))

@@ -84,6 +84,36 @@ def test_one_assignment_is_the_reference_up_to_near_ties(dtype, d, n):
     assert_labels_match_up_to_near_ties(v.float(), start, labels, ref.kmeans_assign(v.float(), start))
 
 
+@pytest.mark.parametrize("tensor_cores", [True, False])
+@pytest.mark.parametrize("d", [64, 128])
+def test_both_bf16_passes_are_the_reference_up_to_near_ties(monkeypatch, tensor_cores, d):
+    """The tensor-core pass (bf16 MMA over split centroids) and the FP32 pass, proven by the counter."""
+    monkeypatch.setattr(grouping_fused, "TENSOR_CORES", tensor_cores)
+    v = clustered_v(2, 3, 4097, d)
+    start = v.float()[:, :, ref.kmeans_init_indices(4097, 64, 1).to("cuda")] + 0.01 * torch.randn(2, 3, 64, d, device="cuda")
+    before = grouping_fused.PATH_CALLS["fused: tensor cores"]
+    labels, _ = grouping.kmeans(v, 64, 0, init_centroids=start)
+    assert grouping_fused.PATH_CALLS["fused: tensor cores"] == before + int(tensor_cores)
+    assert_labels_match_up_to_near_ties(v.float(), start, labels, ref.kmeans_assign(v.float(), start))
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_tensor_cores_tell_apart_centroids_equal_in_bf16(d):
+    """Two centroids m +- e with e below bf16's resolution: only the lower bf16 terms of the split
+    separate them, and every token's side is decided by its noise along e (gaps far above rounding)."""
+    gen = torch.Generator().manual_seed(3)
+    m = torch.randn(d, generator=gen).bfloat16().float()
+    e = m.abs() * 2.0**-10 * torch.randn(d, generator=gen).sign()
+    start = torch.stack([m + e, m - e]).expand(1, 2, 2, d).contiguous().to("cuda")
+    assert torch.equal(start[:, :, 0].bfloat16(), start[:, :, 1].bfloat16())  # one bf16 term: a tie
+    v = (m + 4.0 * torch.randn(1, 2, 3000, d, generator=gen)).to(device="cuda", dtype=torch.bfloat16)
+    before = grouping_fused.PATH_CALLS["fused: tensor cores"]
+    labels, _ = grouping.kmeans(v, 2, 0, init_centroids=start)
+    assert grouping_fused.PATH_CALLS["fused: tensor cores"] == before + 1
+    assert 0.3 <= labels.float().mean().item() <= 0.7  # both sides taken, as the noise is symmetric
+    assert_labels_match_up_to_near_ties(v.float(), start, labels, ref.kmeans_assign(v.float(), start))
+
+
 @pytest.mark.parametrize("d", [64, 128])
 def test_one_update_is_the_reference_mean(d):
     v = clustered_v(1, 4, 3001, d)
@@ -102,8 +132,10 @@ def test_empty_clusters_keep_their_centroid():
     assert torch.equal(centroids[:, :, 5], start[:, :, 5])
 
 
+@pytest.mark.parametrize("tensor_cores", [True, False])
 @pytest.mark.parametrize("data", ["clustered", "video"])
-def test_kmeans_rounds_match_the_reference_quality(data):
+def test_kmeans_rounds_match_the_reference_quality(monkeypatch, data, tensor_cores):
+    monkeypatch.setattr(grouping_fused, "TENSOR_CORES", tensor_cores)
     v = clustered_v(1, 4, 8191, 128) if data == "clustered" else video_v()
     labels, centroids = grouping.kmeans(v, 64, 2)
     ref_labels, ref_centroids = ref.kmeans_labels(v.float(), 64, 2)

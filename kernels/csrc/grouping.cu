@@ -30,10 +30,20 @@ const char* result(cudaError_t err) {
 template <typename T, int D>
 cudaError_t pass_typed(const GroupParams& p, bool accumulate, cudaStream_t stream) {
   static int64_t configured[64] = {};
-  const int64_t bytes = group_pass_smem_bytes(D, p.clusters);
+  const int64_t bytes = group_pass_smem_bytes(D, p.clusters, false);
   const cudaError_t err = allow_shared_memory(group_pass_kernel<T, D>, bytes, configured);
   if (err != cudaSuccess) return err;
   group_pass_kernel<T, D><<<dim3(p.parts, p.batch * p.heads), kPassThreads, bytes, stream>>>(p, accumulate);
+  return cudaSuccess;
+}
+
+template <int D>
+cudaError_t pass_tensor_cores(const GroupParams& p, bool accumulate, cudaStream_t stream) {
+  static int64_t configured[64] = {};
+  const int64_t bytes = group_pass_smem_bytes(D, p.clusters, true);
+  const cudaError_t err = allow_shared_memory(group_pass_tc_kernel<D>, bytes, configured);
+  if (err != cudaSuccess) return err;
+  group_pass_tc_kernel<D><<<dim3(p.parts, p.batch * p.heads), kPassThreads, bytes, stream>>>(p, accumulate);
   return cudaSuccess;
 }
 
@@ -46,6 +56,9 @@ cudaError_t pass_dim(const GroupParams& p, bool accumulate, cudaStream_t stream)
 
 const char* launch_group_pass(const GroupParams& p, bool accumulate, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
+  if (p.tensor_cores) {  // the binding allows it for bf16 V only
+    return result(p.head_dim == 64 ? pass_tensor_cores<64>(p, accumulate, s) : pass_tensor_cores<128>(p, accumulate, s));
+  }
   return result(p.input_bf16 ? pass_dim<__nv_bfloat16>(p, accumulate, s) : pass_dim<__half>(p, accumulate, s));
 }
 

@@ -7,7 +7,9 @@
 //            ||c||^2 - 2 x.c to every centroid (register tile: 4 tokens x 8 centroids per thread,
 //            centroids float32 in shared memory), argmin with ties to the lowest id, then either
 //            the cluster sums (a thread owns one channel and adds the tile's tokens in token
-//            order: deterministic, no atomics) or, in the final round, the labels. Per-block sums
+//            order: deterministic, no atomics) or, in the final round, the labels. For bf16 V the
+//            dot products run on tensor cores instead (group_pass_tc_kernel: bf16 MMA with each
+//            centroid split into three bf16 terms, float32 accumulate; same argmin). Per-block sums
 //            and counts go to a small global buffer; nothing is accumulated across blocks by atomics,
 //            so the result does not depend on scheduling.
 //   update:  centroid = sum of the block partials / count (partials added in block order); an
@@ -64,6 +66,43 @@ __device__ __forceinline__ void warp_best(float& v, int& idx, bool larger) {
       idx = oi;
     }
   }
+}
+
+// Column of element k of row r in the tensor-core pass's unpadded shared rows: 8-element blocks
+// XOR-permuted by the row, so the MMA fragment loads of a warp (8 rows x 4 words) and the 16-byte
+// row stores hit 32 different banks.
+__device__ __forceinline__ int swizzle(int r, int k) { return k ^ ((r & 7) << 3); }
+
+// The end of one tile in both assignment passes (labels of the tile in shared memory): the counts,
+// then the cluster sums (a thread owns one channel and adds the tile's tokens in token order, so
+// the float sums are deterministic) or, in the final round, the labels.
+template <typename T, int D, int Pitch, bool Swizzled>
+__device__ __forceinline__ void finish_tile(const GroupParams& p, bool accumulate, int g, int64_t tok0, int valid,
+                                            const uint16_t* xs, const int* labels, float* sums, int* counts) {
+  const int tid = threadIdx.x;
+  if (tid < valid) atomicAdd(&counts[labels[tid]], 1);  // integer adds: order-independent
+  if (accumulate) {
+    if (tid < D) {
+      for (int r = 0; r < valid; ++r) {
+        sums[labels[r] * D + tid] += unpack_one<T>(xs[r * Pitch + (Swizzled ? swizzle(r, tid) : tid)]);
+      }
+    }
+  } else if (tid < valid) {
+    p.raw_labels[int64_t(g) * p.n + tok0 + tid] = uint8_t(labels[tid]);
+  }
+}
+
+// A block's cluster sums and counts to its slot of the partial buffers (no atomics across blocks).
+template <int D>
+__device__ __forceinline__ void write_partials(const GroupParams& p, bool accumulate, int g, int part,
+                                               const float* sums, const int* counts) {
+  const int clusters = p.clusters;
+  const int64_t slot = int64_t(g) * p.parts + part;
+  if (accumulate) {
+    float* out = p.part_sums + slot * clusters * D;
+    for (int i = threadIdx.x; i < clusters * D; i += kPassThreads) out[i] = sums[i];
+  }
+  for (int c = threadIdx.x; c < clusters; c += kPassThreads) p.part_counts[slot * clusters + c] = counts[c];
 }
 
 template <typename T, int D>
@@ -195,24 +234,154 @@ __global__ void __launch_bounds__(kPassThreads) group_pass_kernel(const GroupPar
       if (tx == 0) labels[ty * 4 + i] = best_c[i];
     }
     __syncthreads();
-
-    if (tid < valid) atomicAdd(&counts[labels[tid]], 1);  // integer adds: order-independent
-    if (accumulate) {
-      if (tid < D) {  // thread = channel; tokens in order, so the float sums are deterministic
-        for (int r = 0; r < valid; ++r) sums[labels[r] * D + tid] += unpack_one<T>(xs[r * kPitchX + tid]);
-      }
-    } else if (tid < valid) {
-      p.raw_labels[int64_t(g) * p.n + tok0 + tid] = uint8_t(labels[tid]);
-    }
+    finish_tile<T, D, kPitchX, false>(p, accumulate, g, tok0, valid, xs, labels, sums, counts);
   }
   __syncthreads();
+  write_partials<D>(p, accumulate, g, part, sums, counts);
+}
 
-  const int64_t slot = int64_t(g) * p.parts + part;
-  if (accumulate) {
-    float* out = p.part_sums + slot * clusters * D;
-    for (int i = tid; i < clusters * D; i += kPassThreads) out[i] = sums[i];
+// D(16x8) += A(16x16) B(16x8), bf16 in, float32 accumulate; fragments as in the PTX ISA's
+// mma.m16n8k16 layout (lane = 4 * row group + thread in group).
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t load_pair(const uint16_t* at) { return *reinterpret_cast<const uint32_t*>(at); }
+
+// The assignment pass of group_pass_kernel for bf16 V with the dot products x.c on tensor cores.
+// Tokens are exact in bf16; each float32 centroid is split into kGroupSplits bf16 terms whose sum is
+// the centroid to float32 precision, so x.c = sum over terms of x.c_term, every product exact and
+// accumulated in float32 by the MMA. ||c||^2 and the argmin are float32, as in the FP32 pass.
+// Warp w owns tokens 16w..16w+15 of a tile: A = the tokens, B = 8 centroids per MMA.
+template <int D>
+__global__ void __launch_bounds__(kPassThreads) group_pass_tc_kernel(const GroupParams p, const bool accumulate) {
+  constexpr int kTile = kGroupTileTokens;
+  static_assert(kPassThreads / 32 * 16 == kTile, "each warp owns 16 tokens of the tile");
+  const int clusters = p.clusters;
+  const int cp = group_padded_clusters(clusters);
+
+  extern __shared__ __align__(16) unsigned char group_smem[];
+  uint16_t* cs = reinterpret_cast<uint16_t*>(group_smem);  // [kGroupSplits][cp][D] bf16 terms, swizzled
+  uint16_t* xs = cs + kGroupSplits * cp * D;               // [kTile][D], swizzled
+  float* sums = reinterpret_cast<float*>(xs + kTile * D);
+  float* norms = sums + cp * D;
+  int* counts = reinterpret_cast<int*>(norms + cp);
+  int* labels = counts + cp;
+
+  const int g = blockIdx.y;
+  const int part = blockIdx.x;
+  const int b = g / p.heads;
+  const int h = g % p.heads;
+  const int tid = threadIdx.x;
+  const uint16_t* vg = static_cast<const uint16_t*>(p.v) + b * p.v_stride[0] + h * p.v_stride[1];
+
+  const float* cg = p.centroids + int64_t(g) * clusters * D;
+  for (int i = tid; i < cp * D; i += kPassThreads) {
+    const int c = i / D;
+    const int k = i % D;
+    float rest = c < clusters ? cg[c * D + k] : 0.f;
+#pragma unroll
+    for (int s = 0; s < kGroupSplits; ++s) {  // rest - term is exact: the terms carry disjoint bits
+      const __nv_bfloat16 term = __float2bfloat16_rn(rest);
+      cs[(s * cp + c) * D + swizzle(c, k)] = __bfloat16_as_ushort(term);
+      rest -= __bfloat162float(term);
+    }
   }
-  for (int c = tid; c < clusters; c += kPassThreads) p.part_counts[slot * clusters + c] = counts[c];
+  for (int i = tid; i < cp * D; i += kPassThreads) sums[i] = 0.f;
+  for (int c = tid; c < cp; c += kPassThreads) counts[c] = 0;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  for (int c = warp; c < cp; c += kPassThreads / 32) {  // a warp per centroid: coalesced reads
+    float norm = 0.f;
+    if (c < clusters) {
+      for (int k = lane; k < D; k += 32) norm = fmaf(cg[c * D + k], cg[c * D + k], norm);
+      for (int offset = 16; offset > 0; offset >>= 1) norm += __shfl_xor_sync(0xffffffffu, norm, offset);
+    }
+    if (lane == 0) norms[c] = c < clusters ? norm : INFINITY;  // a padding centroid never wins
+  }
+
+  const int64_t tiles = (int64_t(p.n) + kTile - 1) / kTile;
+  const int64_t tile_begin = tiles * part / p.parts;
+  const int64_t tile_end = tiles * (part + 1) / p.parts;
+  const int row = lane / 4;  // tokens 16*warp + row and + row + 8 of the tile
+  const int quad = lane % 4;  // k pair 2*quad (+8) of each 16-wide step; centroids 2*quad, +1 of each 8
+  constexpr int kRowChunks = D / 8;
+
+  for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
+    const int64_t tok0 = tile * kTile;
+    const int valid = int(min(int64_t(kTile), int64_t(p.n) - tok0));
+    __syncthreads();  // the previous tile is done with xs and labels (and the prologue with cs)
+    for (int i = tid; i < kTile * kRowChunks; i += kPassThreads) {
+      const int r = i / kRowChunks;
+      const int q = i % kRowChunks;
+      uint4 val = make_uint4(0u, 0u, 0u, 0u);
+      if (r < valid) val = __ldg(reinterpret_cast<const uint4*>(vg + (tok0 + r) * p.v_stride[2] + q * 8));
+      *reinterpret_cast<uint4*>(xs + r * D + swizzle(r, q * 8)) = val;
+    }
+    __syncthreads();
+
+    // rows 16*warp + row (+ 8) of xs and centroids chunk + 8j + row all have row % 8 == row: one swizzle
+    const uint16_t* xa = xs + (warp * 16 + row) * D;
+    float best[2] = {INFINITY, INFINITY};
+    int best_c[2] = {0, 0};
+    for (int chunk = 0; chunk < cp; chunk += kGroupChunk) {
+      float acc[8][4];
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+#pragma unroll 2
+      for (int k = 0; k < D; k += 16) {
+        const int lo = swizzle(row, k + 2 * quad);
+        const int hi = swizzle(row, k + 8 + 2 * quad);
+        const uint32_t a[4] = {load_pair(xa + lo), load_pair(xa + 8 * D + lo), load_pair(xa + hi), load_pair(xa + 8 * D + hi)};
+#pragma unroll
+        for (int s = kGroupSplits - 1; s >= 0; --s) {  // smallest terms first
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const uint16_t* cb = cs + (s * cp + chunk + j * 8 + row) * D;
+            mma_bf16_16816(acc[j], a, load_pair(cb + lo), load_pair(cb + hi));
+          }
+        }
+      }
+      // this lane's centroids in increasing id: a strict < keeps the lowest id of a tie
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = chunk + j * 8 + 2 * quad + e;
+          const float norm = norms[c];
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const float score = norm - 2.f * acc[j][half * 2 + e];
+            if (score < best[half]) {
+              best[half] = score;
+              best_c[half] = c;
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int offset = 1; offset < 4; offset <<= 1) {  // the 4 lanes of one token row
+        const float os = __shfl_xor_sync(0xffffffffu, best[half], offset);
+        const int oc = __shfl_xor_sync(0xffffffffu, best_c[half], offset);
+        if (beats(os, oc, best[half], best_c[half], false)) {
+          best[half] = os;
+          best_c[half] = oc;
+        }
+      }
+      if (quad == 0) labels[warp * 16 + row + half * 8] = best_c[half];
+    }
+    __syncthreads();
+    finish_tile<__nv_bfloat16, D, D, true>(p, accumulate, g, tok0, valid, xs, labels, sums, counts);
+  }
+  __syncthreads();
+  write_partials<D>(p, accumulate, g, part, sums, counts);
 }
 
 __global__ void group_update_kernel(const GroupParams p) {

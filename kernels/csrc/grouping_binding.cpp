@@ -19,14 +19,15 @@ void check_buffer(const torch::Tensor& t, const torch::Tensor& v, c10::ScalarTyp
 
 void raise_on_error(const char* err, const char* what) { TORCH_CHECK(err == nullptr, what, " launch failed: ", err); }
 
-// iters rounds of (assignment + sums, update), then the final assignment. With `perm` given, also
+// iters rounds of (assignment + sums, update), then the final assignment; tensor_cores picks the
+// bf16-MMA assignment pass (bf16 V only). With `perm` given, also
 // the cluster order (`chain`, else the k-means ids) and the permutation; without it only raw_labels
 // and the updated centroids are outputs.
 void kmeans_group(const torch::Tensor& v, torch::Tensor centroids, torch::Tensor part_sums, torch::Tensor part_counts,
                   torch::Tensor raw_labels, const std::optional<torch::Tensor>& rank,
                   const std::optional<torch::Tensor>& counts, const std::optional<torch::Tensor>& centroids_out,
                   const std::optional<torch::Tensor>& labels, const std::optional<torch::Tensor>& perm, int64_t iters,
-                  bool chain, int64_t max_shared_bytes, int64_t stream) {
+                  bool chain, bool tensor_cores, int64_t max_shared_bytes, int64_t stream) {
   TORCH_CHECK_VALUE(v.is_cuda() && v.dim() == 4, "V must be a 4-D (B, H, N, D) CUDA tensor.");
   TORCH_CHECK_VALUE(v.scalar_type() == torch::kHalf || v.scalar_type() == torch::kBFloat16, "V must be float16 or bfloat16.");
   TORCH_CHECK_VALUE(v.stride(3) == 1, "V must have a contiguous last dimension.");
@@ -44,7 +45,8 @@ void kmeans_group(const torch::Tensor& v, torch::Tensor centroids, torch::Tensor
   const int64_t c = centroids.size(1);
   TORCH_CHECK_VALUE(c >= 1 && c <= vc::kGroupMaxClusters && c <= n, "clusters must be between 1 and min(N, ",
                     vc::kGroupMaxClusters, "), got ", c, ".");
-  TORCH_CHECK_VALUE(vc::group_pass_smem_bytes(int(d), int(c)) <= max_shared_bytes &&
+  TORCH_CHECK_VALUE(!tensor_cores || v.scalar_type() == torch::kBFloat16, "the tensor-core pass needs bfloat16 V.");
+  TORCH_CHECK_VALUE(vc::group_pass_smem_bytes(int(d), int(c), tensor_cores) <= max_shared_bytes &&
                         vc::group_order_smem_bytes(int(d), int(c)) <= max_shared_bytes,
                     c, " clusters at head dim ", d, " need more shared memory than this GPU's ", max_shared_bytes, " bytes.");
   const int64_t parts = part_counts.size(1);
@@ -67,6 +69,7 @@ void kmeans_group(const torch::Tensor& v, torch::Tensor centroids, torch::Tensor
   p.clusters = int(c);
   p.parts = int(parts);
   p.input_bf16 = v.scalar_type() == torch::kBFloat16;
+  p.tensor_cores = tensor_cores;
   void* s = reinterpret_cast<void*>(stream);
 
   for (int64_t i = 0; i < iters; ++i) {

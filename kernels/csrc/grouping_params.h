@@ -11,14 +11,20 @@ constexpr int kGroupTileTokens = 64;   // tokens per tile of the assignment pass
 constexpr int kGroupChunk = 64;        // centroids per register tile (8 lanes x 8 centroids)
 constexpr int kGroupMaxClusters = 256; // labels are uint8
 constexpr int kPermThreads = 256;      // tokens per step of the permutation scatter
+// Tensor-core pass: a float32 centroid is the sum of three bf16 terms (8 + 8 + 8 significant bits,
+// as many as float32 has), so the bf16 MMA distances keep the float32 path's precision.
+constexpr int kGroupSplits = 3;
 
 constexpr int group_padded_clusters(int clusters) { return (clusters + kGroupChunk - 1) / kGroupChunk * kGroupChunk; }
 
-// cs float [Cp][D+4] + xs 16-bit [64][D+4] + sums float [Cp][D] + norms, counts [Cp] + labels [64]
-constexpr int64_t group_pass_smem_bytes(int head_dim, int clusters) {
+// FP32 pass: cs float [Cp][D+4] + xs 16-bit [64][D+4];
+// tensor-core pass: cs bf16 [kGroupSplits][Cp][D] + xs 16-bit [64][D] (swizzled, no padding: fits sm_89's 99 KB);
+// both: + sums float [Cp][D] + norms, counts [Cp] + labels [64]
+constexpr int64_t group_pass_smem_bytes(int head_dim, int clusters, bool tensor_cores) {
   const int64_t cp = group_padded_clusters(clusters);
-  return cp * (head_dim + 4) * 4 + int64_t(kGroupTileTokens) * (head_dim + 4) * 2 + cp * head_dim * 4 + cp * 8 +
-         kGroupTileTokens * 4;
+  const int64_t tiles = tensor_cores ? kGroupSplits * cp * head_dim * 2 + int64_t(kGroupTileTokens) * head_dim * 2
+                                     : cp * (head_dim + 4) * 4 + int64_t(kGroupTileTokens) * (head_dim + 4) * 2;
+  return tiles + cp * head_dim * 4 + cp * 8 + kGroupTileTokens * 4;
 }
 
 // centroids float [C][D+1] + four per-cluster arrays + the weighted mean [D] + reduction scratch
@@ -43,6 +49,7 @@ struct GroupParams {
   int32_t* perm;           // (G,N) stable sort by new label: perm[i] = source token of slot i
   int batch, heads, n, head_dim, clusters, parts;
   bool input_bf16;
+  bool tensor_cores;  // bf16 V only: distances by bf16 MMA (group_pass_tc_kernel)
 };
 
 // Launchers (grouping.cu). Return a CUDA error string or nullptr on success.
