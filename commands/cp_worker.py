@@ -8,8 +8,8 @@ backend) on its own GPU (the 1-GPU numbers), enables diffusers' context parallel
 ContextParallelConfig(ulysses_degree=world size) and times the same steps again on all GPUs. It writes
 OUT/rank{r}.json: forward times, relative L2 of every output against native on one GPU and of each
 method's parallel output against its own 1-GPU output, the backend's stats and the kernels that ran.
-With --check ring it builds a ring_degree=world size model instead and records the error our
-backend raises. commands/bench_multigpu.py turns rank 0's file into benchmark rows; the CPU test
+With --ring-check it then builds a tiny model with ring_degree=world size and records the error
+our backend raises. commands/bench_multigpu.py turns rank 0's file into benchmark rows; the CPU test
 (gloo, tiny model) and the 2-GPU test (NCCL) read the files of every rank.
 
 VC forwards are the steps of one run (VCDiffusersBackend.end_step after each) with grouping window 0:
@@ -88,6 +88,20 @@ def _timed(model, inputs, sync, method: str, vc, repeats: int) -> dict:
     return dict(extra, forward_ms=statistics.median(ms for _, ms in runs), out=runs[-1][0])
 
 
+def _ring_error(world: int, device: str, dtype: torch.dtype, sync) -> str | None:
+    """The error our backend raises under ring attention (None if it ran), on a tiny model."""
+    from diffusers import ContextParallelConfig
+
+    model = _build("tiny", 0, device, dtype)
+    model.set_attention_backend("vc_attention")
+    model.enable_parallelism(config=ContextParallelConfig(ring_degree=world))
+    try:
+        _forward(model, _inputs(model, 9, 128, 128, 8, device, dtype), sync)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
 def _rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
@@ -106,7 +120,8 @@ def main(argv=None) -> None:
     parser.add_argument("--mode", default="balanced")
     parser.add_argument("--clusters", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--check", default="ulysses", choices=("ulysses", "ring"))
+    parser.add_argument("--ring-check", action="store_true",
+                        help="also check, on a tiny model, that ring attention is refused")
     args = parser.parse_args(argv)
 
     from diffusers import ContextParallelConfig
@@ -129,28 +144,21 @@ def main(argv=None) -> None:
     inputs = _inputs(model, args.frames, args.height, args.width, args.text_tokens, device, dtype)
     result: dict = {"rank": rank, "world": world, "tokens": inputs[0][0, 0].numel() // 4,
                     "device": torch.cuda.get_device_name(rank) if args.device == "cuda" else "cpu"}
-    if args.check == "ring":
-        model.set_attention_backend("vc_attention")
-        model.enable_parallelism(config=ContextParallelConfig(ring_degree=world))
-        try:
-            _forward(model, inputs, sync)
-            result["ring_error"] = None
-        except ValueError as err:
-            result["ring_error"] = str(err)
-    else:
-        single = {m: _timed(model, inputs, sync, m, vc, args.repeats) for m in ("native", "vc")}
-        model.set_attention_backend("vc_attention")  # enable_parallelism checks the backend in place
-        model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
-        parallel = {m: _timed(model, inputs, sync, m, vc, args.repeats) for m in ("native", "vc")}
-        base = single["native"]["out"]
-        rows = []
-        for gpus, runs in ((1, single), (world, parallel)):
-            for method, run in runs.items():
-                rows.append({"method": method, "gpus": gpus, "forward_ms": run["forward_ms"],
-                             "grouping_forward_ms": run.get("grouping_forward_ms"),
-                             "rel_l2_vs_native_1gpu": _rel_l2(run["out"], base),
-                             "rel_l2_vs_own_1gpu": _rel_l2(run["out"], single[method]["out"])})
-        result["runs"] = rows
+    single = {m: _timed(model, inputs, sync, m, vc, args.repeats) for m in ("native", "vc")}
+    model.set_attention_backend("vc_attention")  # enable_parallelism checks the backend in place
+    model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
+    parallel = {m: _timed(model, inputs, sync, m, vc, args.repeats) for m in ("native", "vc")}
+    base = single["native"]["out"]
+    rows = []
+    for gpus, runs in ((1, single), (world, parallel)):
+        for method, run in runs.items():
+            rows.append({"method": method, "gpus": gpus, "forward_ms": run["forward_ms"],
+                         "grouping_forward_ms": run.get("grouping_forward_ms"),
+                         "rel_l2_vs_native_1gpu": _rel_l2(run["out"], base),
+                         "rel_l2_vs_own_1gpu": _rel_l2(run["out"], single[method]["out"])})
+    result["runs"] = rows
+    if args.ring_check:
+        result["ring_error"] = _ring_error(world, device, dtype, sync)
     result.update(kernel_calls=dict(vc.stats.kernel_calls), fallbacks=dict(vc.stats.fallbacks),
                   ulysses_calls=vc.stats.ulysses_calls, backend_calls=dict(BACKEND_CALLS))
     Path(args.out, f"rank{rank}.json").write_text(json.dumps(result, indent=1))
