@@ -5,6 +5,7 @@ diffusers' native attention). The two-process tests launch commands/cp_worker.py
 (gloo); diffusers' context parallelism runs unchanged on the CPU except for one line the worker
 works around (its device placement divides the rank by the accelerator count, 0 on a CPU torch).
 """
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -62,6 +63,7 @@ def test_a_self_attention_call_reaches_the_kernel(reference_backend):
     assert 0 < err < 0.05  # 8-bit quantization error, not SDPA's result
 
 
+@pytest.mark.slow
 def test_model_set_attention_backend_accepts_the_new_name(reference_backend):
     from vc_attention.commands.cp_worker import TINY_WAN
     from diffusers import WanTransformer3DModel
@@ -245,6 +247,7 @@ def test_step_callback_reads_the_pipelines_step_count(reference_backend):
         reference_backend.end_step(5, 5)
 
 
+@pytest.mark.slow
 def test_a_denoising_loop_through_the_transformer_reuses_groupings():
     from diffusers import WanTransformer3DModel
 
@@ -294,3 +297,53 @@ def test_ulysses_on_two_processes_equals_one_process_and_ring_is_refused():
     assert two["x_1gpu"] == pytest.approx(one["forward_ms"] / two["forward_ms"])
     assert two["x_native_2gpu"] == pytest.approx(rows[2]["forward_ms"] / two["forward_ms"])
     assert rows[2]["x_native_2gpu"] == 1.0 and two["kernels"] == ["reference"]
+
+
+# ---------------------------------------------------------------------- the README's three lines
+
+class _StandInPipeline:
+    """What the README's lines need from a diffusers video pipeline: a transformer, a denoising loop
+    with CFG that calls `callback_on_step_end(pipe, i, t, kwargs)` after each step, num_timesteps."""
+
+    def __init__(self, steps: int = 4):
+        from diffusers import WanTransformer3DModel
+
+        from vc_attention.commands.cp_worker import TINY_WAN
+
+        torch.manual_seed(0)
+        self.transformer = WanTransformer3DModel(**TINY_WAN).eval()
+        self.num_timesteps = steps
+
+    def __call__(self, prompt, callback_on_step_end=None):
+        latents, text = torch.randn(1, 4, 2, 16, 16), torch.randn(1, 8, 32)
+        with torch.no_grad():
+            for i, t in enumerate(torch.linspace(999, 0, self.num_timesteps)):
+                for _ in ("cond", "uncond"):
+                    noise = self.transformer(hidden_states=latents, timestep=t[None], encoder_hidden_states=text,
+                                             return_dict=False)[0]
+                latents = latents - noise / self.num_timesteps
+                callback_on_step_end(self, i, t, {"latents": latents})
+        return SimpleNamespace(frames=[latents])
+
+
+@pytest.mark.slow
+def test_the_readme_lines_run_a_pipeline_with_grouping_reuse(monkeypatch, capsys):
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = [b.split("```")[0] for b in readme.split("```python\n")[1:]
+              if b.startswith("# run by tests/test_diffusers_backend.py")]
+    assert len(blocks) == 1
+    # the README names no kernel backend; on a CPU "auto" hands every call to native attention, so the
+    # exact emulation stands in for the kernels here
+    register = db.register_diffusers_backend
+    monkeypatch.setattr(db, "register_diffusers_backend",
+                        lambda config: register(dataclasses.replace(config, backend="reference", clusters=8)))
+    namespace = {"pipe": _StandInPipeline(steps=8), "prompt": "a red fox in the snow"}
+    exec(compile(blocks[0], "README.md", "exec"), namespace)
+    stats = namespace["vc"].stats
+    # 4 self-attention calls per step; window 0.25 of 8 steps = steps 0-1 group (0 uncached), 2-7 reuse
+    assert stats.kernel_calls == {"reference": 32}
+    assert stats.groupings == 8 and stats.reused_groupings == 24
+    assert namespace["video"].shape == (1, 4, 2, 16, 16)
+    assert "32 on reference" in capsys.readouterr().out
