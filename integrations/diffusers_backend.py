@@ -89,6 +89,7 @@ def extend_backend_enum(enum_cls, name: str = ENUM_MEMBER, value: str = BACKEND_
     member._name_ = name
     member._value_ = value
     member.__objclass__ = enum_cls
+    member._sort_order_ = len(enum_cls._member_names_)
     type.__setattr__(enum_cls, name, member)  # EnumType.__setattr__ refuses member names
     enum_cls._member_map_[name] = member
     enum_cls._value2member_map_[value] = member
