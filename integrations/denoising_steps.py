@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 from ..kernels.grouping import group_tokens
-from ..nodes.cache import GroupingCache
+from ..nodes.cache import GroupingCache, LayerKey
 from .backend_stats import BackendStats
 
 
@@ -72,12 +72,17 @@ class DenoisingSteps:
         if not self.tracking:
             self.stats.groupings += 1
             return group_tokens(v_bhnd, self.clusters, self.iters).perm()
-        key = (self.calls_this_step, tuple(v_bhnd.shape))
+        b, h, n, d = v_bhnd.shape
+        # one entry per call position: a new token count or batch replaces the old entry (LayerKey)
+        key = LayerKey(block=("call", self.calls_this_step), nth=0, branches=(), tokens=n, batch=b)
         cached = self.cache.get(key)
+        if cached is not None and cached.labels.shape[1] != h:  # another layer took this position
+            cached = None
+        warm_ok = cached is not None and cached.centroids is not None and cached.centroids.shape[-1] == d
         if cached is not None and not self.in_window:
             self.stats.reused_groupings += 1
             return cached.perm()
-        warm = cached if cached is not None and cached.centroids is not None else None
+        warm = cached if warm_ok else None
         grouping = group_tokens(v_bhnd, self.clusters, self.iters, warm_start=warm)
         if not self.in_window:  # a layer first seen after the window: grouped once, reused from now on
             grouping.drop_centroids()

@@ -128,6 +128,8 @@ def _ineligible(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, 
         return "the log-sum-exp was requested"
     if query.shape != key.shape or query.shape != value.shape:
         return "cross-attention (q, k, v shapes differ)"
+    if query.numel() == 0:
+        return "empty inputs"
     if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
         return "gradients are needed (the kernels are inference-only)"
     return None
@@ -213,7 +215,7 @@ class VCDiffusersBackend:
         perm = self.steps.permutation(to_bhnd(value, LAYOUT)) if self.kernel_config.needs_grouping else None
         try:
             out = vc_attention(query, key, value, layout=LAYOUT, config=self.kernel_config, perm=perm,
-                               sm_scale=scale, backend=chosen)
+                               sm_scale=scale, backend=chosen, perm_from_grouping=True)
         except jit.JitError as err:
             # a broken toolchain must not stop the user's run: under "auto" the backend is dropped
             if self.config.backend != "auto":

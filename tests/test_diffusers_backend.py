@@ -21,6 +21,7 @@ from vc_attention.integrations.denoising_steps import DenoisingSteps  # noqa: E4
 from vc_attention.integrations.diffusers_config import VCDiffusersConfig  # noqa: E402
 from vc_attention.kernels import backends  # noqa: E402
 from vc_attention.kernels.api import BACKEND_CALLS  # noqa: E402
+from vc_attention.nodes.cache import LayerKey  # noqa: E402
 
 GATE = 1e-3
 
@@ -213,9 +214,21 @@ def test_centroids_are_dropped_when_the_window_closes(monkeypatch):
     v = torch.randn(1, 2, 64, 16)
     steps.end_step(0, 4)
     steps.permutation(v)
-    assert steps.cache.get((1, tuple(v.shape))).centroids is not None
+    key = LayerKey(block=("call", 1), nth=0, branches=(), tokens=64, batch=1)
+    assert steps.cache.get(key).centroids is not None
     steps.end_step(1, 4)
-    assert steps.cache.get((1, tuple(v.shape))).centroids is None
+    assert steps.cache.get(key).centroids is None
+
+
+def test_a_new_shape_at_the_same_position_replaces_the_entry(monkeypatch):
+    steps, stats, _ = _steps(0.0, monkeypatch)
+    steps.end_step(0, 10)
+    steps.permutation(torch.randn(1, 2, 64, 16))
+    steps.end_step(1, 10)
+    steps.permutation(torch.randn(1, 2, 96, 16))  # new resolution: regrouped, the old entry dropped
+    steps.end_step(2, 10)
+    steps.permutation(torch.randn(1, 4, 96, 16))  # other head count at the same position: regrouped
+    assert len(steps.cache) == 1 and stats.groupings == 3 and stats.reused_groupings == 0
 
 
 def test_a_run_without_callbacks_is_detected_and_not_cached(monkeypatch, caplog):
