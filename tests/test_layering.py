@@ -1,12 +1,13 @@
-"""What imports what: product code (kernels/, nodes/, the ComfyUI entry) never imports the study
-package, and the prepare / operand modules never import a backend (no import loop)."""
+"""What imports what: product code (kernels/, nodes/, integrations/, the ComfyUI entry) never imports
+the study package, and the prepare / operand modules never import a backend (no import loop)."""
 import ast
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PRODUCT = sorted([ROOT / "__init__.py", *(ROOT / "kernels").glob("*.py"), *(ROOT / "nodes").glob("*.py")])
+PRODUCT = sorted([ROOT / "__init__.py", *(ROOT / "kernels").glob("*.py"), *(ROOT / "nodes").glob("*.py"),
+                  *(ROOT / "integrations").glob("*.py")])
 
 
 def _imported(path: Path) -> set[str]:

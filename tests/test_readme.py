@@ -1,6 +1,7 @@
 """The README's snippets run, so the docs cannot drift from the code.
 
-- every ```python block is executed (in one namespace per block);
+- every ```python block is executed (in one namespace per block), except those whose first line
+  names the test that runs them with the objects they need (`# run by tests/...`);
 - every line of a ```bash block that starts with `vc-attention` is run through the CLI's main()
   unless the line carries a `# gpu` comment (those need a CUDA GPU);
 - the test command in the README is the exact command .ci/run executes.
@@ -38,7 +39,8 @@ def test_readme_test_command_is_what_ci_runs():
     assert command in ci
 
 
-@pytest.mark.parametrize("code", _blocks("python"), ids=lambda c: c.splitlines()[0][:40])
+@pytest.mark.parametrize("code", [b for b in _blocks("python") if not b.startswith("# run by tests/")],
+                         ids=lambda c: c.splitlines()[0][:40])
 def test_python_snippet_runs(code):
     exec(compile(code, "README.md", "exec"), {"__name__": "readme_snippet"})
 

@@ -1,0 +1,1 @@
+"""Integrations with other engines than ComfyUI (diffusers); each imports its engine lazily."""
