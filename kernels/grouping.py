@@ -5,10 +5,11 @@ fused kernels of grouping_fused.py (one launch per pass for all heads, order and
 GPU). Everything else, and every CPU call, runs the torch implementation below; each call is
 counted in grouping_fused.PATH_CALLS with the reason.
 
-The torch implementation reproduces the semantics of reference.kmeans_labels / labels_to_permutation (labels equal up to
-near-ties and float summation order) with every (batch, head) processed at once through batched
-matrix products, and without any host synchronization (no .item(), no nonzero, no shape that depends
-on data), so the whole grouping can be captured in a CUDA graph.
+The torch implementation reproduces the semantics of reference.kmeans_labels /
+labels_to_permutation (labels equal up to near-ties and float summation order) with every
+(batch, head) processed at once through batched matrix products, and without any host
+synchronization (no .item(), no nonzero, no shape that depends on data), so the whole grouping can
+be captured in a CUDA graph.
 
 Precision: fp32 inputs (and every CPU input) run in float32, like the reference. fp16/bf16 inputs on
 CUDA stay in their own dtype (so V is read exactly), centroids are rounded to that dtype for the
