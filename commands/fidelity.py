@@ -36,6 +36,7 @@ JSON_LEGEND = """\
     qk_term   ||(P - P_q) V|| / ||O||: the error with V exact
     v_term    ||P_q (V - V_q)|| / ||O||: the error the value path adds
     v_share   ||v_term||^2 / (||qk_term||^2 + ||v_term||^2)
+  notes     why peer rows are missing or failed (e.g. no sageattention installed; CUDA GPU runs only)
   calibration  (with --calibration, instead of rows): removal_token_order, removal_kmeans_order
             (block-mean energy removal without / with the k-means order), v_share (of plain 8-bit),
             effective_keys (exp of the softmax entropy, mean over rows); see docs/videodata.md

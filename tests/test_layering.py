@@ -39,4 +39,4 @@ def test_prepare_modules_import_no_backend(name):
 def test_the_import_walk_sees_relative_imports():
     """Guards the two tests above against passing vacuously."""
     assert "kernels.backends.Backend" in _imported(ROOT / "kernels" / "backend_mma.py")
-    assert "study.videodata" in _imported(ROOT / "commands" / "demo.py")
+    assert "study.videodata" in _imported(ROOT / "commands" / "demo_modes.py")
