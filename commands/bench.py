@@ -4,6 +4,8 @@ Sections (each one writes its rows into bench/results/<gpu>.json with `--save`; 
 commands/bench_results.py for the schema and commands/bench_report.py for the docs rendered from it):
 - attention (default): every method at video-DiT shapes, with grouping timed beside it;
 - `--e2e`: one forward of the Wan 14B transformer (diffusers, random weights) per method;
+- `--e2e --gpus N` (N > 1): the same model with Ulysses context parallel through diffusers on N GPUs
+  against 1 GPU, our backend and diffusers' native attention (commands/bench_multigpu.py);
 - `--comfyui PATH`: sampling in a real ComfyUI checkout, default attention vs `--use-sage-attention`
   vs our node's presets (commands/bench_comfyui.py);
 - `--all`: attention + e2e (+ comfyui when PATH or $COMFYUI_PATH is given).
@@ -52,6 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reps", type=int, default=10, help="timed repetitions per method (median reported)")
     parser.add_argument("--no-fidelity", action="store_true", help="skip the fidelity column")
     parser.add_argument("--e2e", action="store_true", help="run the end-to-end Wan-14B forward benchmark instead")
+    parser.add_argument("--gpus", type=int, default=1,
+                        help="with --e2e: GPUs for the Ulysses context-parallel run (N > 1 adds the multi-GPU section)")
     parser.add_argument("--comfyui", metavar="PATH", help="run the ComfyUI sampling benchmark in this ComfyUI checkout instead")
     parser.add_argument("--all", action="store_true", help="attention + e2e (+ comfyui with --comfyui or $COMFYUI_PATH)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -104,7 +108,7 @@ def _sections(args) -> list[str]:
     if args.all:
         return ["attention", "e2e"] + (["comfyui"] if comfy else [])
     if args.e2e:
-        return ["e2e"]
+        return ["e2e-multigpu"] if args.gpus > 1 else ["e2e"]
     if args.comfyui:
         return ["comfyui"]
     return ["attention"]
@@ -125,10 +129,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.reps < 1:
         raise ValueError(f"--reps must be >= 1 (got {args.reps}).")
+    if args.gpus < 1:
+        raise ValueError(f"--gpus must be >= 1 (got {args.gpus}).")
     if args.report:
         for path in bench_report.write_all():
             print(f"wrote {path}")
         return 0
+    import torch
+
     from .errors import require_cuda
 
     require_cuda("vc-attention bench")
@@ -147,6 +155,12 @@ def run(args: argparse.Namespace) -> int:
             from .bench_e2e import e2e_rows
 
             produced["e2e"] = e2e_rows()
+        elif section == "e2e-multigpu":
+            from .bench_multigpu import multigpu_rows
+
+            if torch.cuda.device_count() < args.gpus:
+                raise ValueError(f"--gpus {args.gpus} needs {args.gpus} CUDA GPUs; this machine has {torch.cuda.device_count()}.")
+            produced["e2e-multigpu"] = multigpu_rows(gpus=args.gpus)
         else:
             from .bench_comfyui import comfyui_rows
 

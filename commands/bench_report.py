@@ -105,6 +105,16 @@ def _e2e_table(rows: list[dict]) -> list[str]:
                   f"{r['rel_l2_vs_sdpa']:.4f} |" for r in rows]
 
 
+def _multigpu_table(rows: list[dict]) -> list[str]:
+    r0 = rows[0]
+    out = [f"Wan 14B transformer (diffusers, random weights), {r0['layers']} layers, {r0['tokens']:,} tokens; one forward, "
+           "Ulysses context parallel through diffusers (ContextParallelConfig(ulysses_degree=GPUs)):", "",
+           "| attention | GPUs | forward ms | x same method on 1 GPU | x native on the same GPUs | rel-L2 vs native 1 GPU |",
+           "|---|---|---|---|---|---|"]
+    return out + [f"| {r['method']} | {r['gpus']} | {r['forward_ms']:.0f} | {r['x_1gpu']:.2f} | {r['x_native_2gpu']:.2f} | "
+                  f"{r['rel_l2']:.4f} |" for r in rows]
+
+
 COMFY_NAMES = {"default": "ComfyUI default attention", "sage": "`--use-sage-attention` (SageAttention 2.2)",
                "fidelity": "VC-Attention node, fidelity", "balanced": "VC-Attention node, balanced",
                "speed": "VC-Attention node, speed"}
@@ -149,6 +159,8 @@ def render_benchmarks(docs: dict[str, dict]) -> str:
             lines += ["", f"## Grouping (V-Smooth k-means + ordering + permutation) on {gpu}", ""] + _grouping_table(sections["grouping"]["rows"])
         if "e2e" in sections:
             lines += ["", f"## End to end on {gpu}", ""] + _e2e_table(sections["e2e"]["rows"])
+        if "e2e-multigpu" in sections:
+            lines += ["", f"## End to end on several GPUs ({gpu})", ""] + _multigpu_table(sections["e2e-multigpu"]["rows"])
         if "comfyui" in sections:
             lines += ["", f"## Sampling in real ComfyUI on {gpu}", ""] + _comfyui_table(sections["comfyui"]["rows"])
     return "\n".join(lines) + "\n"

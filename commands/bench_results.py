@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 SCHEMA = 2
-SECTIONS = ("attention", "grouping", "e2e", "comfyui")
+SECTIONS = ("attention", "grouping", "e2e", "e2e-multigpu", "comfyui")
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "bench" / "results"
 
 

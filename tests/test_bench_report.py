@@ -29,6 +29,11 @@ def _doc():
                                                grouping_forward_ms=None),
                                           dict(common, method="vc-speed", forward_ms=9000.0, x_sdpa=1.33,
                                                rel_l2_vs_sdpa=0.01, grouping_forward_ms=9500.0)])
+    bench_results.merge(doc, "e2e-multigpu", ENV, [
+        dict(method="native", gpus=1, forward_ms=12000.0, x_1gpu=1.0, x_native_2gpu=0.55, rel_l2=0.0, grouping_forward_ms=None,
+             layers=40, tokens=75600, kernels=[]),
+        dict(method="vc-balanced", gpus=2, forward_ms=5200.0, x_1gpu=1.85, x_native_2gpu=1.27, rel_l2=0.011,
+             grouping_forward_ms=5400.0, layers=40, tokens=75600, kernels=["sm90"])])
     comfy = dict(steps=8, tokens=32760, layers=30, finite=True, fallbacks=None)
     bench_results.merge(doc, "comfyui", ENV, [
         dict(comfy, mode="default", seconds=12.0, x_default=1.0, x_sage=0.6, rel_l2_vs_default=0.0, backend_calls=None),
@@ -47,11 +52,13 @@ def test_committed_docs_are_what_the_report_renders():
 
 def test_every_section_renders_and_figures_follow_the_rows():
     text = bench_report.render_benchmarks({"nvidia-h200.json": _doc()})
-    for heading in ("## Attention kernels", "## Portable kernels", "## Grouping", "## End to end", "## Sampling in real ComfyUI"):
+    for heading in ("## Attention kernels", "## Portable kernels", "## Grouping", "## End to end", "## End to end on several GPUs",
+                    "## Sampling in real ComfyUI"):
         assert heading in text
     assert "| VC-Attention **speed** (V-Smooth + ExpCast) | sm90 | 120.00 | 8 | 0.4 | 1.67 | 1.17 | 0.0012 |" in text
     assert "| VC-Attention **speed** (V-Smooth + ExpCast) | mma | 250.00 | 0.80 | 1.20 | 0.0025 |" in text
     assert "| VC-Attention node, speed | 6.00 | 2.00 | 1.20 | 0.0130 | sm90 480 |" in text
+    assert "| vc-balanced | 2 | 5200 | 1.85 | 1.27 | 0.0110 |" in text
     changed = _doc()
     changed["sections"]["attention"]["rows"][3]["ms"] = 121.0
     assert bench_report.render_benchmarks({"nvidia-h200.json": changed}) != text
@@ -109,3 +116,16 @@ def test_shapes_parse_and_portable_subset_is_known():
     assert set(bench.PORTABLE_SHAPES) <= set(bench.SHAPES)
     with pytest.raises(ValueError, match="unknown shape"):
         bench.parse_shapes("wan9")
+
+
+def test_multi_gpu_needs_that_many_gpus(monkeypatch):
+    import torch
+
+    from vc_attention import cli
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert cli.main(["bench", "--e2e", "--gpus", "2"]) == 2
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["bench", "--gpus", "x"])
