@@ -20,6 +20,7 @@ mkdir -p "$OUT" "$BUILD"
 # name -> extra nvcc flags (the macros are documented where sm90_attention.cuh defines them)
 declare -A FLAGS=(
   [base]=""
+  [alu]="-DVC_EXPCAST_ALU=1"
   [mean]="-DVC_SM90_MEAN_MMA=1"
   [psmem]="-DVC_SM90_P_SMEM=1"
   [psmem_mean]="-DVC_SM90_P_SMEM=1 -DVC_SM90_MEAN_MMA=1"
