@@ -2,6 +2,7 @@
 paper's ExpCast where they should, and the subnormal fixes never lose to the paper on a long row."""
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -193,10 +194,15 @@ def test_alu_lines_recover_the_long_row_tail_line_by_line():
 
 
 def test_kernel_alu_constants_are_the_emulations():
-    """p_encoding.cuh (VC_EXPCAST_ALU) uses alu_lines2: t floor -16, lines 4 + t/2 and 4 + t/4."""
-    header = (R.__file__.rsplit("/", 1)[0] + "/csrc/p_encoding.cuh")
-    text = open(header).read()
-    assert "constexpr float kAluTFloor = -16.f;" in text
-    assert "fmaf(x, 128.f, kAluMagic + 4.f + 0.5f * kAluTFloor)" in text
-    assert "fmaf(x, 64.f, kAluMagic + 4.f + 0.25f * kAluTFloor)" in text
-    assert X.ALU_CHORD_LINES[:2] == ((0.5, 4.0), (0.25, 4.0)) and X.ALU_MAGIC == 12582912.0
+    """p_encoding.cuh (VC_EXPCAST_ALU) computes the same lines: the t floor of each line count and
+    each line's slope (x scale = 256 slope) and intercept, in the emulation's order."""
+    text = (Path(R.__file__).parent / "csrc" / "p_encoding.cuh").read_text()
+    floors = re.search(r"kAluTFloor = kAluLines == 1 \? (\S+)f : \(kAluLines == 2 \? (\S+)f : (\S+)f\)", text)
+    assert floors, "kAluTFloor not found"
+    for n, floor in enumerate(floors.groups(), start=1):
+        slope, intercept = X.ALU_CHORD_LINES[n - 1]
+        assert float(floor) == -intercept / slope
+    lines = re.findall(r"fmaf\(x, (\d+)\.f, kAluMagic \+ (\d+)\.f \+ ([\d.]+)f \* kAluTFloor\)", text)
+    assert [(float(a) / X.ALU_X_SPAN, float(b), float(c)) for a, b, c in lines] == [
+        (slope, intercept, slope) for slope, intercept in X.ALU_CHORD_LINES]
+    assert "fmaf(x, 256.f, kAluMagic + kAluTFloor)" in text and X.ALU_MAGIC == 12582912.0

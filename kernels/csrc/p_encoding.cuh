@@ -12,11 +12,13 @@
 //
 // Compile-time variant VC_EXPCAST_PAPER=1: the paper's ExpCast (reference.p_expcast_paper), for
 // timing comparisons only; its subnormal codes mis-decode (docs/kernel-notes.md).
-// Compile-time variant VC_EXPCAST_ALU=1: study/expcast_variants.alu_lines2, the same row max (448)
-// and normal-range codes with no conversion instruction at all: x = FFMA.SAT (as the paper), then
-// code = max(rint(t), rint(4 + t/2), rint(4 + t/4)) for t = 256 x - 16 = 8u + 126.09, each rint a
-// magic-number FFMA and the max two FMNMX; the lines are the chord of the E4M3 subnormal octaves.
-// Equals the spec's codes for u >= -16.76 up to rounding-boundary position; timing candidate.
+// Compile-time variant VC_EXPCAST_ALU=1: study/expcast_variants.alu_lines2 (VC_EXPCAST_ALU_LINES=2,
+// the default; 1 and 3 select alu_line / alu_lines3), the same row max (448) and normal-range codes
+// with no conversion instruction at all: x = FFMA.SAT (as the paper), then
+// code = max(rint(t), rint(4 + t/2), rint(4 + t/4)[, rint(3 + t/8)]) for t = 256 x + floor =
+// 8u + 126.09, each rint a magic-number FFMA and the max one FMNMX per line; the lines are the chord
+// of the E4M3 subnormal octaves. With 2 lines it equals the spec's codes for u >= -16.76 up to
+// rounding-boundary position (3 lines: u >= -17.76); timing candidate.
 #pragma once
 #include <cstdint>
 
@@ -27,6 +29,12 @@
 #endif
 #ifndef VC_EXPCAST_ALU
 #define VC_EXPCAST_ALU 0
+#endif
+#ifndef VC_EXPCAST_ALU_LINES
+#define VC_EXPCAST_ALU_LINES 2
+#endif
+#if VC_EXPCAST_ALU_LINES < 1 || VC_EXPCAST_ALU_LINES > 3
+#error "VC_EXPCAST_ALU_LINES is the number of subnormal chord lines: 1, 2 or 3"
 #endif
 #if VC_EXPCAST_PAPER && VC_EXPCAST_ALU
 #error "VC_EXPCAST_PAPER and VC_EXPCAST_ALU select different encodings; set at most one"
@@ -47,7 +55,9 @@ constexpr uint32_t kFloatOneBits = 127u << 23;
 #if VC_EXPCAST_ALU
 // t = 8u + 8 log2(448) + 56 + beta (126.09 at u = 0) = 256 x + kAluTFloor, x = sat((t - kAluTFloor) / 256)
 constexpr float kAluTOffset = 8.f * vc::kExpCastPLog2Scale + 56.f;
-constexpr float kAluTFloor = -16.f;  // where the flattest chord line 4 + t/4 reaches 0
+constexpr int kAluLines = VC_EXPCAST_ALU_LINES;
+// where the flattest chord line reaches 0: 4 + t/2 at -8, 4 + t/4 at -16, 3 + t/8 at -24
+constexpr float kAluTFloor = kAluLines == 1 ? -8.f : (kAluLines == 2 ? -16.f : -24.f);
 constexpr float kAluMagic = 12582912.f;  // 1.5 * 2^23: float32 ulp 1, the low byte of x + magic is rint(x)
 #endif
 
@@ -91,14 +101,15 @@ __device__ __forceinline__ float expcast_arg(float x, const ExpCastRow& row) {
 // 256 * arg + 1.5*2^23 leaves rint(256 arg) (ties to even) in the low mantissa byte: the code
 __device__ __forceinline__ uint32_t code_bits(float arg) { return __float_as_uint(fmaf(arg, 256.f, 12582912.f)); }
 #elif VC_EXPCAST_ALU
-// rint(t), rint(4 + t/2), rint(4 + t/4) as magic floats (products exact, constants integers): floats
+// rint(t) and rint of each chord line as magic floats (products exact, constants integers): floats
 // of one binade compare like their low bytes, so the max is the code (t < 8: a chord line wins;
-// t >= 8: rint(t)). x = 0 (masked, or t <= -16) gives the line 4 + t/4 = 0: code 0.
+// t >= 8: rint(t)). x = 0 (masked, or t <= floor) puts the flattest line at 0: code 0.
 __device__ __forceinline__ uint32_t code_bits(float x) {
-  const float t = fmaf(x, 256.f, kAluMagic + kAluTFloor);
-  const float top = fmaf(x, 128.f, kAluMagic + 4.f + 0.5f * kAluTFloor);
-  const float second = fmaf(x, 64.f, kAluMagic + 4.f + 0.25f * kAluTFloor);
-  return __float_as_uint(fmaxf(t, fmaxf(top, second)));
+  float code = fmaf(x, 256.f, kAluMagic + kAluTFloor);
+  code = fmaxf(code, fmaf(x, 128.f, kAluMagic + 4.f + 0.5f * kAluTFloor));
+  if (kAluLines >= 2) code = fmaxf(code, fmaf(x, 64.f, kAluMagic + 4.f + 0.25f * kAluTFloor));
+  if (kAluLines >= 3) code = fmaxf(code, fmaf(x, 32.f, kAluMagic + 3.f + 0.125f * kAluTFloor));
+  return __float_as_uint(code);
 }
 #else
 // float32 2^floor(w) (1 + frac(w)) from the fixed-point y (the floor applied here)
