@@ -25,8 +25,8 @@ from vc_attention.kernels.grouping import DEFAULT_ITERS
 from vc_attention.study import expcast_variants as variants
 from vc_attention.study import fidelity, videodata
 
-# (T, Hgrid, Wgrid): 4096 = 2 x 32 x 64; 32760 = Wan2.1 480p (21 frames of a 30 x 52 latent)
-GRIDS = {4096: (2, 32, 64), 32760: (21, 30, 52), 16384: (8, 32, 64)}
+# (T, Hgrid, Wgrid): 4096 = 2 x 32 x 64; 32760 = Wan2.1 480p (21 frames of a 30 x 52 latent); 75600 = 720p (45 x 80)
+GRIDS = {4096: (2, 32, 64), 32760: (21, 30, 52), 16384: (8, 32, 64), 75600: (21, 45, 80)}
 
 
 def sample_rows(n: int, rows: int, seed: int) -> torch.Tensor:

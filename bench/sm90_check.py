@@ -176,7 +176,7 @@ def sass_summary(libs, out_dir: Path):
             name = block.split("\n", 1)[0].strip()
             flags = re.findall(r"Lb([01])E", name)
             tag = ("d128" if "ILi128E" in name else "d64") + ("-expcast" if flags[0] == "1" else "-exp2") + ("-vsmooth" if flags[1] == "1" else "-perchannel") + ("-bf16" if "bfloat16" in name else "-fp16")
-            per_fn[tag] = {op: len(re.findall(op, block)) for op in ("MUFU.EX2", "F2I", "I2F", "QGMMA", "IGMMA", "HGMMA", "LDL", "STL", "PRMT", "SHFL")}
+            per_fn[tag] = {op: len(re.findall(op, block)) for op in ("MUFU.EX2", "F2I", "I2F", "F2FP", "QGMMA", "IGMMA", "HGMMA", "LDL", "STL", "PRMT", "SHFL")}
         summary[lib.name] = per_fn
     return summary
 

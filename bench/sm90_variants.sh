@@ -17,9 +17,12 @@ OUT=${OUT:-out}
 BUILD=${SM90_BUILD_DIR:-build/sm90_variants}
 mkdir -p "$OUT" "$BUILD"
 
-# name -> extra nvcc flags (the macros are documented where sm90_attention.cuh defines them)
+# name -> extra nvcc flags (the macros are documented where sm90_attention.cuh / p_encoding.cuh define them)
 declare -A FLAGS=(
   [base]=""
+  [alu]="-DVC_EXPCAST_ALU=1"
+  [alu1]="-DVC_EXPCAST_ALU=1 -DVC_EXPCAST_ALU_LINES=1"
+  [alu3]="-DVC_EXPCAST_ALU=1 -DVC_EXPCAST_ALU_LINES=3"
   [mean]="-DVC_SM90_MEAN_MMA=1"
   [psmem]="-DVC_SM90_P_SMEM=1"
   [psmem_mean]="-DVC_SM90_P_SMEM=1 -DVC_SM90_MEAN_MMA=1"
@@ -29,7 +32,7 @@ declare -A FLAGS=(
   [psmem_mean_nopp]="-DVC_SM90_P_SMEM=1 -DVC_SM90_MEAN_MMA=1 -DVC_SM90_PINGPONG=0"
   [all_poly1_mean]="-DVC_SM90_P_SMEM=2 -DVC_SM90_D64_OVERLAP_ALL=1 -DVC_SM90_EXP2_POLY=1 -DVC_SM90_MEAN_MMA=1"
 )
-NAMES=${SM90_VARIANTS:-"base mean psmem psmem_mean psmem2_mean poly1_mean psmem2_poly1_mean psmem_mean_nopp all_poly1_mean"}
+NAMES=${SM90_VARIANTS:-"base alu alu1 alu3 mean psmem psmem_mean psmem2_mean poly1_mean psmem2_poly1_mean psmem_mean_nopp all_poly1_mean"}
 NVCC=${NVCC:-$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")}
 # the numeric constants shared with the Python spec, as jit.py passes them (kernels/constants.py)
 CONSTANTS=$(python3 -c "from vc_attention.kernels.constants import cuda_defines; print(' '.join(cuda_defines()))")

@@ -187,6 +187,71 @@ def paper_448(u: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------
+# ALU-only subnormal fix: no conversion instruction (no F2FP, F2I, MUFU)
+# t = 8u + 8 log2(448) + 56 + beta is paper_448's linear code (126.09 at u = 0). Where t >= 8 the
+# E4M3 code is rint(t); below, the true (subnormal) code of the chord 2^w, w = t/8 - 7, is
+# rint(2^(w+9)) on the chord: 4 + t/2 on [0, 8), 4 + t/4 on [-8, 0), 3 + t/8 on [-16, -8), a convex
+# piecewise-linear function. A convex function is the max of its pieces, and every piece lies at or
+# below the line rint(t) where t >= 8 and above it where t < 8, so code = max(rint(t), rint(L_j(t)))
+# with rint applied by the magic-number FFMA (rint commutes with max): no select, no table.
+ALU_MAGIC = 12582912.0  # 1.5 * 2^23: float32 ulp 1, so x + MAGIC holds rint(x) (ties to even) in its low bits
+ALU_T_OFFSET = 8 * LOG2_448 + 56 + ref.EXPCAST_BETA  # paper_448's t at u = 0 (126.09)
+ALU_X_SPAN = 256.0  # x = sat((t - floor) / 256): the paper's FFMA.SAT argument, floor shifted down
+# (slope, intercept) of each chord piece in t, steepest first: the E4M3 subnormal octaves
+ALU_CHORD_LINES = ((0.5, 4.0), (0.25, 4.0), (0.125, 3.0))
+
+
+def _alu_lines(u: torch.Tensor, n_lines: int) -> torch.Tensor:
+    """code = max(rint(t), rint(L_1(t)), ..., rint(L_n(t))) with t floored where L_n reaches 0."""
+    lines = ALU_CHORD_LINES[:n_lines]
+    slope, intercept = lines[-1]
+    t_floor = -intercept / slope  # L_n(t_floor) = 0: below it every code is 0
+    # FFMA.SAT(s, sc/32, (t_offset - t_floor - 8M)/256); from u the product u/32 is exact
+    x = _fma(u.float(), _f32(8.0 / ALU_X_SPAN), _f32((ALU_T_OFFSET - t_floor) / ALU_X_SPAN)).clamp(0.0, 1.0)
+    # t = 256 x + t_floor; every product below is exact and every added constant an integer
+    code = _fma(x, _f32(ALU_X_SPAN), _f32(ALU_MAGIC + t_floor))
+    for slope, intercept in lines:
+        line = _fma(x, _f32(ALU_X_SPAN * slope), _f32(ALU_MAGIC + intercept + slope * t_floor))
+        code = torch.maximum(code, line)
+    return _codes_to_values((code - _f32(ALU_MAGIC)).to(torch.int64))
+
+
+def alu_line(u: torch.Tensor) -> torch.Tensor:
+    """paper_448 with one chord line for the top subnormal octave: max(rint(t), rint(4 + t/2)), t >= -8.
+
+    Codes equal bits_cast_448's for t >= 0 (u >= -15.76) up to rounding-boundary position; t in
+    [-8, 0) gets the line 4 + t/2 (codes 0..4, under the true chord 2..4), below -8 code 0.
+    Kernel: x = FFMA.SAT(s, sc/32, row constant) (as the paper); N = FFMA(x, 256, MAGIC - 8);
+    L = FFMA(x, 128, MAGIC); FMNMX(N, L); the low byte is the E4M3 code; PRMT packs four.
+    Cost per element: 4 ALU, no MUFU, no cvt (3 FFMA + 1 FMNMX).
+    """
+    return _alu_lines(u, 1)
+
+
+def alu_lines2(u: torch.Tensor) -> torch.Tensor:
+    """alu_line with the second subnormal octave: max(rint(t), rint(4 + t/2), rint(4 + t/4)), t >= -16.
+
+    Equals bits_cast_448 for t >= -8 (u >= -16.76) up to rounding-boundary position; [-16, -8)
+    gets codes 0..2 on the line 4 + t/4 (true chord 1..2), below code 0.
+    Kernel: x = FFMA.SAT(s, sc/32, row constant); N = FFMA(x, 256, MAGIC - 16);
+    L1 = FFMA(x, 128, MAGIC - 4); L2 = FFMA(x, 64, MAGIC); 2 FMNMX; PRMT packs four.
+    Cost per element: 6 ALU, no MUFU, no cvt (4 FFMA + 2 FMNMX).
+    """
+    return _alu_lines(u, 2)
+
+
+def alu_lines3(u: torch.Tensor) -> torch.Tensor:
+    """alu_lines2 with the third subnormal octave (3 + t/8 on [-16, -8)), t >= -24.
+
+    Equals bits_cast_448 for t >= -16 (u >= -17.76) up to rounding-boundary position; [-24, -16)
+    gets codes 0..1 on the line 3 + t/8 (true chord 0.5..1 rounds to 0..1 too, at other points).
+    Kernel: x = FFMA.SAT; N, L1, L2, L3 by FFMA (magic constants); 3 FMNMX; PRMT packs four.
+    Cost per element: 8 ALU, no MUFU, no cvt (5 FFMA + 3 FMNMX).
+    """
+    return _alu_lines(u, 3)
+
+
+# ----------------------------------------------------------------------------------------------
 # MUFU / ALU split
 def _mufu_columns(n: int, device) -> torch.Tensor:
     """Columns given to MUFU exp2 in the hybrids: column pairs 0, 2, 4, ... (columns 4i and 4i+1),
@@ -237,6 +302,9 @@ VARIANTS = {
         Variant("bits_cast_quadratic", bits_cast_quadratic, 7, 0, 0.5, "bits_cast + quadratic mantissa correction"),
         Variant("paper_448", paper_448, 2, 0, 0, "paper, row max at 448 (max code 126)"),
         Variant("bits_cast_448", bits_cast_448, 3, 0, 0.5, "bits_cast, row max at 448 (p=expcast)"),
+        Variant("alu_line", alu_line, 4, 0, 0, "paper_448 + chord line for the top subnormal octave"),
+        Variant("alu_lines2", alu_lines2, 6, 0, 0, "paper_448 + two subnormal chord lines"),
+        Variant("alu_lines3", alu_lines3, 8, 0, 0, "paper_448 + three subnormal chord lines"),
         Variant("hybrid_paper", hybrid_paper, 1.5, 0.5, 0.25, "half exp2 + cast, half paper"),
         Variant("hybrid_bits", hybrid_bits, 2, 0.5, 0.5, "half exp2 + cast, half bits_cast"),
     )

@@ -12,6 +12,13 @@
 //
 // Compile-time variant VC_EXPCAST_PAPER=1: the paper's ExpCast (reference.p_expcast_paper), for
 // timing comparisons only; its subnormal codes mis-decode (docs/kernel-notes.md).
+// Compile-time variant VC_EXPCAST_ALU=1: study/expcast_variants.alu_lines2 (VC_EXPCAST_ALU_LINES=2,
+// the default; 1 and 3 select alu_line / alu_lines3), the same row max (448) and normal-range codes
+// with no conversion instruction at all: x = FFMA.SAT (as the paper), then
+// code = max(rint(t), rint(4 + t/2), rint(4 + t/4)[, rint(3 + t/8)]) for t = 256 x + floor =
+// 8u + 126.09, each rint a magic-number FFMA and the max one FMNMX per line; the lines are the chord
+// of the E4M3 subnormal octaves. With 2 lines it equals the spec's codes for u >= -16.76 up to
+// rounding-boundary position (3 lines: u >= -17.76); timing candidate.
 #pragma once
 #include <cstdint>
 
@@ -20,6 +27,20 @@
 #ifndef VC_EXPCAST_PAPER
 #define VC_EXPCAST_PAPER 0
 #endif
+#ifndef VC_EXPCAST_ALU
+#define VC_EXPCAST_ALU 0
+#endif
+#ifndef VC_EXPCAST_ALU_LINES
+#define VC_EXPCAST_ALU_LINES 2
+#endif
+#if VC_EXPCAST_ALU_LINES < 1 || VC_EXPCAST_ALU_LINES > 3
+#error "VC_EXPCAST_ALU_LINES is the number of subnormal chord lines: 1, 2 or 3"
+#endif
+#if VC_EXPCAST_PAPER && VC_EXPCAST_ALU
+#error "VC_EXPCAST_PAPER and VC_EXPCAST_ALU select different encodings; set at most one"
+#endif
+// both use the paper's saturated argument and byte packing
+#define VC_EXPCAST_SAT_ARG (VC_EXPCAST_PAPER || VC_EXPCAST_ALU)
 
 namespace vc_p {
 
@@ -31,6 +52,15 @@ constexpr float kExpCastLog2Scale = vc::kExpCastPLog2Scale;  // P ~ 2^(u + this)
 #endif
 constexpr uint32_t kFloatOneBits = 127u << 23;
 
+#if VC_EXPCAST_ALU
+// t = 8u + 8 log2(448) + 56 + beta (126.09 at u = 0) = 256 x + kAluTFloor, x = sat((t - kAluTFloor) / 256)
+constexpr float kAluTOffset = 8.f * vc::kExpCastPLog2Scale + 56.f;
+constexpr int kAluLines = VC_EXPCAST_ALU_LINES;
+// where the flattest chord line reaches 0: 4 + t/2 at -8, 4 + t/4 at -16, 3 + t/8 at -24
+constexpr float kAluTFloor = kAluLines == 1 ? -8.f : (kAluLines == 2 ? -16.f : -24.f);
+constexpr float kAluMagic = 12582912.f;  // 1.5 * 2^23: float32 ulp 1, the low byte of x + magic is rint(x)
+#endif
+
 // Per-row constants of u = x * sc - m: one multiply-add per element with them.
 struct ExpCastRow {
   float mul, add;
@@ -40,6 +70,9 @@ __device__ __forceinline__ ExpCastRow expcast_row(float sc, float m) {
 #if VC_EXPCAST_PAPER
   // (8u + 119.65) / 256, saturated to [0, 1] by the FMA; the scaling by 2^-8 is exact
   return {sc * (1.f / 32.f), (vc::kExpCastBias - 8.f * m) * (1.f / 256.f)};
+#elif VC_EXPCAST_ALU
+  // (t - kAluTFloor) / 256 = (8u + 126.09 + 16) / 256, saturated to [0, 1] by the FMA
+  return {sc * (1.f / 32.f), (kAluTOffset - kAluTFloor - 8.f * m) * (1.f / 256.f)};
 #else
   return {sc, vc::kExpCastRowConstant - m};
 #endif
@@ -47,7 +80,7 @@ __device__ __forceinline__ ExpCastRow expcast_row(float sc, float m) {
 
 // What a masked key's argument is set to (it encodes to code 0).
 __device__ __forceinline__ float expcast_masked_arg() {
-#if VC_EXPCAST_PAPER
+#if VC_EXPCAST_SAT_ARG
   return 0.f;
 #else
   return __int_as_float(0xff800000);  // -inf: the floor turns it into code 0
@@ -55,7 +88,7 @@ __device__ __forceinline__ float expcast_masked_arg() {
 }
 
 __device__ __forceinline__ float expcast_arg(float x, const ExpCastRow& row) {
-#if VC_EXPCAST_PAPER
+#if VC_EXPCAST_SAT_ARG
   float d;
   asm("fma.rn.sat.f32 %0, %1, %2, %3;" : "=f"(d) : "f"(x), "f"(row.mul), "f"(row.add));
   return d;
@@ -66,7 +99,18 @@ __device__ __forceinline__ float expcast_arg(float x, const ExpCastRow& row) {
 
 #if VC_EXPCAST_PAPER
 // 256 * arg + 1.5*2^23 leaves rint(256 arg) (ties to even) in the low mantissa byte: the code
-__device__ __forceinline__ uint32_t paper_code_bits(float arg) { return __float_as_uint(fmaf(arg, 256.f, 12582912.f)); }
+__device__ __forceinline__ uint32_t code_bits(float arg) { return __float_as_uint(fmaf(arg, 256.f, 12582912.f)); }
+#elif VC_EXPCAST_ALU
+// rint(t) and rint of each chord line as magic floats (products exact, constants integers): floats
+// of one binade compare like their low bytes, so the max is the code (t < 8: a chord line wins;
+// t >= 8: rint(t)). x = 0 (masked, or t <= floor) puts the flattest line at 0: code 0.
+__device__ __forceinline__ uint32_t code_bits(float x) {
+  float code = fmaf(x, 256.f, kAluMagic + kAluTFloor);
+  code = fmaxf(code, fmaf(x, 128.f, kAluMagic + 4.f + 0.5f * kAluTFloor));
+  if (kAluLines >= 2) code = fmaxf(code, fmaf(x, 64.f, kAluMagic + 4.f + 0.25f * kAluTFloor));
+  if (kAluLines >= 3) code = fmaxf(code, fmaf(x, 32.f, kAluMagic + 3.f + 0.125f * kAluTFloor));
+  return __float_as_uint(code);
+}
 #else
 // float32 2^floor(w) (1 + frac(w)) from the fixed-point y (the floor applied here)
 __device__ __forceinline__ float exponent_float(float y) {
@@ -76,9 +120,9 @@ __device__ __forceinline__ float exponent_float(float y) {
 
 // Four arguments -> four E4M3 bytes, the first in the lowest byte.
 __device__ __forceinline__ uint32_t expcast_pack4(float a0, float a1, float a2, float a3) {
-#if VC_EXPCAST_PAPER
-  const uint32_t lo = __byte_perm(paper_code_bits(a0), paper_code_bits(a1), 0x0040);
-  const uint32_t hi = __byte_perm(paper_code_bits(a2), paper_code_bits(a3), 0x0040);
+#if VC_EXPCAST_SAT_ARG
+  const uint32_t lo = __byte_perm(code_bits(a0), code_bits(a1), 0x0040);
+  const uint32_t hi = __byte_perm(code_bits(a2), code_bits(a3), 0x0040);
   return __byte_perm(lo, hi, 0x5410);
 #else
   uint32_t packed;
