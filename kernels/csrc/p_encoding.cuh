@@ -118,6 +118,20 @@ __device__ __forceinline__ float exponent_float(float y) {
 }
 #endif
 
+// Four floats -> four E4M3 bytes (RNE, saturating), the first in the lowest byte: two pair casts
+// written straight into the halves of one register (no shift/or to join them). Shared with the
+// exp2 encoding of the fidelity path.
+__device__ __forceinline__ uint32_t cast_e4m3x4(float x0, float x1, float x2, float x3) {
+  uint32_t packed;
+  asm("{\n.reg .b16 lo, hi;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+      "mov.b32 %0, {lo, hi};\n}\n"
+      : "=r"(packed)
+      : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
+  return packed;
+}
+
 // Four arguments -> four E4M3 bytes, the first in the lowest byte.
 __device__ __forceinline__ uint32_t expcast_pack4(float a0, float a1, float a2, float a3) {
 #if VC_EXPCAST_SAT_ARG
@@ -125,14 +139,7 @@ __device__ __forceinline__ uint32_t expcast_pack4(float a0, float a1, float a2, 
   const uint32_t hi = __byte_perm(code_bits(a2), code_bits(a3), 0x0040);
   return __byte_perm(lo, hi, 0x5410);
 #else
-  uint32_t packed;
-  asm("{\n.reg .b16 lo, hi;\n"
-      "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
-      "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
-      "mov.b32 %0, {lo, hi};\n}\n"
-      : "=r"(packed)
-      : "f"(exponent_float(a0)), "f"(exponent_float(a1)), "f"(exponent_float(a2)), "f"(exponent_float(a3)));
-  return packed;
+  return cast_e4m3x4(exponent_float(a0), exponent_float(a1), exponent_float(a2), exponent_float(a3));
 #endif
 }
 

@@ -144,15 +144,7 @@ __device__ __forceinline__ float exp2_split(float a, int k) { return k < VC_SM90
 
 // Fidelity encoding: P = E4M3(exp2(s - M + 8)); `arg` = s - M + 8, four values packed low byte first.
 __device__ __forceinline__ uint32_t encode_exp2(float a0, float a1, float a2, float a3) {
-  const float x0 = exp2_split(a0, 3), x1 = exp2_split(a1, 2), x2 = exp2_split(a2, 1), x3 = exp2_split(a3, 0);
-  uint32_t packed;
-  asm("{\n.reg .b16 lo, hi;\n"
-      "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
-      "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
-      "mov.b32 %0, {lo, hi};\n}\n"
-      : "=r"(packed)
-      : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
-  return packed;
+  return vc_p::cast_e4m3x4(exp2_split(a0, 3), exp2_split(a1, 2), exp2_split(a2, 1), exp2_split(a3, 0));
 }
 
 // fp16 output saturates at 65504, as reference.to_output_dtype: dequantized V can exceed the input's
