@@ -23,6 +23,9 @@ declare -A FLAGS=(
   [alu]="-DVC_EXPCAST_ALU=1"
   [alu1]="-DVC_EXPCAST_ALU=1 -DVC_EXPCAST_ALU_LINES=1"
   [alu3]="-DVC_EXPCAST_ALU=1 -DVC_EXPCAST_ALU_LINES=3"
+  [nopp]="-DVC_SM90_PINGPONG=0"
+  [pp]="-DVC_SM90_PINGPONG=1"
+  [nomean]="-DVC_SM90_MEAN_MMA=0"
   [mean]="-DVC_SM90_MEAN_MMA=1"
   [psmem]="-DVC_SM90_P_SMEM=1"
   [psmem_mean]="-DVC_SM90_P_SMEM=1 -DVC_SM90_MEAN_MMA=1"
@@ -34,6 +37,11 @@ declare -A FLAGS=(
 )
 NAMES=${SM90_VARIANTS:-"base alu alu1 alu3 mean psmem psmem_mean psmem2_mean poly1_mean psmem2_poly1_mean psmem_mean_nopp all_poly1_mean"}
 NVCC=${NVCC:-$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")}
+# vc_attention is the repository root: import it through a symlink unless it is installed
+if ! python3 -c "import vc_attention" 2>/dev/null; then
+  mkdir -p "$BUILD/pkg" && ln -sfn "$PWD" "$BUILD/pkg/vc_attention"
+  export PYTHONPATH="$PWD/$BUILD/pkg${PYTHONPATH:+:$PYTHONPATH}"
+fi
 # the numeric constants shared with the Python spec, as jit.py passes them (kernels/constants.py)
 CONSTANTS=$(python3 -c "from vc_attention.kernels.constants import cuda_defines; print(' '.join(cuda_defines()))")
 
@@ -69,16 +77,11 @@ done
 [[ $failed == 0 ]] || echo "some variants failed to build; continuing with the rest"
 [[ -n "${SM90_BUILD_ONLY:-}" ]] && exit 0
 
-# vc_attention is the repository root: import it through a symlink unless it is installed
-if ! python -c "import vc_attention" 2>/dev/null; then
-  mkdir -p "$BUILD/pkg" && ln -sfn "$PWD" "$BUILD/pkg/vc_attention"
-  export PYTHONPATH="$PWD/$BUILD/pkg${PYTHONPATH:+:$PYTHONPATH}"
-fi
 # correctness first, one process per variant (in parallel, time-limited): a variant that hangs or
 # corrupts its CUDA context cannot take the others down; only passing variants are timed
 for name in $NAMES; do
   [[ -f "$BUILD/sm90_$name.so" ]] || continue
-  timeout -k 10 300 python bench/sm90_check.py --lib "$BUILD/sm90_$name.so" --skip-timing --out "$OUT/check_$name" \
+  timeout -k 10 300 python3 bench/sm90_check.py --lib "$BUILD/sm90_$name.so" --skip-timing --out "$OUT/check_$name" \
     >"$OUT/check_$name.log" 2>&1 &
 done
 wait || true
@@ -93,7 +96,7 @@ for name in $NAMES; do
   fi
 done
 echo "checks done at $(( $(date +%s) - start )) s"
-[[ ${#timed[@]} -gt 0 ]] && python bench/sm90_check.py "${timed[@]}" --skip-correctness --out "$OUT" --iters "${SM90_ITERS:-10}" \
+[[ ${#timed[@]} -gt 0 ]] && python3 bench/sm90_check.py "${timed[@]}" --skip-correctness --out "$OUT" --iters "${SM90_ITERS:-10}" \
   $([[ -n "${SM90_PREPARE:-}" ]] || echo --no-prepare) \
   --shape 1,40,75600,128 --shape 1,32,32768,64 --shape 1,32,6144,64 --shape 1,12,32760,128
 echo "total $(( $(date +%s) - start )) s"
@@ -101,8 +104,8 @@ echo "total $(( $(date +%s) - start )) s"
 # optional: SM90_NCU=<variant> profiles one launch of it in speed mode at (1,8,32768,128) (~1 minute)
 if [[ -n "${SM90_NCU:-}" ]]; then
   ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
-    --section ComputeWorkloadAnalysis --section LaunchStats -k regex:vc_attention_sm90 -c 1 \
-    python bench/sm90_check.py --lib "$BUILD/sm90_$SM90_NCU.so" --profile-once speed >"$OUT/ncu_$SM90_NCU.txt" 2>&1 || true
+    --section ComputeWorkloadAnalysis --section LaunchStats --section InstructionStats -k regex:vc_attention_sm90 -c 1 \
+    python3 bench/sm90_check.py --lib "$BUILD/sm90_$SM90_NCU.so" --profile-once speed >"$OUT/ncu_$SM90_NCU.txt" 2>&1 || true
   grep -E "SM Frequency|Duration|Issue Slots Busy|Eligible Warps|Issued Warp|No Eligible|Registers Per|Compute \(SM\)|Stall" \
     "$OUT/ncu_$SM90_NCU.txt" | head -30
 fi

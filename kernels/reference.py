@@ -239,8 +239,8 @@ def p_expcast(u: torch.Tensor) -> torch.Tensor:
     boundaries fall (u resolved to 2^-13); below 2^-6 the cast rounds the chord of 2^w to multiples
     of 2^-9, so the E4M3 subnormal codes get their true values and probabilities survive down to
     u = -18.8 (the paper's codes 1..7 mis-decode and stop at u = -14.9).
-    Kernel (kernels/csrc/p_encoding.cuh): FFMA (s * sc + row constant), FMNMX (floor), LEA (shift,
-    add), half an F2FP.E4M3 (two per instruction): no MUFU, no F2I.
+    Kernels (kernels/csrc/p_encoding.cuh): the same fixed point on the FMA pipes - FFMA.SAT (the floor),
+    FFMA, IMAD (the shift) - and half an F2FP.E4M3: no MUFU, no F2I (tests/test_expcast_kernel_form.py).
     """
     return fp8_e4m3(expcast_exponent_float(expcast_fixed_point(u)))
 

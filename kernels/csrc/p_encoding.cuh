@@ -1,14 +1,21 @@
 // The speed path's P encoding (reference.p_expcast), per element, for every attention kernel.
-// Torch-free; needs sm_89+ for the E4M3 conversion. No MUFU and no F2I: FFMA, FMNMX, LEA per
-// element, one F2FP.E4M3 per two elements, PRMT to pack.
+// Torch-free; needs sm_89+ for the E4M3 conversion. No MUFU and no F2I: FFMA.SAT, FFMA, IMAD per
+// element, one F2FP.E4M3 per two elements.
 //
-// u = x * mul - M (log2 units, M the integer running row offset). The float32
-//   y = max(x * mul + (1536 + log2(448) + beta/8 - M), 1512)
-// holds w = u + log2(448) + beta/8 to 13 fraction bits (the float32 ulp on [1024, 2048)); shifting its bits
-// left by 10 and adding 127 << 23 gives the float32 2^floor(w) (1 + frac(w)) (bit 22 and y's own
-// exponent fall off the top), and the hardware cast rounds that to E4M3 (451.3 at u = 0 saturates
-// to 448, never NaN). The floor 1512 keeps
-// w >= -24 (code 0) and maps a masked key (x = -inf) to code 0.
+// The spec: u = x * sc - M (log2 units, M the row offset), w = u + log2(448) + beta/8, held to 13
+// fraction bits as y = fl32(x * sc + (C - M)) on [1024, 2048) (C = 1536 + log2(448) + beta/8 in
+// float32) with the floor w >= -24; the float32 2^floor(w) (1 + frac(w)) (exponent bits from the
+// integer part) is rounded to E4M3 by the hardware cast (451.3 at u = 0 saturates to 448, never NaN).
+// The kernels compute it on the FMA pipes (the ALU pipe, 16 lanes per scheduler, was the busiest pipe
+// of the sm90 speed kernel in ncu with the floor as FMNMX and the shift as LEA; moving them measured
+// -3% at Wan2.2-14B and -7% at head dim 64: docs/kernel-notes.md section 12):
+//   z = FFMA.SAT(x, sc/64, ((C - M) - 1512)/64) = (w + 24)/64 clamped to [0, 1] - the floor for free,
+//       and a masked key (z = 0) is code 0;
+//   y = FFMA(z, 64, 1024) = 1024 + (w + 24) to 2^-13, the spec's fixed point shifted by the integer 488;
+//   bits(y) * 2^10 + ((127 - 24) << 23) as one IMAD (y's exponent falls off the top mod 2^32).
+// The row constant is the spec's float32 C - M, so z carries the spec's w; the codes differ from the
+// spec's only where w is within 2^-19 of a 2^-13 rounding boundary and that also decides an E4M3
+// rounding (none of 2.9M emulated scores: tests/test_expcast_kernel_form.py).
 //
 // Compile-time variant VC_EXPCAST_PAPER=1: the paper's ExpCast (reference.p_expcast_paper), for
 // timing comparisons only; its subnormal codes mis-decode (docs/kernel-notes.md).
@@ -39,8 +46,8 @@
 #if VC_EXPCAST_PAPER && VC_EXPCAST_ALU
 #error "VC_EXPCAST_PAPER and VC_EXPCAST_ALU select different encodings; set at most one"
 #endif
-// both use the paper's saturated argument and byte packing
-#define VC_EXPCAST_SAT_ARG (VC_EXPCAST_PAPER || VC_EXPCAST_ALU)
+// the paper's encoding and the ALU lines pack the code bytes themselves; the spec's encoding casts
+#define VC_EXPCAST_BYTE_CODES (VC_EXPCAST_PAPER || VC_EXPCAST_ALU)
 
 namespace vc_p {
 
@@ -50,7 +57,8 @@ constexpr float kExpCastLog2Scale = vc::kPLog2Max + vc::kExpCastBeta / 8.f;  // 
 #else
 constexpr float kExpCastLog2Scale = vc::kExpCastPLog2Scale;  // P ~ 2^(u + this), for the LSE
 #endif
-constexpr uint32_t kFloatOneBits = 127u << 23;
+// 2^kExpCastShift: what the fixed-point bits are multiplied by (see exponent_float)
+constexpr uint32_t kExpCastBitsMul = 1u << vc::kExpCastShift;
 
 #if VC_EXPCAST_ALU
 // t = 8u + 8 log2(448) + 56 + beta (126.09 at u = 0) = 256 x + kAluTFloor, x = sat((t - kAluTFloor) / 256)
@@ -59,6 +67,14 @@ constexpr int kAluLines = VC_EXPCAST_ALU_LINES;
 // where the flattest chord line reaches 0: 4 + t/2 at -8, 4 + t/4 at -16, 3 + t/8 at -24
 constexpr float kAluTFloor = kAluLines == 1 ? -8.f : (kAluLines == 2 ? -16.f : -24.f);
 constexpr float kAluMagic = 12582912.f;  // 1.5 * 2^23: float32 ulp 1, the low byte of x + magic is rint(x)
+#endif
+
+#if !VC_EXPCAST_BYTE_CODES
+constexpr float kZRange = 64.f;  // z = (w + kWFloor) / kZRange in [0, 1]: w in [-24, 40]
+constexpr float kWFloor = 24.f;  // w >= -24, the spec's floor: far below E4M3's smallest code 2^-9
+static_assert(vc::kExpCastRowConstant - vc::kExpCastFloor > kWFloor && vc::kExpCastRowConstant - vc::kExpCastFloor < kWFloor + 9.f,
+              "the spec's floor is w = -24: C - floor = 24 + log2(448) + beta/8");
+constexpr uint32_t kZExponentBias = (127u - static_cast<uint32_t>(kWFloor)) << 23;  // re-biases w + 24 to w + 127
 #endif
 
 // Per-row constants of u = x * sc - m: one multiply-add per element with them.
@@ -74,27 +90,21 @@ __device__ __forceinline__ ExpCastRow expcast_row(float sc, float m) {
   // (t - kAluTFloor) / 256 = (8u + 126.09 + 16) / 256, saturated to [0, 1] by the FMA
   return {sc * (1.f / 32.f), (kAluTOffset - kAluTFloor - 8.f * m) * (1.f / 256.f)};
 #else
-  return {sc, vc::kExpCastRowConstant - m};
+  // the spec's row constant rounded as the spec rounds it (C - m), then moved to the floor's origin
+  // (exact) and scaled by 2^-6 (exact): z carries the spec's w, not a more precise one that would
+  // round differently near E4M3 boundaries (that cost 1e-3 rel-L2 on peaky rows at head dim 64)
+  return {sc * (1.f / kZRange), ((vc::kExpCastRowConstant - m) - vc::kExpCastFloor) * (1.f / kZRange)};
 #endif
 }
 
-// What a masked key's argument is set to (it encodes to code 0).
-__device__ __forceinline__ float expcast_masked_arg() {
-#if VC_EXPCAST_SAT_ARG
-  return 0.f;
-#else
-  return __int_as_float(0xff800000);  // -inf: the floor turns it into code 0
-#endif
-}
+// What a masked key's argument is set to (it encodes to code 0 in every encoding).
+__device__ __forceinline__ float expcast_masked_arg() { return 0.f; }
 
+// The saturated argument in [0, 1] (every encoding starts from it; NaN saturates to 0).
 __device__ __forceinline__ float expcast_arg(float x, const ExpCastRow& row) {
-#if VC_EXPCAST_SAT_ARG
   float d;
   asm("fma.rn.sat.f32 %0, %1, %2, %3;" : "=f"(d) : "f"(x), "f"(row.mul), "f"(row.add));
   return d;
-#else
-  return fmaf(x, row.mul, row.add);
-#endif
 }
 
 #if VC_EXPCAST_PAPER
@@ -112,9 +122,13 @@ __device__ __forceinline__ uint32_t code_bits(float x) {
   return __float_as_uint(code);
 }
 #else
-// float32 2^floor(w) (1 + frac(w)) from the fixed-point y (the floor applied here)
-__device__ __forceinline__ float exponent_float(float y) {
-  return __uint_as_float((__float_as_uint(fmaxf(y, vc::kExpCastFloor)) << vc::kExpCastShift) + kFloatOneBits);
+// float32 2^floor(w) (1 + frac(w)) from z = (w + 24)/64: y = 1024 + 64 z holds w + 24 with 13 fraction
+// bits; its bits times 2^10 drop y's exponent off the top (mod 2^32) and leave (w + 24) 2^23.
+// bits_mul is 2^10 read at run time (a kernel parameter where the kernel passes one): with a constant
+// multiplier ptxas emits LEA on the ALU pipe, which is the pipe this form exists to unload.
+__device__ __forceinline__ float exponent_float(float z, uint32_t bits_mul) {
+  const float y = fmaf(z, kZRange, 1024.f);
+  return __uint_as_float(__float_as_uint(y) * bits_mul + kZExponentBias);
 }
 #endif
 
@@ -132,14 +146,17 @@ __device__ __forceinline__ uint32_t cast_e4m3x4(float x0, float x1, float x2, fl
   return packed;
 }
 
-// Four arguments -> four E4M3 bytes, the first in the lowest byte.
-__device__ __forceinline__ uint32_t expcast_pack4(float a0, float a1, float a2, float a3) {
-#if VC_EXPCAST_SAT_ARG
+// Four arguments -> four E4M3 bytes, the first in the lowest byte. bits_mul: kExpCastBitsMul, passed
+// from a kernel parameter by kernels that want the IMAD (unused by the byte-code variants).
+__device__ __forceinline__ uint32_t expcast_pack4(float a0, float a1, float a2, float a3,
+                                                  uint32_t bits_mul = kExpCastBitsMul) {
+#if VC_EXPCAST_BYTE_CODES
   const uint32_t lo = __byte_perm(code_bits(a0), code_bits(a1), 0x0040);
   const uint32_t hi = __byte_perm(code_bits(a2), code_bits(a3), 0x0040);
   return __byte_perm(lo, hi, 0x5410);
 #else
-  return cast_e4m3x4(exponent_float(a0), exponent_float(a1), exponent_float(a2), exponent_float(a3));
+  return cast_e4m3x4(exponent_float(a0, bits_mul), exponent_float(a1, bits_mul), exponent_float(a2, bits_mul),
+                     exponent_float(a3, bits_mul));
 #endif
 }
 

@@ -35,6 +35,7 @@ struct Params {
   void* out;             // fp16/bf16, channel stride 1
   int64_t out_stride_b, out_stride_h, out_stride_n;  // in elements
   int heads, n, n_pad, n_qblocks;
+  uint32_t expcast_bits_mul;  // vc_p::kExpCastBitsMul as a run-time value: ptxas then keeps the IMAD (p_encoding.cuh)
 };
 
 #ifndef VC_SM90_P_SMEM
@@ -53,12 +54,16 @@ constexpr bool p_through_smem() {
 #endif
 
 #ifndef VC_SM90_MEAN_MMA
-#define VC_SM90_MEAN_MMA 0  // V-Smooth: restore the block means by a TF32 wgmma every 8 tiles (1) or per tile (0)
+#define VC_SM90_MEAN_MMA 2  // V-Smooth: block means by a TF32 wgmma every 8 tiles (1), per tile (0), auto (2)
 #endif
 
-template <bool VSMOOTH>
+// Whether V-Smooth restores the block means by the batched TF32 wgmma instead of the per-tile FMAs.
+// Measured on the H200 (docs/kernel-notes.md section 12): it pays where the softmax stream is short
+// and overlapped with its own PV, head dim 64 with ExpCast (15.6 -> 15.0 ms at (1,32,32768,64),
+// LTX 0.64 -> 0.61), and costs 6-7% at head dim 128 and with MUFU exp2.
+template <int D, bool EXPCAST, bool VSMOOTH>
 constexpr bool mean_by_mma() {
-  return VSMOOTH && VC_SM90_MEAN_MMA != 0;
+  return VSMOOTH && (VC_SM90_MEAN_MMA == 2 ? (D == 64 && EXPCAST) : VC_SM90_MEAN_MMA != 0);
 }
 constexpr int kMeanChunk = 8;  // tiles per batched mean restore = the K of one TF32 wgmma
 
@@ -170,7 +175,7 @@ __device__ __forceinline__ int key_of_column(int chunk, int t, int e) {
   return 16 * (chunk >> 1) + 4 * t + 2 * (chunk & 1) + e;
 }
 
-template <int D, bool VSMOOTH, int STAGES, typename L>
+template <int D, bool EXPCAST, bool VSMOOTH, int STAGES, typename L>
 __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                               const CUtensorMap* tm_vt, const Params& p, uint8_t* smem,
                                               uint64_t* bar_q, uint64_t* bar_full, uint64_t* bar_empty) {
@@ -192,7 +197,7 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUt
     const int s = j % STAGES;
     mbar_wait(&bar_empty[s], ((j / STAGES) & 1) ^ 1);
     const __half* mean = p.v_mean + (static_cast<int64_t>(bh) * n_kv + j) * D;
-    if constexpr (mean_by_mma<VSMOOTH>()) {
+    if constexpr (mean_by_mma<D, EXPCAST, VSMOOTH>()) {
       // tile j is column j % 8 of chunk buffer (j / 8) % 2; the consumers read a chunk only after its last
       // tile's full barrier, and this buffer is rewritten only after tile j + 16 - STAGES was released
       uint8_t* hi = smem + L::kMeanOff + ((j / kMeanChunk) & 1) * 2 * L::kMeanTileBytes;
@@ -221,15 +226,24 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUt
 }
 
 #ifndef VC_SM90_PINGPONG
-#define VC_SM90_PINGPONG 1  // the two consumer warpgroups take turns issuing their wgmma batches
+#define VC_SM90_PINGPONG 2  // the two consumer warpgroups take turns issuing their wgmma batches: 1 always, 0 never, 2 auto
 #endif
+
+// Whether the two consumer warpgroups take turns (named barriers) issuing their wgmma batches. Measured
+// on the H200 (docs/kernel-notes.md section 12): taking turns pays only where the per-tile softmax +
+// fold stream is longest, head dim 128 with V-Smooth (speed 146.8 vs 155.4 ms at Wan2.2-14B); at head
+// dim 64 (every P mode) and for per-channel V the free-running warpgroups were 2-4% faster.
+template <int D, bool VSMOOTH>
+constexpr bool take_turns() {
+  return VC_SM90_PINGPONG == 2 ? (D == 128 && VSMOOTH) : VC_SM90_PINGPONG != 0;
+}
 
 // One 64x128 score tile -> quantized P as FP8 A fragments. Updates the integer running offset and
 // returns the exact rescale factor alpha = 2^(M_old - M_new) of each of the thread's two rows.
 // MASK: only the first `valid` keys of the tile exist (the tail tile).
 template <bool EXPCAST, bool MASK>
 __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], float sc, int valid, int t, float (&row_off)[2],
-                                             float (&alpha)[2], uint32_t (&pa)[4][4]) {
+                                             float (&alpha)[2], uint32_t (&pa)[4][4], uint32_t bits_mul) {
   // row max on the exact integers: float(acc) * sc is monotone in acc (sc >= 0), so the float max is
   // float(max acc) * sc, rounded exactly as the reference rounds it
   // four independent partial maxima per row: a shallow tree instead of one 32-deep dependency chain
@@ -275,7 +289,7 @@ __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], float sc, i
         a[q] = EXPCAST ? vc_p::expcast_arg(x, prow[row]) : fmaf(x, sc, base[row]);
         if (MASK && key_of_column(chunk, t, e) >= valid) a[q] = EXPCAST ? vc_p::expcast_masked_arg() : neg_inf();
       }
-      pa[kk][r] = EXPCAST ? vc_p::expcast_pack4(a[0], a[1], a[2], a[3]) : encode_exp2(a[0], a[1], a[2], a[3]);
+      pa[kk][r] = EXPCAST ? vc_p::expcast_pack4(a[0], a[1], a[2], a[3], bits_mul) : encode_exp2(a[0], a[1], a[2], a[3]);
     }
 }
 
@@ -373,7 +387,7 @@ template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES>
 __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, uint64_t* bar_q, uint64_t* bar_full,
                                               uint64_t* bar_empty) {
   constexpr bool kPSmem = p_through_smem<D, EXPCAST>();
-  constexpr bool kMeanMma = mean_by_mma<VSMOOTH>();
+  constexpr bool kMeanMma = mean_by_mma<D, EXPCAST, VSMOOTH>();
   using L = SmemLayout<D, STAGES, kPSmem, kMeanMma>;
   static_assert(!kMeanMma || STAGES <= kMeanChunk, "a mean chunk buffer is rewritten STAGES tiles after its flush");
   const int wg = threadIdx.x / 128 - 1;
@@ -389,11 +403,12 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   const float* ksc_smem = reinterpret_cast<const float*>(smem + L::kKscOff);
   auto k_tile = [&](int s) { return smem + L::kKOff + s * L::kKBytes; };
   auto vt_tile = [&](int s) { return smem + L::kVOff + s * L::kVBytes; };
+  constexpr bool kTurns = take_turns<D, VSMOOTH>();
   auto turn_begin = [&]() {
-    if (VC_SM90_PINGPONG) named_sync(1 + wg, 256);
+    if (kTurns) named_sync(1 + wg, 256);
   };
   auto turn_end = [&]() {
-    if (VC_SM90_PINGPONG) named_arrive(2 - wg, 256);
+    if (kTurns) named_arrive(2 - wg, 256);
   };
   auto release = [&](int s) {
     __syncwarp();
@@ -402,9 +417,9 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   auto softmax = [&](const int32_t(&s_acc)[64], float sc, bool tail, float(&row_off)[2], float(&alpha)[2],
                      uint32_t(&pa)[4][4]) {
     if (tail)
-      softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
+      softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa, p.expcast_bits_mul);
     else
-      softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa);
+      softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa, p.expcast_bits_mul);
   };
 
   float o[D / 2];
@@ -458,7 +473,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   };
 
   mbar_wait(bar_q, 0);
-  if (VC_SM90_PINGPONG && wg == 1) named_arrive(1, 256);  // warpgroup 0 takes the first turn
+  if (kTurns && wg == 1) named_arrive(1, 256);  // warpgroup 0 takes the first turn
 
   mbar_wait(&bar_full[0], 0);
   turn_begin();
@@ -480,7 +495,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     wgmma_fence();
     issue_pv<D>(pv, pa_x, vt_tile(sl));
     wgmma_commit();
-    if (VC_SM90_PINGPONG && wg == 0) named_arrive(2, 256);  // the other warpgroup's last turn
+    if (kTurns && wg == 0) named_arrive(2, 256);  // the other warpgroup's last turn
     wgmma_wait<0>();
     reg_fence(pv);
     fold(n_kv - 1, alpha_x, sl);
@@ -520,10 +535,10 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       alpha_prev[1] = alpha[1];
       const float sc = q_sc * ksc_smem[sj];
       if (has_tail && j == n_kv - 1) {  // the store inside each branch: P is stored as it is encoded
-        softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
+        softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa, p.expcast_bits_mul);
         publish_p(j);
       } else {
-        softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa);
+        softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa, p.expcast_bits_mul);
         publish_p(j);
       }
       wgmma_wait<0>();
@@ -539,7 +554,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     wgmma_fence();
     issue_pv_smem<D>(pv, p_tile(n_kv - 1), vt_tile(sl));
     wgmma_commit();
-    if (VC_SM90_PINGPONG && wg == 0) named_arrive(2, 256);  // the other warpgroup's last turn
+    if (kTurns && wg == 0) named_arrive(2, 256);  // the other warpgroup's last turn
     wgmma_wait<0>();
     reg_fence(pv);
     fold(n_kv - 1, alpha, sl);
@@ -609,10 +624,10 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       const float sc = q_sc * ksc_smem[sj];
       if (has_tail && j == n_kv - 1) {
         fold(j - 1, alpha, sp);
-        softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
+        softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa, p.expcast_bits_mul);
       } else {  // the same two calls inside each branch keep them in one basic block
         fold(j - 1, alpha, sp);
-        softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa);
+        softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa, p.expcast_bits_mul);
       }
       flush_means(j - 1);
       release(sp);
@@ -643,7 +658,7 @@ template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES>
 __global__ void __launch_bounds__(kThreads, 1)
     vc_attention_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                              const __grid_constant__ CUtensorMap tm_vt, const Params p) {
-  using L = SmemLayout<D, STAGES, p_through_smem<D, EXPCAST>(), mean_by_mma<VSMOOTH>()>;
+  using L = SmemLayout<D, STAGES, p_through_smem<D, EXPCAST>(), mean_by_mma<D, EXPCAST, VSMOOTH>()>;
   extern __shared__ uint8_t smem_raw[];
   // offset from the __shared__ array itself (not an integer round trip) so that every pointer below
   // stays provably in shared memory: the compiler then emits LDS/STS, not generic LD/ST
@@ -664,7 +679,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int s = i / (2 * kBlockN), w = i % (2 * kBlockN);
     reinterpret_cast<uint32_t*>(smem + L::kVOff + s * L::kVBytes + L::kVLoadBytes)[w] = vc::kE4m3OnesX4;
   }
-  if constexpr (mean_by_mma<VSMOOTH>()) {  // a partial last chunk multiplies unwritten columns by 0: no NaN
+  if constexpr (mean_by_mma<D, EXPCAST, VSMOOTH>()) {  // a partial last chunk multiplies unwritten columns by 0: no NaN
     for (int i = threadIdx.x; i < L::kMeanTileBytes; i += kThreads)  // 4 tiles = kMeanTileBytes words
       reinterpret_cast<uint32_t*>(smem + L::kMeanOff)[i] = 0u;
   }
@@ -673,7 +688,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (threadIdx.x < 128) {
     regs_dealloc<kProducerRegs>();
-    if (threadIdx.x < 32) producer_loop<D, VSMOOTH, STAGES, L>(&tm_q, &tm_k, &tm_vt, p, smem, bar_q, bar_full, bar_empty);
+    if (threadIdx.x < 32) producer_loop<D, EXPCAST, VSMOOTH, STAGES, L>(&tm_q, &tm_k, &tm_vt, p, smem, bar_q, bar_full, bar_empty);
   } else {
     regs_alloc<kConsumerRegs>();
     consumer_loop<D, EXPCAST, VSMOOTH, OutT, STAGES>(p, smem, bar_q, bar_full, bar_empty);

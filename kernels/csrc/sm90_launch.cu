@@ -45,7 +45,7 @@ bool byte_map(CUtensorMap* map, const void* base, int rank, const cuuint64_t* di
 
 template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES>
 int launch(const void* q_q, const void* k_q, const void* v_t, const Params& p, int bh, cudaStream_t stream) {
-  using L = SmemLayout<D, STAGES, p_through_smem<D, EXPCAST>(), mean_by_mma<VSMOOTH>()>;
+  using L = SmemLayout<D, STAGES, p_through_smem<D, EXPCAST>(), mean_by_mma<D, EXPCAST, VSMOOTH>()>;
   const CUtensorMapSwizzle row_swizzle = D == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
   const cuuint64_t rows = static_cast<cuuint64_t>(bh) * p.n_pad;
   CUtensorMap tm_q, tm_k, tm_vt;
@@ -127,6 +127,7 @@ int vc_sm90_forward(const void* q_q, const float* q_scale, const void* k_q, cons
   p.n = n;
   p.n_pad = n_pad;
   p.n_qblocks = (n + 63) / 64;
+  p.expcast_bits_mul = vc_p::kExpCastBitsMul;
   const int bh = batch * heads;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (head_dim == 128) return launch_d<128>(q_q, k_q, v_t, p, bh, expcast != 0, vsmooth != 0, out_bf16 != 0, s);
