@@ -312,9 +312,11 @@ VARIANTS = {
 
 
 def quantize_p_with(s: torch.Tensor, encode: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """reference.quantize_p with any encoder: each key block encoded against its running integer
-    offset, rescaled by 2^(M_running - M_final). Returns unnormalized P, float64."""
+    """reference.quantize_p with any encoder of u: each key block encoded at u = float32(s - M) against
+    its running offset M (the exact running max), rescaled by 2^(M_running - M_final). Returns
+    unnormalized P, float64. The spec adds float32(c - M) to s instead (the kernels' one FMA); the two
+    orders of rounding agree wherever s - M and c - M are exact (a few codes in a million differ else)."""
     run = ref.running_row_offsets(s)
     m_run = run.repeat_interleave(ref.K_BLOCK, dim=-1)[..., : s.shape[-1]]
     p = encode(s - m_run)
-    return p.double() * torch.exp2((m_run - run[..., -1:]).double())
+    return p.double() * torch.exp2(m_run.double() - run[..., -1:].double())
