@@ -1,9 +1,8 @@
 """ExpCast accuracy variants, emulated: candidate P encodings for the speed (ALU-only) softmax path.
 
-Every encoder maps u = s - M (log2 units, M the integer running row offset, so u <= 0 and the row
-max has u in (-1, 0]) to the float32 VALUES of E4M3 codes, like reference.p_exp2_cast and
-reference.p_expcast. Scale: 2^(u+8) (row max in (128, 256]) unless the name says 448 (row max in
-(224, 448]); the scale cancels in the softmax normalization, so only the rounding differs.
+Every encoder maps u = s - M (log2 units, M the running row max, so u <= 0 and the row max has
+u = 0) to the float32 VALUES of E4M3 codes, like reference.p_exp2_cast and reference.p_expcast.
+Scale: 2^(u+8) (row max 256) unless the name says 448 (row max 448); the scale cancels in the softmax normalization, so only the rounding differs.
 Each docstring gives the per-element instruction sequence a kernel would use and its cost:
 "ALU" counts FP32 FMA-pipe and integer/logic ops (FFMA, FMNMX, LOP3, LEA, PRMT), "cvt" the
 F2FP E4M3 conversion (one instruction packs two elements), "MUFU" the special-function unit.
