@@ -46,7 +46,7 @@ def prepared_case(n: int, heads: int, rows: int, seed: int) -> dict:
     q_q, q_sc, k_q, k_sc = ref.quantize_qk(q, kp, FIDELITY)
     idx = sample_rows(n, rows, seed)
     acc = torch.matmul(q_q[:, :, idx].float(), k_q.float().transpose(-1, -2))
-    q_scale = ref.expand_rows(q_sc, ref.Q_BLOCK, n)[:, :, idx]
+    q_scale = q_sc[:, :, idx].unsqueeze(-1)
     k_scale = ref.expand_rows(k_sc, ref.K_BLOCK, n).transpose(-1, -2)
     scores = acc * (q_scale * k_scale)  # the same float32 operations as reference.scores_log2
     logits = q[:, :, idx].double() @ kp.double().transpose(-1, -2) / math.sqrt(q.shape[-1])

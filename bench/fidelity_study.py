@@ -1,13 +1,13 @@
 """Fidelity-mode knobs, emulated on CPU: which quantizer refinement lowers the error, and by how much.
 
-One knob at a time from each mode's baseline (reference.py today: Q scale per 64 rows, K per 128
-keys, V-Smooth residual scale per channel, row max at 256, integer running row offset):
-- Q scale per 16 rows, per thread group (rows g and g+8 of each 16-row MMA tile: what a
-  thread holds) and per row;
+One knob at a time from each mode's baseline (reference.py today: Q scale per row, K per 128 keys,
+V-Smooth residual scale per channel, row max at 256 (fidelity) or 448 (speed), exact running row
+max), plus the previous spec (Q per 64 rows, integer running offset M = ceil(max)):
+- Q scale per 64 rows, per 16 rows and per thread group (rows g and g+8 of each 16-row MMA tile);
 - K scale per 32 keys;
 - V residual scale per 128-key block and channel instead of per channel over all tokens;
-- P range: row max at 448 instead of 256 (exp2 + cast, or the ExpCast chord, at 448);
-- exact running row max (float, rescale by MUFU exp2) instead of the integer offset.
+- P range: the other row max (448 for exp2 + cast, 256 for the ExpCast chord);
+- integer running row offset (ceil of the running max) instead of the exact max.
 Data: video-like Q/K/V (study/videodata.py) and random Gaussian Q/K/V (V with channel offsets),
 bf16, V-Smooth grouping (k-means, 64 clusters x 2 iterations, as the node). A few hundred query rows
 per head against ALL keys (the quantizers see all rows, as in a kernel), compared with fp64 exact
@@ -41,29 +41,35 @@ P_ENCODERS = {
 }
 
 
+SPEC_P_MAX = {"exp2": 256, "expcast": 448, "expcast_paper": 256}  # each encoding's row max in the spec
+
+
 @dataclass(frozen=True)
 class Knobs:
     p: str = "exp2"
-    q_groups: str = "64"  # rows per scale, "thread" (rows g, g+8 of each 16) or "1"
+    q_groups: str = "1"  # rows per scale ("1": the spec), or "thread" (rows g, g+8 of each 16)
     k_block: int = 128
     v_scale: str = "channel"  # or "block" (per 128-key block and channel)
-    p_max: int = 256
-    offset: str = "integer"  # or "exact"
+    p_max: int = 0  # 0: the spec's row max of the encoding (SPEC_P_MAX)
+    offset: str = "exact"  # or "integer" (ceil of the running max: the previous spec)
     label: str = field(default="", compare=False)
+
+    @property
+    def row_max(self) -> int:
+        return self.p_max or SPEC_P_MAX[self.p]
 
 
 def knob_rows(p: str) -> list[Knobs]:
-    """The baseline (row max 256: the spec of both modes when this study ran) and one knob at a time."""
-    base = Knobs(p=p, label=f"{p}: baseline (row max 256)")
-    rows = [base]
-    for g in ("16", "thread", "1"):
-        rows.append(Knobs(p=p, q_groups=g, label=f"{p}: Q scale per {g if g != 'thread' else 'thread group'}"
-                          + (" rows" if g not in ("thread", "1") else (" (2 rows)" if g == "thread" else " row"))))
-    for kb in (32,):
-        rows.append(Knobs(p=p, k_block=kb, label=f"{p}: K scale per {kb} keys"))
+    """The spec (baseline), the previous spec, and one knob at a time from the spec."""
+    rows = [Knobs(p=p, label=f"{p}: spec (Q per row, exact running max, row max {SPEC_P_MAX[p]})"),
+            Knobs(p=p, q_groups="64", offset="integer", label=f"{p}: previous spec (Q per 64 rows, integer offset)")]
+    for g in ("64", "16", "thread"):
+        rows.append(Knobs(p=p, q_groups=g, label=f"{p}: Q scale per " + (f"{g} rows" if g != "thread" else "thread group (2 rows)")))
+    rows.append(Knobs(p=p, offset="integer", label=f"{p}: integer running offset (ceil)"))
+    rows.append(Knobs(p=p, k_block=32, label=f"{p}: K scale per 32 keys"))
     rows.append(Knobs(p=p, v_scale="block", label=f"{p}: V residual scale per block x channel"))
-    rows.append(Knobs(p=p, p_max=448, label=f"{p}: row max at 448" + (" (the spec now)" if p == "expcast" else "")))
-    rows.append(Knobs(p=p, offset="exact", label=f"{p}: exact running max"))
+    other = 448 if SPEC_P_MAX[p] == 256 else 256
+    rows.append(Knobs(p=p, p_max=other, label=f"{p}: row max at {other}"))
     return rows
 
 
@@ -104,17 +110,17 @@ def v_hat_block_scale(v_perm: torch.Tensor) -> torch.Tensor:
 
 
 def quantized_p(s: torch.Tensor, knobs: Knobs) -> torch.Tensor:
-    """Unnormalized P (float64) with the kernel's running offsets: integer (spec) or exact max."""
+    """Unnormalized P (float64) with the kernel's running offsets: the exact running max (the spec:
+    reference.quantize_p itself for the spec's encodings) or its ceil (the previous spec)."""
+    if knobs.offset == "exact" and knobs.row_max == SPEC_P_MAX[knobs.p]:
+        return ref.quantize_p(s, ref.VCConfig(p=knobs.p))
     n = s.shape[-1]
-    nb = -(-n // ref.K_BLOCK)
+    run = ref.running_row_offsets(s)
     if knobs.offset == "integer":
-        run = ref.running_row_offsets(s)
-    else:
-        padded = torch.nn.functional.pad(s, (0, nb * ref.K_BLOCK - n), value=-math.inf)
-        run = torch.cummax(padded.reshape(*s.shape[:-1], nb, ref.K_BLOCK).amax(-1), dim=-1).values
+        run = torch.ceil(run)  # ceil is monotone: the running max of the ceilings
     m_run = run.repeat_interleave(ref.K_BLOCK, dim=-1)[..., :n]
-    p = P_ENCODERS[knobs.p, knobs.p_max](s - m_run)
-    return p.double() * torch.exp2((m_run - run[..., -1:]).double())
+    p = P_ENCODERS[knobs.p, knobs.row_max](s - m_run)
+    return p.double() * torch.exp2(m_run.double() - run[..., -1:].double())
 
 
 # ----------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ most 256 * 64 * 1.75 = 28672), which only loses precision for codes below 2^-6 *
 under 1% of the channel amax).
 
 For sampled query rows against ALL keys (V-Smooth, k-means order, INT8 QK as the reference does),
-the online softmax is emulated per `step` keys with its integer running offsets, and the PV partial
+the online softmax is emulated per `step` keys with its running max offsets, and the PV partial
 of every step is summed as:
 - fp32: exactly (what the kernels do today, up to fp32 summation order) = the reference;
 - fp16: rounded to fp16 after each 32-key MMA (the accumulator register is fp16), V codes as is;
@@ -46,9 +46,9 @@ def video_case(n: int, heads: int, rows: int, seed: int) -> dict:
     kp, vp = ref.permute_tokens(k, perm), ref.permute_tokens(v, perm)
     q_q, q_sc, k_q, k_sc = ref.quantize_qk(q, kp, FIDELITY)
     idx = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[: min(rows, n)].sort().values
-    # the reference's score arithmetic, restricted to the sampled rows (scale blocks of their rows)
+    # the reference's score arithmetic, restricted to the sampled rows (one Q scale per row)
     acc = torch.matmul(q_q[:, :, idx].float(), k_q.float().transpose(-1, -2))
-    scores = acc * (ref.expand_rows(q_sc, ref.Q_BLOCK, n)[:, :, idx] * ref.expand_rows(k_sc, ref.K_BLOCK, n).transpose(-1, -2))
+    scores = acc * (q_sc[:, :, idx].unsqueeze(-1) * ref.expand_rows(k_sc, ref.K_BLOCK, n).transpose(-1, -2))
     logits = q[:, :, idx].double() @ kp.double().transpose(-1, -2) / math.sqrt(q.shape[-1])
     return {"scores": scores, "vsmooth": ref.quantize_v_vsmooth(vp), "exact": torch.softmax(logits, -1) @ vp.double()}
 
@@ -63,8 +63,7 @@ def pv_output(scores: torch.Tensor, vs: ref.VSmoothV, config: VCConfig, accumula
     n = scores.shape[-1]
     n_pad = -(-n // ref.K_BLOCK) * ref.K_BLOCK
     run = ref.running_row_offsets(scores, step)                        # (..., rows, steps)
-    u = scores - run.repeat_interleave(step, dim=-1)[..., :n]
-    p = ref.p_exp2_cast(u) if config.p == "exp2" else ref.p_expcast(u)  # values <= 256, float32
+    p = ref.P_ENCODERS[config.p](scores, run.repeat_interleave(step, dim=-1)[..., :n])  # float32 values
     p = torch.nn.functional.pad(p, (0, n_pad - n))
     codes = torch.nn.functional.pad(vs.residual_q, (0, 0, 0, n_pad - n))  # (B,H,n_pad,D) code values
     if accumulation == "fp16-v/256":
@@ -83,7 +82,7 @@ def pv_output(scores: torch.Tensor, vs: ref.VSmoothV, config: VCConfig, accumula
         partial = acc16.double() / (V_SHIFT if accumulation == "fp16-v/256" else 1.0)
     l_step = p.double().view(b, h, rows, -1, step).sum(-1)              # ones column, fp32-exact
     mu = ref.expand_rows(vs.mean.double(), ref.V_BLOCK, n_pad)[:, :, ::step]  # (B,H,steps,D)
-    alpha = torch.exp2((run - run[..., -1:]).double())                  # (..., rows, steps)
+    alpha = torch.exp2(run.double() - run[..., -1:].double())            # (..., rows, steps)
     o = (alpha.unsqueeze(-1) * (partial * vs.scale.double().unsqueeze(2) + l_step.unsqueeze(-1) * mu.unsqueeze(2))).sum(3)
     return o / (alpha * l_step).sum(-1, keepdim=True)
 

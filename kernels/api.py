@@ -101,8 +101,8 @@ def vc_attention(
     that must know the backend before it runs, like the node: the call is then not checked a second
     time). "auto" runs the slow exact emulation where no kernel can take the call: quietly on the CPU,
     with a RuntimeWarning (once per reason) anywhere else. Returns a new tensor of q's shape, dtype
-    and layout (empty if q is); fp16 saturates at +-65504. A NaN or Inf in q reaches its 64-row scale
-    block (SDPA: its row), in k the whole head, in v that channel of the head (as in SDPA).
+    and layout (empty if q is); fp16 saturates at +-65504. A NaN or Inf in q reaches at most its row (one
+    scale per row, as SDPA), in k the whole head, in v that channel of the head (as in SDPA).
     """
     inputs.check_call(q, k, v, layout, config)
     b, h, n = to_bhnd(q, layout).shape[:3]

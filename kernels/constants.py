@@ -12,7 +12,7 @@ LOG2E = 1.4426950408889634  # scores are kept in log2 units: s = q.k * sm_scale 
 E4M3_MAX = 448.0  # largest finite E4M3 value (the FP8 V residual's per-channel scale maps amax here)
 INT8_MAX = 127.0  # symmetric INT8 codes: -127..127
 
-Q_BLOCK = 64  # query rows sharing one INT8 / FP8 scale (one wgmma warpgroup tile)
+Q_BLOCK = 64  # query rows per CTA of the portable mma kernel (Q has one scale per row)
 K_BLOCK = 128  # key rows sharing one scale; also the V-Smooth block B_v (one KV tile)
 V_BLOCK = K_BLOCK
 

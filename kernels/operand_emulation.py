@@ -15,7 +15,7 @@ from .operands import N_ALIGN, PreparedOperands
 def emulate_attention(ops: PreparedOperands, config: VCConfig, out_dtype: torch.dtype) -> torch.Tensor:
     """The kernel's output (B,H,N,D) from the operands, in float64 rounded to out_dtype.
 
-    O = (sum_j P_j (v_scale * R_j) + l_j mu_j) / sum_j l_j with P from the integer-offset softmax of
+    O = (sum_j P_j (v_scale * R_j) + l_j mu_j) / sum_j l_j with P from the running-max softmax of
     reference.quantize_p and l_j the row sums of the same quantized P over key block j.
     """
     n = ops.n_tokens

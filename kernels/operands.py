@@ -3,8 +3,9 @@
 `PreparedOperands` is the fixed contract between preprocessing and the attention kernels (the
 portable `mma` kernel and the Hopper `sm90` one read exactly this):
 - n_pad = ceil(N/128)*128; every tensor contiguous; padded rows/columns are zero.
-- q_q (B,H,n_pad,D) int8 (float8_e4m3fn for qk="fp8"); q_scale (B,H,ceil(N/64)) float32, which
-  includes sm_scale*log2(e), so q_q.k_q * q_scale * k_scale is the score in log2 units.
+- q_q (B,H,n_pad,D) int8 (float8_e4m3fn for qk="fp8"); q_scale (B,H,n_pad) float32, one scale per
+  query row (0 for the padded rows), which includes sm_scale*log2(e), so q_q.k_q * q_scale * k_scale
+  is the score in log2 units.
 - k_q (B,H,n_pad,D) int8/e4m3: K smoothed (if config.smooth_k), then permuted, then quantized;
   k_scale (B,H,n_pad/128) float32.
 - v_t (B,H,D,n_pad) float8_e4m3fn: permuted V (per_channel) or V-Smooth residual, TRANSPOSED so the

@@ -36,7 +36,7 @@ def prepare_cuda(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout
     qk_dtype = torch.int8 if config.qk == "int8" else torch.float8_e4m3fn
     ops = PreparedOperands(
         q_q=torch.empty(b, h, n_pad, d, dtype=qk_dtype, device=dev),
-        q_scale=torch.empty(b, h, -(-n // reference.Q_BLOCK), dtype=torch.float32, device=dev),
+        q_scale=torch.empty(b, h, n_pad, dtype=torch.float32, device=dev),
         k_q=torch.empty(b, h, n_pad, d, dtype=qk_dtype, device=dev),
         k_scale=torch.empty(b, h, n_pad // N_ALIGN, dtype=torch.float32, device=dev),
         v_t=torch.empty(b, h, d, n_pad, dtype=torch.float8_e4m3fn, device=dev),

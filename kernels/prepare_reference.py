@@ -41,7 +41,7 @@ def prepare_reference(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, l
     scale = scale.squeeze(-2)
     return PreparedOperands(
         q_q=_qk_storage(_pad_to_length(q_q, n_pad), config).contiguous(),
-        q_scale=q_scale.contiguous(),
+        q_scale=torch.nn.functional.pad(q_scale, (0, n_pad - n)).contiguous(),
         k_q=_qk_storage(_pad_to_length(k_q, n_pad), config).contiguous(),
         k_scale=k_scale.contiguous(),
         v_t=v_t,

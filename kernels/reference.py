@@ -7,12 +7,18 @@ Arithmetic conventions (every kernel reproduces them):
 - All quantizer math is float32. "rint" is round-half-to-even (torch.round, CUDA __float2int_rn,
   cvt.rni); E4M3 casts are round-to-nearest-even with saturation to +-448 (cvt.rn.satfinite).
 - Scores are kept in log2 units: s = q.k * sm_scale * log2(e), so probabilities are exp2(s - M).
-- Row offsets are INTEGERS: while the kernel walks key blocks of K_BLOCK in order, it holds
-  M = max over seen blocks of ceil(block row max), and encodes P = E4M3(2^(s - M + 8)), so the row
-  max lands in (128, 256]. Integer offsets make the rescale alpha = 2^(M_old - M_new) exact and, in
-  the normal E4M3 range, give every probability the same mantissa whatever the running offset was
-  (a shift of M by k moves every code by 8k). quantize_p emulates the running offsets exactly, so
-  "kernel == emulation up to float32 summation order" holds in the subnormal tail too.
+- Row offsets are the EXACT running max: while the kernel walks key blocks of K_BLOCK in order, it
+  holds M = max over seen blocks of the block row max (a float32 score, no rounding), and encodes P
+  from s and the per-row constant float32(c - M) with one multiply-add (exp2: c = 8, so the row max
+  lands exactly on 2^8 = 256; speed: c = the ExpCast row constant, row max 448). With an exact max the
+  row's largest probability is always the top code, and in peaky rows that one element carries much
+  of the mass (docs/fidelity-study.md: -13% rel-L2 against an integer offset). The rescale
+  alpha = 2^(M_old - M_new) is then not a power of two: the kernels compute it in float32 (MUFU exp2
+  in fidelity mode, an FMA polynomial in speed mode, both within 3e-7 relative) where quantize_p
+  rescales exactly, so "kernel == emulation up to float32 rounding of alpha and summation order"; P
+  itself is emulated against the running offsets, subnormal tail included.
+- Q has one INT8 / FP8 scale per query row (what the softmax multiplies per row anyway), K one per
+  K_BLOCK keys.
 - Output = sum_j P_q[i,j] * Vhat[j] / sum_j P_q[i,j], with the SAME quantized P in both sums.
 """
 from __future__ import annotations
@@ -136,27 +142,29 @@ def qk_scale(head_dim: int, sm_scale: float | None) -> float:
 def quantize_qk(q: torch.Tensor, k: torch.Tensor, config: VCConfig, sm_scale: float | None = None):
     """Q, K -> (q_q, q_scale, k_q, k_scale), all (B,H,...) as in quantize_*_blocks.
 
-    Q is multiplied by qk_scale (a float32 constant) before quantization, in blocks of Q_BLOCK rows;
-    K is smoothed (config.smooth_k) and quantized in blocks of K_BLOCK rows (after any permutation).
+    Q is multiplied by qk_scale (a float32 constant) before quantization, one scale per ROW
+    (q_scale (B,H,N)); K is smoothed (config.smooth_k) and quantized in blocks of K_BLOCK rows (after
+    any permutation).
     """
     qs = q.float() * torch.tensor(qk_scale(q.shape[-1], sm_scale), dtype=torch.float32)
     ks = smooth_k(k)[0] if config.smooth_k else k.float()
     quant = quantize_int8_blocks if config.qk == "int8" else quantize_fp8_blocks
-    q_q, q_sc = quant(qs, Q_BLOCK)
+    q_q, q_sc = quant(qs, 1)
     k_q, k_sc = quant(ks, K_BLOCK)
     return q_q, q_sc, k_q, k_sc
 
 
 def scores_log2(q_q, q_scale, k_q, k_scale, n_k: int) -> torch.Tensor:
-    """s[i,j] = float32(sum_d q_q[i,d] k_q[j,d]) * (q_scale[i blk] * k_scale[j blk]), log2 units.
+    """s[i,j] = float32(sum_d q_q[i,d] k_q[j,d]) * (q_scale[i] * k_scale[j blk]), log2 units.
 
-    The integer dot product is exact (|sum| < 2^24, so a float32 matmul of int8 values is exact).
+    q_scale is per query row (its first Nq entries are used: a padded operand works as is). The
+    integer dot product is exact (|sum| < 2^24, so a float32 matmul of int8 values is exact).
     """
     if q_q.dtype == torch.int8:
         acc = torch.matmul(q_q.float(), k_q.float().transpose(-1, -2))
     else:  # FP8 products are not integers: accumulate in float64, round once to float32
         acc = torch.matmul(q_q.double(), k_q.double().transpose(-1, -2)).float()
-    qs = expand_rows(q_scale, Q_BLOCK, q_q.shape[-2])  # (B,H,Nq,1)
+    qs = q_scale[..., : q_q.shape[-2]].unsqueeze(-1)  # (B,H,Nq,1)
     ks = expand_rows(k_scale, K_BLOCK, n_k).transpose(-1, -2)  # (B,H,1,Nk)
     return acc * (qs * ks)
 
@@ -164,26 +172,35 @@ def scores_log2(q_q, q_scale, k_q, k_scale, n_k: int) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------
 # P encodings
 def row_offset(s: torch.Tensor) -> torch.Tensor:
-    """M_i = ceil(max_j s_ij): the integer offset of a row once every key has been seen."""
-    return torch.ceil(s.amax(dim=-1, keepdim=True))
+    """M_i = max_j s_ij: the offset of a row once every key has been seen (the exact max)."""
+    return s.amax(dim=-1, keepdim=True)
 
 
 def running_row_offsets(s: torch.Tensor, block: int = K_BLOCK) -> torch.Tensor:
-    """The integer offset an online-softmax kernel holds while it processes each key block.
+    """The offset an online-softmax kernel holds while it processes each key block.
 
-    Key blocks of `block` columns are visited in order 0, 1, ...; after block j the offset is
-    max over blocks <= j of ceil(block max). Returns (..., Nq, nb) float32.
+    Key blocks of `block` columns are visited in order 0, 1, ...; after block j the offset is the
+    running max of the scores, max over blocks <= j of the block max (exact float32 values, no
+    rounding). Returns (..., Nq, nb) float32.
     """
     n = s.shape[-1]
     nb = _blocks(n, block)
     padded = torch.nn.functional.pad(s, (0, nb * block - n), value=-math.inf)
-    block_max = torch.ceil(padded.reshape(*s.shape[:-1], nb, block).amax(dim=-1))
+    block_max = padded.reshape(*s.shape[:-1], nb, block).amax(dim=-1)
     return torch.cummax(block_max, dim=-1).values
 
 
-def p_exp2_cast(u: torch.Tensor) -> torch.Tensor:
-    """Fidelity encoding: P = E4M3(exp2(u + 8)) for u = s - M <= 0 (float32 exp2, RNE cast)."""
-    return fp8_e4m3(torch.exp2(u.float() + P_LOG2_MAX))
+def row_constant(c: float, m) -> torch.Tensor:
+    """float32(c - M): the per-row constant a kernel adds to s with its one multiply-add
+    (fmaf(acc, sc, c - M)); c rounded to float32 first, as the kernels' float literal is."""
+    return torch.tensor(c, dtype=torch.float32) - torch.as_tensor(m, dtype=torch.float32)
+
+
+def p_exp2_cast(s: torch.Tensor, m=0.0) -> torch.Tensor:
+    """Fidelity encoding: P = E4M3(exp2(s + float32(8 - M))) (float32 exp2, RNE cast), u = s - M <= 0.
+
+    With m = 0 (the default) s is u itself: P = E4M3(exp2(u + 8)). At the row max u = 0: 256."""
+    return fp8_e4m3(torch.exp2(s.float() + row_constant(P_LOG2_MAX, m)))
 
 
 def expcast_paper_code(u: torch.Tensor, beta: float = EXPCAST_BETA) -> torch.Tensor:
@@ -207,16 +224,18 @@ def decode_e4m3(codes: torch.Tensor) -> torch.Tensor:
     return torch.where(e > 0, normal, sub)
 
 
-def p_expcast_paper(u: torch.Tensor) -> torch.Tensor:
-    """The paper's ExpCast as the values the FP8 MMA multiplies (decoded through torch's float8 view)."""
-    return expcast_paper_code(u).to(torch.uint8).view(torch.float8_e4m3fn).float()
+def p_expcast_paper(s: torch.Tensor, m=0.0) -> torch.Tensor:
+    """The paper's ExpCast of u = s - M as the values the FP8 MMA multiplies (decoded through torch's
+    float8 view). Comparison only: no kernel matches it bit for bit."""
+    return expcast_paper_code(s.float() - m).to(torch.uint8).view(torch.float8_e4m3fn).float()
 
 
-def expcast_fixed_point(u: torch.Tensor) -> torch.Tensor:
-    """y = max(fl32(u + EXPCAST_ROW_CONSTANT), EXPCAST_FLOOR): u + log2(448) + beta/8 as a fixed-point number
-    with 13 fraction bits (the float32 ulp on [1024, 2048)); the floor keeps y - 1536 >= -24, far
-    below the E4M3 underflow, and turns u = -inf (a masked key) into code 0."""
-    return torch.clamp(u.float() + torch.tensor(EXPCAST_ROW_CONSTANT, dtype=torch.float32), min=EXPCAST_FLOOR)
+def expcast_fixed_point(s: torch.Tensor, m=0.0) -> torch.Tensor:
+    """y = max(fl32(s + fl32(EXPCAST_ROW_CONSTANT - M)), EXPCAST_FLOOR): u + log2(448) + beta/8 (u = s - M)
+    as a fixed-point number with 13 fraction bits (the float32 ulp on [1024, 2048)); the floor keeps
+    y - 1536 >= -24, far below the E4M3 underflow, and turns u = -inf (a masked key) into code 0.
+    The kernels form y with one fmaf(acc, sc, row constant); m = 0 makes s the argument u itself."""
+    return torch.clamp(s.float() + row_constant(EXPCAST_ROW_CONSTANT, m), min=EXPCAST_FLOOR)
 
 
 def expcast_exponent_float(y: torch.Tensor) -> torch.Tensor:
@@ -229,9 +248,10 @@ def expcast_exponent_float(y: torch.Tensor) -> torch.Tensor:
     return out.to(torch.int32).view(torch.float32)
 
 
-def p_expcast(u: torch.Tensor) -> torch.Tensor:
+def p_expcast(s: torch.Tensor, m=0.0) -> torch.Tensor:
     """Speed encoding (ExpCast, corrected): P = E4M3(2^floor(w) (1 + frac(w))), w = u + log2(448) +
-    beta/8 held to 13 fraction bits; float32 values of the E4M3 codes (row max 448, code 126).
+    beta/8 (u = s - M) held to 13 fraction bits (expcast_fixed_point); float32 values of the E4M3
+    codes (row max 448, code 126). m = 0: s is u.
 
     A piecewise-linear exp2 built from float32 exponent bits, rounded by the hardware cast (RNE,
     satfinite: at u = 0 the float is 451.3, cast to 448). In the normal E4M3 range the code is
@@ -242,32 +262,32 @@ def p_expcast(u: torch.Tensor) -> torch.Tensor:
     Kernels (kernels/csrc/p_encoding.cuh): the same fixed point on the FMA pipes - FFMA.SAT (the floor),
     FFMA, IMAD (the shift) - and half an F2FP.E4M3: no MUFU, no F2I (tests/test_expcast_kernel_form.py).
     """
-    return fp8_e4m3(expcast_exponent_float(expcast_fixed_point(u)))
+    return fp8_e4m3(expcast_exponent_float(expcast_fixed_point(s, m)))
 
 
-def expcast_code(u: torch.Tensor) -> torch.Tensor:
-    """The E4M3 byte of p_expcast(u) as int32 (0..126 for u <= 0)."""
-    return p_expcast(u).to(torch.float8_e4m3fn).view(torch.uint8).to(torch.int32)
+def expcast_code(s: torch.Tensor, m=0.0) -> torch.Tensor:
+    """The E4M3 byte of p_expcast(s, m) as int32 (0..126 for u = s - M <= 0)."""
+    return p_expcast(s, m).to(torch.float8_e4m3fn).view(torch.uint8).to(torch.int32)
 
 
+# encoder(s, m): P of the scores s against the row offset m (broadcast); m = 0 makes s the argument u
 P_ENCODERS = {"exp2": p_exp2_cast, "expcast": p_expcast, "expcast_paper": p_expcast_paper}
 
 
 def quantize_p(s: torch.Tensor, config: VCConfig, offset_block: int = K_BLOCK) -> torch.Tensor:
     """Scores (log2 units) -> quantized, UNnormalized probabilities, float64, as the kernel sums them.
 
-    Each key block is encoded against the running offset of the block (running_row_offsets), then
-    rescaled by 2^(M_running - M_final) - exactly what the online softmax's alpha factors do to the
-    accumulator and the row sum. In the normal E4M3 range this equals encoding against the final
-    offset; in the subnormal/underflow tail it reproduces what the kernel keeps there.
+    Each key block is encoded against the running offset of the block (running_row_offsets: the
+    exact running max), then rescaled by 2^(M_running - M_final) in float64 - what the online
+    softmax's alpha factors do to the accumulator and the row sum (the kernels' float32 alpha is
+    within 3e-7 of it). The codes are those the kernel writes, subnormal and underflow tail included.
     offset_block: keys per online-softmax step of the kernel being emulated (K_BLOCK for the sm90
     and default mma kernels; the wide mma kernel steps by 64 or 32 keys).
     """
     run = running_row_offsets(s, offset_block)
     m_run = run.repeat_interleave(offset_block, dim=-1)[..., : s.shape[-1]]
-    u = s - m_run
-    p = P_ENCODERS[config.p](u)
-    return p.double() * torch.exp2((m_run - run[..., -1:]).double())
+    p = P_ENCODERS[config.p](s, m_run)
+    return p.double() * torch.exp2(m_run.double() - run[..., -1:].double())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -452,8 +472,6 @@ def vc_attention_reference(
     Query rows are processed in chunks so memory is O(query_chunk * N).
     """
     check_inputs(q, k, v)
-    if query_chunk % Q_BLOCK:
-        raise ValueError(f"query_chunk must be a multiple of Q_BLOCK={Q_BLOCK}.")
     qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))
     if perm is not None:
         kb, vb = permute_tokens(kb, perm), permute_tokens(vb, perm)
@@ -466,9 +484,7 @@ def vc_attention_reference(
     for start in range(0, qb.shape[-2], query_chunk):
         stop = min(start + query_chunk, qb.shape[-2])
         q_blk = q_q[:, :, start:stop]
-        # q scales are per Q_BLOCK rows of the whole sequence; chunks start on block boundaries
-        sc_blk = q_sc[:, :, start // Q_BLOCK : _blocks(stop, Q_BLOCK)]
-        s = scores_log2(q_blk, sc_blk, k_q, k_sc, n_k)
+        s = scores_log2(q_blk, q_sc[:, :, start:stop], k_q, k_sc, n_k)
         p = quantize_p(s, config)
         denom = p.sum(-1, keepdim=True)
         outs.append(p @ v_hat / denom)

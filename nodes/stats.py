@@ -14,9 +14,9 @@ baseline, its VC cost per call is estimated as attention + grouping x the run's 
 permutation reuse x the rest (the grouping runs on the first part of the steps only); when that is
 above the model's attention time the shape is "slower" (nodes/patch.py decides what to do).
 
-NaN and Inf inputs are counted, not fallen back from: in our quantizers one NaN in q spreads over
-its 64-row scale block where the model's attention keeps it to its row (in k both lose most of the
-head, in v the channel); but the next layer's attention spreads any NaN token over every row
+NaN and Inf inputs are counted, not fallen back from: in our quantizers one NaN in q stays in its
+row (one scale per row, as in the model's attention; in k both lose most of the head, in v the
+channel); but the next layer's attention spreads any NaN token over every row
 anyway, so falling back would not save the image, and deciding per call would cost a host sync per
 call. The first and then every SAMPLE_EVERY-th VC call gets a min/max of q, k and v (one read each,
 no full-size temporary) whose verdict is kept on the device and read when the run ends; the log

@@ -1,9 +1,8 @@
 """ExpCast accuracy variants, emulated: candidate P encodings for the speed (ALU-only) softmax path.
 
-Every encoder maps u = s - M (log2 units, M the integer running row offset, so u <= 0 and the row
-max has u in (-1, 0]) to the float32 VALUES of E4M3 codes, like reference.p_exp2_cast and
-reference.p_expcast. Scale: 2^(u+8) (row max in (128, 256]) unless the name says 448 (row max in
-(224, 448]); the scale cancels in the softmax normalization, so only the rounding differs.
+Every encoder maps u = s - M (log2 units, M the running row max, so u <= 0 and the row max has
+u = 0) to the float32 VALUES of E4M3 codes, like reference.p_exp2_cast and reference.p_expcast.
+Scale: 2^(u+8) (row max 256) unless the name says 448 (row max 448); the scale cancels in the softmax normalization, so only the rounding differs.
 Each docstring gives the per-element instruction sequence a kernel would use and its cost:
 "ALU" counts FP32 FMA-pipe and integer/logic ops (FFMA, FMNMX, LOP3, LEA, PRMT), "cvt" the
 F2FP E4M3 conversion (one instruction packs two elements), "MUFU" the special-function unit.
@@ -312,9 +311,11 @@ VARIANTS = {
 
 
 def quantize_p_with(s: torch.Tensor, encode: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """reference.quantize_p with any encoder: each key block encoded against its running integer
-    offset, rescaled by 2^(M_running - M_final). Returns unnormalized P, float64."""
+    """reference.quantize_p with any encoder of u: each key block encoded at u = float32(s - M) against
+    its running offset M (the exact running max), rescaled by 2^(M_running - M_final). Returns
+    unnormalized P, float64. The spec adds float32(c - M) to s instead (the kernels' one FMA); the two
+    orders of rounding agree wherever s - M and c - M are exact (a few codes in a million differ else)."""
     run = ref.running_row_offsets(s)
     m_run = run.repeat_interleave(ref.K_BLOCK, dim=-1)[..., : s.shape[-1]]
     p = encode(s - m_run)
-    return p.double() * torch.exp2((m_run - run[..., -1:]).double())
+    return p.double() * torch.exp2(m_run.double() - run[..., -1:].double())

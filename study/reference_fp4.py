@@ -15,7 +15,7 @@ NVFP4 as used here (every formula is float32 unless stated; E4M3 casts are refer
 - Q is multiplied by reference.qk_scale before quantization (scores come out in log2 units), K is
   smoothed (reference.smooth_k) before quantization, as in the 8-bit path.
 - Scores s = q_hat . k_hat (float64 sum rounded once to float32); P~ = exp2(s - M) with the integer
-  row offset M = reference.row_offset(s), so P~ <= 1 and the row max is in (0.5, 1]. P~ is not known
+  row offset M = ceil(max_j s), so P~ <= 1 and the row max is in (0.5, 1]. P~ is not known
   before the row is done, so its tensor scale is the constant bound: s_t(P) = 1 / (6 * 448).
 - SageAttention3-style baseline: V quantized directly. V-Smooth 4-bit: V permuted, per 128-row block
   means mu_j (reference.block_means_fp16) removed first, the residual quantized, and the mean restored
@@ -109,7 +109,7 @@ def fp4_attention_reference(
     for start in range(0, qb.shape[-2], query_chunk):
         stop = min(start + query_chunk, qb.shape[-2])
         s = (q_hat[:, :, start:stop] @ k_hat.transpose(-1, -2)).float()
-        p = quantize_nvfp4(torch.exp2(s - ref.row_offset(s)), P_TENSOR_SCALE).double()
+        p = quantize_nvfp4(torch.exp2(s - torch.ceil(s.amax(-1, keepdim=True))), P_TENSOR_SCALE).double()
         denom = p.sum(-1, keepdim=True)
         outs.append(p @ v_hat / denom)
         if parts:

@@ -130,6 +130,46 @@ def test_video_like_data_with_grouping_matches_the_emulation(name, cfg, n, layou
     _check(out, _emulation(q, k, v, perm, config, layout), layout)
 
 
+def _rising_max_qkv(d, dtype, device, n=640, rise=0.37):
+    """One dominant key per 128-key tile whose score rises by `rise` (log2 units, not an integer) from
+    tile to tile over a flat background, for every query row: the running max moves by a fraction at
+    each tile, and the early tiles' codes are rescaled by non-power-of-two alphas."""
+    gen = torch.Generator().manual_seed(11)
+    direction = torch.nn.functional.normalize(torch.randn(d, generator=gen), dim=0)
+    q = 4.0 * direction + 0.05 * torch.randn(1, 2, n, d, generator=gen)
+    k = 0.3 * torch.randn(1, 2, n, d, generator=gen)
+    per_unit = 4.0 / math.sqrt(d) * reference.LOG2E  # log2-unit score of a key c * direction, per c
+    for tile in range(n // reference.K_BLOCK):
+        k[:, :, tile * reference.K_BLOCK + 17] = (9.0 + rise * tile) / per_unit * direction
+    v = torch.randn(1, 2, n, d, generator=gen)  # no common offset: the weights of the dominant keys show
+    return tuple(t.to(device=device, dtype=dtype) for t in (q, k, v))
+
+
+def _integer_offset_emulation(q, k, v, config, monkeypatch):
+    """The previous spec (running offset M = ceil of the running max), for contrast."""
+    exact_max = reference.running_row_offsets
+    with monkeypatch.context() as m:
+        m.setattr(reference, "running_row_offsets", lambda s, block=reference.K_BLOCK: torch.ceil(exact_max(s, block)))
+        return _emulation(q, k, v, None, config, "bhnd")
+
+
+@pytest.mark.parametrize("name,cfg,n,layout,d,dtype", _cases(["speed", "fidelity", "plain8"], [640], ["bhnd"],
+                                                               [(128, torch.bfloat16), (64, torch.float16)]))
+def test_a_running_max_that_rises_by_a_fraction_matches_the_emulation(name, cfg, n, layout, d, dtype, monkeypatch):
+    """The kernels hold the exact running max (no ceil) and rescale by 2^(M_old - M_new) for any
+    fraction: they match the spec, and not the integer-offset spec they replaced (which differs by far
+    more than the gate on this data, so the test can tell the two apart)."""
+    config = CONFIGS[cfg]
+    q, k, v = _rising_max_qkv(d, dtype, "cuda", n)
+    out = _poisoned_run(name, q, k, v, None, config, layout)
+    ref64 = _emulation(q, k, v, None, config, layout)
+    _check(out, ref64, layout)
+    old = _integer_offset_emulation(q, k, v, config, monkeypatch)
+    floor = _rel_l2(ref64.to(out.dtype), ref64)
+    assert _rel_l2(old, ref64) > 5 * (floor + GATE)
+    assert _rel_l2(out, old) > floor + GATE
+
+
 @pytest.mark.parametrize("name,cfg,n,layout,d,dtype", _cases(["speed", "fidelity"], [75600], ["bnhd"], [(128, torch.bfloat16)]))
 def test_wan_length_sequence(name, cfg, n, layout, d, dtype):
     config = CONFIGS[cfg]
@@ -224,6 +264,7 @@ def test_cuda_prepare_matches_the_contract(cfg):
     assert torch.equal(got.q_q.view(torch.uint8), want.q_q.view(torch.uint8))
     # scales: amax / 127 is a true division in the kernel and on the CPU reference, while torch on
     # CUDA multiplies by the rounded reciprocal: one ulp apart at most
+    assert got.q_scale.shape == (2, 3, 1024)  # one scale per query row, padded rows 0
     torch.testing.assert_close(got.q_scale, want.q_scale, rtol=2.5e-7, atol=0)
     # K mean and V block means are float32 sums in another order: allow rare one-code differences
     for field in ("k_q", "v_t"):

@@ -94,10 +94,23 @@ def test_decode_is_exact():
     assert torch.equal(codes.to(torch.uint8).view(torch.float8_e4m3fn).float(), R.p_expcast(u))
 
 
-def test_integer_row_offset_shifts_normal_codes_exactly():
-    u = -torch.rand(10000, generator=torch.Generator().manual_seed(1)) * 10
-    u = torch.round(u * 2**13) / 2**13  # on the fixed-point grid, so u - 1 rounds the same way
-    assert torch.equal(R.expcast_code(u - 1.0), R.expcast_code(u) - 8)
+def _definition_against_offset(s: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """The kernels' form with a non-integer running max M: the row constant C - M rounded to the
+    2^-13 grid (float32 on [1024, 2048)), then s added and rounded once more (fmaf(acc, sc, C - M))."""
+    row = torch.round((_float32_row_constant() - m.double()) * 2**13) / 2**13
+    y = torch.round((s.double() + row) * 2**13) / 2**13
+    w = torch.clamp(y, min=R.EXPCAST_FLOOR) - R.EXPCAST_FIXED_POINT
+    return _e4m3_round(torch.exp2(torch.floor(w)) * (1 + w - torch.floor(w)))
+
+
+def test_codes_against_a_non_integer_offset_equal_the_definition_bit_for_bit():
+    gen = torch.Generator().manual_seed(1)
+    m = (torch.randn(400000, generator=gen) * 40).float()  # exact running maxima: any float32
+    s = m - torch.rand(400000, generator=gen) * 30
+    s[::1000] = m[::1000]  # the row max itself: code 126
+    want = _definition_against_offset(s, m)
+    assert torch.equal(R.p_expcast(s, m).double(), want)
+    assert bool((R.expcast_code(s[::1000], m[::1000]) == R.EXPCAST_TOP_CODE).all())
 
 
 # ---------------------------------------------------------------- error bounds against exp2

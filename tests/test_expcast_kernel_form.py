@@ -57,21 +57,21 @@ def single_rounding_form(x: np.ndarray, sc: float, m: float) -> np.ndarray:
 
 
 def spec(x: np.ndarray, sc: float, m: float) -> np.ndarray:
-    """reference.p_expcast on u = fl32(fl32(x sc) - m), as quantize_p forms it from the scores."""
-    s = (x.astype(np.float64) * np.float64(f32(sc))).astype(f32)
-    u = torch.from_numpy((s - f32(m)).astype(f32))
-    return _codes(R.p_expcast(u).numpy())
+    """reference.p_expcast of the scores s = fl32(x sc) against the row max m, as quantize_p calls it."""
+    s = torch.from_numpy((x.astype(np.float64) * np.float64(f32(sc))).astype(f32))
+    return _codes(R.p_expcast(s, float(f32(m))).numpy())
 
 
-# (scale, integer row offset): small and large scores, negative offsets, the head-dim-64 range
-CASES = [(1e-3, 5.0), (3e-3, 40.0), (0.0123, 17.0), (0.5, 500.0), (0.05, 3000.0), (1e-5, -3.0), (0.02, -200.0),
-         (0.18, 60.0), (7.7e-4, 2.0)]
+# (scale, row max): small and large scores, negative maxima, the head-dim-64 range; the running max is
+# exact (any float), integers included
+CASES = [(1e-3, 5.0), (3e-3, 40.0), (0.0123, 17.31), (0.5, 500.0), (0.05, 3000.27), (1e-5, -3.0), (0.02, -200.7),
+         (0.18, 60.123), (7.7e-4, 2.0)]
 
 
 @pytest.mark.parametrize("sc,m", CASES)
 def test_kernel_form_codes_equal_the_spec(sc, m):
     rng = np.random.default_rng(int(sc * 1e6) + int(m))
-    top = int(np.floor(m / sc))  # the largest x with x sc <= m (u <= 0)
+    top = int(np.floor(m / sc))  # about the largest x with x sc <= m (u <= 0)
     x = np.concatenate([
         rng.integers(top - int(40 / sc), top + 1, 300_000),  # u in [-40, 0]: every code range
         np.arange(top - 20_000, top + 1),  # the top codes, densely
@@ -81,7 +81,7 @@ def test_kernel_form_codes_equal_the_spec(sc, m):
     mine, ref, old = kernel_form(x, sc, m), spec(x, sc, m), single_rounding_form(x, sc, m)
     assert (mine != ref).mean() <= 1e-5, f"{(mine != ref).sum()} of {len(x)} codes differ from the spec"
     assert (mine != old).mean() <= 1e-5, f"{(mine != old).sum()} of {len(x)} codes differ from the previous kernel form"
-    assert mine.max() == 126 and mine.min() == 0  # the row max reaches 448, the tail reaches code 0
+    assert mine.max() >= 125 and mine.min() == 0  # the top codes are reached, the tail reaches code 0
 
 
 def test_masked_and_floored_arguments_give_code_zero():
@@ -105,4 +105,4 @@ def test_a_more_precise_row_constant_would_fail():
     y = _fma32(z, f32(Z_RANGE), f32(1024.0))
     bits = (y.view(np.uint32).astype(np.uint64) * 1024 + ((127 - int(W_FLOOR)) << 23)) & 0xFFFFFFFF
     drifted = _codes(bits.astype(np.uint32).view(f32))
-    assert (drifted != spec(x, sc, m)).mean() > 1e-3
+    assert (drifted != spec(x, sc, m)).mean() > 1e-3  # about 3e-3

@@ -31,7 +31,9 @@ def test_operands_match_reference_quantizers(config):
     assert ops.q_q.dtype == (torch.int8 if config.qk == "int8" else torch.float8_e4m3fn)
     assert torch.equal(ops.q_q[:, :, :200].float(), q_q.float())
     assert torch.equal(ops.k_q[:, :, :200].float(), k_q.float())
-    assert torch.equal(ops.q_scale, q_sc) and torch.equal(ops.k_scale, k_sc)
+    assert ops.q_scale.shape == (2, 3, 256)  # one scale per query row, zero on the padded rows
+    assert torch.equal(ops.q_scale[:, :, :200], q_sc) and not ops.q_scale[:, :, 200:].any()
+    assert torch.equal(ops.k_scale, k_sc)
     assert not ops.q_q[:, :, 200:].float().any() and not ops.k_q[:, :, 200:].float().any()
     assert not ops.v_t[..., 200:].float().any()
     assert all(t.is_contiguous() for t in (ops.q_q, ops.k_q, ops.v_t, ops.v_mean, ops.v_scale))

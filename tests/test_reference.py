@@ -65,11 +65,46 @@ def test_beta_is_the_minmax_centre_of_eps():
     assert abs(R.EXPCAST_BETA - centre) < 0.01
 
 
-def test_integer_row_offset_shifts_codes_exactly():
-    """Why M is an integer: a running max one integer lower gives the same mantissas, codes - 8."""
-    u = -torch.rand(10000) * 10  # codes stay >= 16 so the shifted code is still normal
-    assert torch.equal(R.expcast_paper_code(u - 1.0), R.expcast_paper_code(u) - 8)
-    assert torch.equal(R.p_exp2_cast(u - 1.0) * 2, R.p_exp2_cast(u))
+@pytest.mark.parametrize("config,top", [(FIDELITY, 256.0), (SPEED, 448.0)], ids=["exp2", "expcast"])
+def test_the_row_max_encodes_to_the_top_code_exactly(config, top):
+    """The running offset is the exact max, so each row's largest score is the top code whatever
+    its value (an integer offset M = ceil(max) put it anywhere in (top/2, top])."""
+    s = torch.randn(64, 1000, generator=torch.Generator().manual_seed(3)) * 7 + 0.37
+    p = R.quantize_p(s, config)
+    assert torch.equal(p.amax(-1), torch.full((64,), top, dtype=torch.float64))
+    assert torch.equal(p.argmax(-1), s.argmax(-1))
+
+
+def test_the_running_offset_is_the_exact_running_max():
+    s = torch.tensor([[0.3, -1.0, 2.7, 1.0, 2.5, 9.1]])
+    assert R.running_row_offsets(s, block=2).tolist() == [[pytest.approx(0.3), pytest.approx(2.7), pytest.approx(9.1)]]
+    assert torch.equal(R.running_row_offsets(s, block=2)[..., -1:], R.row_offset(s))
+
+
+@pytest.mark.parametrize("encode,c", [(R.p_exp2_cast, R.P_LOG2_MAX), (R.p_expcast, R.EXPCAST_ROW_CONSTANT)],
+                         ids=["exp2", "expcast"])
+def test_encoders_add_the_float32_row_constant_as_the_kernels_do(encode, c):
+    """P(s, M) is encode(s + float32(c - M)) with m = 0 (one rounding of c - M, then one of the sum:
+    the kernels' fmaf(acc, sc, c - M)), not encode(float32(s - M) + c)."""
+    g = torch.Generator().manual_seed(6)
+    s = -torch.rand(200000, generator=g) * 20 + 3.1
+    m = torch.full_like(s, 3.1 + 2.0**-20)  # non-integer: c - M rounds
+    got = encode(s, m)
+    row_const = torch.tensor(c, dtype=torch.float32) - m
+    direct = (R.fp8_e4m3(torch.exp2(s + row_const)) if encode is R.p_exp2_cast
+              else R.fp8_e4m3(R.expcast_exponent_float(torch.clamp(s + row_const, min=R.EXPCAST_FLOOR))))
+    assert torch.equal(got, direct)
+
+
+def test_the_expcast_fixed_point_rounds_the_row_constant_first():
+    """y = float32(s + float32(C - M)), what fmaf(acc, sc, C - M) gives, differs from the other order
+    float32(float32(s - M) + C) in many elements: the spec follows the kernels' order."""
+    s = -torch.rand(10000, generator=torch.Generator().manual_seed(7)) * 20 + 3.1
+    m = torch.full_like(s, 3.1 + 2.0**-20)
+    y = R.expcast_fixed_point(s, m)
+    c = torch.tensor(R.EXPCAST_ROW_CONSTANT, dtype=torch.float32)
+    assert torch.equal(y, torch.clamp(s + (c - m), min=R.EXPCAST_FLOOR))
+    assert (y != R.expcast_fixed_point(s - m)).sum() > 100
 
 
 # ---------------------------------------------------------------- Proposition 3.1
@@ -158,8 +193,9 @@ def test_vsmooth_residual_reconstructs_v_up_to_fp8_error():
 
 
 # ---------------------------------------------------------------- the whole call
-def _online_softmax_emulation(q, k, v, config):
-    """A per-128-key-block online softmax with integer running offsets, the way a kernel runs."""
+def _online_softmax_emulation(q, k, v, config, steps=None):
+    """A per-128-key-block online softmax with the exact running max, the way a kernel runs; the
+    offset increments (M_new - M_old, finite ones) are appended to `steps`."""
     q_q, q_sc, k_q, k_sc = R.quantize_qk(q, k, config)
     v_hat = R.dequantized_v(v, config).double()
     s = R.scores_log2(q_q, q_sc, k_q, k_sc, k.shape[-2])
@@ -169,10 +205,11 @@ def _online_softmax_emulation(q, k, v, config):
     l = torch.zeros(s.shape[:-1] + (1,), dtype=torch.float64)
     for j in range(0, n, R.K_BLOCK):
         s_blk = s[..., j : j + R.K_BLOCK]
-        m_new = torch.maximum(m, torch.ceil(s_blk.amax(-1, keepdim=True)))
-        alpha = torch.exp2(m - m_new).double()
-        u = s_blk - m_new
-        p = R.P_ENCODERS[config.p](u).double()
+        m_new = torch.maximum(m, s_blk.amax(-1, keepdim=True))
+        if steps is not None:
+            steps.append((m_new - m)[torch.isfinite(m)])
+        alpha = torch.exp2(m.double() - m_new.double())
+        p = R.P_ENCODERS[config.p](s_blk, m_new).double()
         acc = alpha * acc + p @ v_hat[..., j : j + R.K_BLOCK, :]
         l = alpha * l + p.sum(-1, keepdim=True)
         m = m_new
@@ -180,10 +217,14 @@ def _online_softmax_emulation(q, k, v, config):
 
 
 @pytest.mark.parametrize("config", [FIDELITY, SPEED, SPEED.with_(p="expcast_paper"), PLAIN_8BIT], ids=lambda c: c.tag)
-def test_online_softmax_with_integer_offsets_matches_vectorized_reference(config):
+def test_online_softmax_with_the_running_max_matches_vectorized_reference(config):
     q, k, v = rand_qkv(1, 2, 700, 64, seed=4)
     q = q * 3  # peaky rows so the running max really moves between blocks
-    online = _online_softmax_emulation(q, k, v, config)
+    steps = []
+    online = _online_softmax_emulation(q, k, v, config, steps)
+    steps = torch.cat(steps)
+    moved = steps[steps > 0]
+    assert moved.numel() > 100 and (moved != moved.round()).all()  # non-integer increments
     two_pass = R.vc_attention_reference(q, k, v, config, parts=True).out
     assert rel_l2(online, two_pass) < 1e-12
 

@@ -1,5 +1,5 @@
-"""CPU emulation of the sm90 kernel's FMA-pipe exp2 (`exp2_poly`, used by the VC_SM90_EXP2_POLY
-variants of fidelity mode): its coefficients are read from the header itself, evaluated in float32
+"""CPU emulation of the kernels' FMA-pipe exp2 (`exp2_poly` in csrc/p_encoding.cuh: the speed path's
+online-softmax rescale factor, and the VC_SM90_EXP2_POLY variants of fidelity mode): its coefficients are read from the header itself, evaluated in float32
 with single-rounding FMAs, and the E4M3 codes it yields are compared with those of exact exp2.
 
 The gate: the polynomial may flip no more E4M3 codes than MUFU-class error does (a few in 10^7);
@@ -13,14 +13,14 @@ import torch
 
 from vc_attention.kernels import jit
 
-HEADER = jit.CSRC_DIR / "sm90_attention.cuh"
+HEADER = jit.CSRC_DIR / "p_encoding.cuh"
 MAGIC = np.float32(12582912.0)  # 1.5 * 2^23
 
 
 def kernel_coefficients() -> list[np.float32]:
     """Horner coefficients of exp2_poly, highest degree first, as written in the header."""
     body = re.search(r"float exp2_poly\(float a\) \{(.*?)\n\}", HEADER.read_text(), flags=re.S)
-    assert body, "exp2_poly not found in sm90_attention.cuh"
+    assert body, "exp2_poly not found in p_encoding.cuh"
     first = re.search(r"float p = ([0-9.eE+-]+)f;", body.group(1))
     rest = re.findall(r"p = fmaf\(p, f, ([0-9.eE+-]+)f\);", body.group(1))
     assert first and rest, body.group(1)
@@ -58,6 +58,25 @@ def test_relative_error_is_mufu_class(arguments):
     live = arguments[arguments > -100.0]
     rel = np.abs(exp2_poly(live).astype(np.float64) / np.exp2(live.astype(np.float64)) - 1.0)
     assert rel.max() < 3e-7
+
+
+def test_rescale_factors_are_mufu_class():
+    """alpha = 2^(M_old - M_new) of the exact running max: any non-positive float32 difference; the
+    kernels multiply O and l by it, so its relative error is what the output sees (<= 3e-7)."""
+    rng = np.random.default_rng(1)
+    d = -np.concatenate([rng.exponential(1.0, 1_000_000), rng.uniform(0.0, 100.0, 1_000_000), [0.0]]).astype(np.float32)
+    rel = np.abs(exp2_rescale(d).astype(np.float64) / np.exp2(d.astype(np.float64)) - 1.0)
+    assert rel.max() < 3e-7
+    # the max did not move (most tiles): exactly 1, where the polynomial alone is 1 + 2^-23
+    assert exp2_poly(np.array([0.0], dtype=np.float32))[0] != 1.0
+    assert exp2_rescale(np.array([0.0, -0.0], dtype=np.float32)).tolist() == [1.0, 1.0]
+    assert exp2_rescale(np.array([-np.inf], dtype=np.float32))[0] < 2.0**-119  # before the first tile (O = l = 0)
+
+
+def exp2_rescale(d: np.ndarray) -> np.ndarray:
+    """vc_p::exp2_rescale as written in the header: 1 at d = 0, else exp2_poly."""
+    assert re.search(r"float exp2_rescale\(float d\) \{ return d == 0\.f \? 1\.f : exp2_poly\(d\); \}", HEADER.read_text())
+    return np.where(d == 0, np.float32(1.0), exp2_poly(d)).astype(np.float32)
 
 
 def test_e4m3_codes_match_exact_exp2(arguments):

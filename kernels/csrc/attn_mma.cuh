@@ -1,9 +1,11 @@
 // Portable VC-Attention forward kernel (mma.sync; sm_89 Ada, sm_90 Hopper, sm_120 Blackwell).
 //
-// One CTA = 64 query rows (one Q scale block) x all keys, 4 warps of 16 rows. Per 128-key tile
+// One CTA = 64 query rows x all keys, 4 warps of 16 rows (one Q scale per row). Per 128-key tile
 // (one K scale, one V-Smooth mean), in softmax steps of kStepKeys keys: S = Q K^T with m16n8k32 s8 (or e4m3) MMAs, online softmax in
-// log2 units with the INTEGER running offset M = ceil(running max) so that P codes equal the
-// two-pass reference exactly, P packed to E4M3 in registers (exp2 + cast, or ExpCast codes), and
+// log2 units with the exact running max M (reference.running_row_offsets) and P's argument formed
+// by one multiply-add with the row constant float32(c - M) as the reference forms it, P packed to
+// E4M3 in registers (exp2 + cast, or ExpCast codes), the rescale 2^(M_old - M_new) by ex2.approx
+// (fidelity) or the FMA polynomial vc_p::exp2_rescale (speed: no MUFU in its loop), and
 // O += P R with m16n8k32 e4m3 MMAs into a fresh per-tile accumulator that is then added to the
 // float32 total (two-level accumulation). Row sums come from the same P through a ones column;
 // V-Smooth adds l_tile * mu_tile / v_scale, and the epilogue multiplies by v_scale / l.
@@ -88,7 +90,7 @@ struct AttnMma {
 
   // per-thread state of the online softmax for rows g and g+8 of the warp
   float acc[kDimTiles][4];
-  float row_offset[2];  // M, an integer-valued float (-inf before the first tile)
+  float row_offset[2];  // M, the running max of the scaled scores (-inf before the first tile)
   float row_sum[2];
   uint32_t q_frag[kKSteps][4];
 
@@ -124,7 +126,9 @@ struct AttnMma {
     for (int i = 0; i < kDimTiles; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
     row_offset[0] = row_offset[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.0f;
-    const float q_scale = p.q_scale[int64_t(bh) * ((p.n + kQBlock - 1) / kQBlock) + blockIdx.x];
+    // the scales of this thread's rows g and g+8 (padded rows, < n_pad, have scale 0)
+    const float* q_sc_rows = p.q_scale + int64_t(bh) * p.n_pad + q_row0 + warp * kRowsPerWarp + (lane >> 2);
+    const float q_scale[2] = {q_sc_rows[0], q_sc_rows[8]};
     const int tail = p.n - (n_tiles - 1) * kKBlock;  // valid keys in the last tile
 
     for (int tile = 0; tile < n_tiles; ++tile) {
@@ -138,7 +142,8 @@ struct AttnMma {
       __syncthreads();
       if (tile == 0) load_q_fragments(sbase, warp, lane);
       const int buf = tile & 1;
-      const float scale = q_scale * p.k_scale[int64_t(bh) * n_tiles + tile];
+      const float k_scale = p.k_scale[int64_t(bh) * n_tiles + tile];
+      const float scale[2] = {q_scale[0] * k_scale, q_scale[1] * k_scale};
       if (tile + 1 == n_tiles && tail < kKBlock) {
         process_keys<true>(sbase, buf, 0, scale, tail, lane, smem);
         if (kStepKeys < kKBlock && tail > kStepKeys) process_keys<true>(sbase, buf, kStepKeys, scale, tail, lane, smem);
@@ -160,7 +165,8 @@ struct AttnMma {
 
   // keys [key0, key0 + kStepKeys) of the tile in buffer `buf`; `valid` keys of the tile are real
   template <bool kMask>
-  __device__ __forceinline__ void process_keys(uint32_t sbase, int buf, int key0, float scale, int valid, int lane, uint8_t* smem) {
+  __device__ __forceinline__ void process_keys(uint32_t sbase, int buf, int key0, const float (&scale)[2], int valid, int lane,
+                                               uint8_t* smem) {
     const int t = lane & 3;
     // ---- S = Q K^T (scores before scaling), key order as described at the top
     SAcc s[kKeyTiles][4];
@@ -189,7 +195,7 @@ struct AttnMma {
     // key index (within the tile) of accumulator element e of n-tile i for this thread
     auto key_of = [&](int i, int e) { return key0 + 16 * (i >> 1) + 4 * t + 2 * (i & 1) + (e & 1); };
 
-    // ---- row max -> new integer offset (max of raw scores: scaling by scale > 0 is monotone)
+    // ---- row max -> new running offset (max of raw scores: scaling by scale >= 0 is monotone)
     float tile_max[2];
     if constexpr (kQkFp8) {
       float m[2] = {-INFINITY, -INFINITY};
@@ -221,10 +227,11 @@ struct AttnMma {
         tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
         tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
       }
-      offset[h] = fmaxf(row_offset[h], ceilf(tile_max[h] * scale));
-      alpha[h] = exp2_of_integer(row_offset[h] - offset[h]);
+      offset[h] = fmaxf(row_offset[h], tile_max[h] * scale[h]);
+      alpha[h] = rescale(row_offset[h] - offset[h]);
       row_offset[h] = offset[h];
     }
+    const vc_p::ExpCastRow prow[2] = {p_row(scale[0], offset[0]), p_row(scale[1], offset[1])};
 
     // ---- P in E4M3, directly in the A-operand layout of the PV MMA
     uint32_t p_frag[kPSteps][4];
@@ -235,14 +242,14 @@ struct AttnMma {
         // reg 0/1: rows g/g+8 of keys 32ks+4t..; reg 2/3: the same 16 keys later
         const int i0 = 4 * ks + 2 * (reg >> 1);
         const int e0 = 2 * (reg & 1);
-        float u[4];
+        float a[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const int i = i0 + (j >> 1), e = e0 + (j & 1);
           const float raw = kQkFp8 ? float(s[i][e]) : small_int_to_float(int(s[i][e]));
-          u[j] = (kMask && key_of(i, e) >= valid) ? -INFINITY : raw * scale - offset[reg & 1];
+          a[j] = (kMask && key_of(i, e) >= valid) ? p_masked_arg() : p_arg(raw, prow[reg & 1]);
         }
-        p_frag[ks][reg] = encode_p(u);
+        p_frag[ks][reg] = encode_p(a);
       }
     }
 
@@ -288,17 +295,25 @@ struct AttnMma {
     }
   }
 
-  // four u = s - M (<= 0, -inf for masked keys) -> four E4M3 bytes, first in the lowest byte
-  __device__ __forceinline__ uint32_t encode_p(const float (&u)[4]) const {
+  // The per-row constants of P's argument: exp2: arg = fmaf(raw score, scale, float32(8 - M))
+  // (reference.p_exp2_cast); ExpCast: p_encoding.cuh's saturated form of reference.p_expcast.
+  static __device__ __forceinline__ vc_p::ExpCastRow p_row(float scale, float m) {
+    return kExpCast ? vc_p::expcast_row(scale, m) : vc_p::ExpCastRow{scale, kPLog2Max - m};
+  }
+  static __device__ __forceinline__ float p_arg(float raw, const vc_p::ExpCastRow& row) {
+    return kExpCast ? vc_p::expcast_arg(raw, row) : fmaf(raw, row.mul, row.add);
+  }
+  static __device__ __forceinline__ float p_masked_arg() { return kExpCast ? vc_p::expcast_masked_arg() : -INFINITY; }
+
+  // alpha = 2^d, d = M_old - M_new <= 0: the speed path stays off MUFU (vc_p::exp2_rescale)
+  static __device__ __forceinline__ float rescale(float d) { return kExpCast ? vc_p::exp2_rescale(d) : fast_exp2(d); }
+
+  // four arguments (p_arg, or p_masked_arg for masked keys) -> four E4M3 bytes, first in the lowest byte
+  __device__ __forceinline__ uint32_t encode_p(const float (&a)[4]) const {
     if constexpr (kExpCast) {
-      const vc_p::ExpCastRow row = vc_p::expcast_row(1.0f, 0.0f);  // u already has M subtracted
-      return vc_p::expcast_pack4(vc_p::expcast_arg(u[0], row), vc_p::expcast_arg(u[1], row),
-                                 vc_p::expcast_arg(u[2], row), vc_p::expcast_arg(u[3], row));
+      return vc_p::expcast_pack4(a[0], a[1], a[2], a[3]);
     } else {
-      float v[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) v[j] = fast_exp2(u[j] + kPLog2Max);
-      return e4m3x4(v[0], v[1], v[2], v[3]);
+      return e4m3x4(fast_exp2(a[0]), fast_exp2(a[1]), fast_exp2(a[2]), fast_exp2(a[3]));
     }
   }
 

@@ -22,6 +22,8 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
   TORCH_CHECK_VALUE(out.scalar_type() == torch::kHalf || out.scalar_type() == torch::kBFloat16, "out must be float16 or bfloat16.");
   const int64_t head_dim = q_q.size(3);
   TORCH_CHECK_VALUE(head_dim == 64 || head_dim == 128, "head dim must be 64 or 128, got ", head_dim, ".");
+  TORCH_CHECK_VALUE(q_scale.numel() == q_q.size(0) * q_q.size(1) * q_q.size(2),
+                    "q_scale must hold one scale per query row, shape (B, H, n_pad).");
   vc::AttnParams p{};
   p.q_q = q_q.data_ptr();
   p.q_scale = q_scale.data_ptr<float>();

@@ -2,20 +2,19 @@
 //
 // Same numerics and operand contract as attn_mma.cuh (read its header first); what changes is the
 // work split, because the 16-rows-per-warp kernel is latency-bound (docs/kernel-notes.md sec. 6):
-// - One CTA = 128 query rows (two Q scale blocks), 4 warps x 32 rows. Each warp runs two m16 MMA
+// - One CTA = 128 query rows, 4 warps x 32 rows. Each warp runs two m16 MMA
 //   chains (rows 0-15 and 16-31 of its slice) that share every K and V fragment read by ldmatrix:
 //   half the shared-memory reads per MMA, and two independent accumulator chains per warp.
 // - Keys stream in 64-key chunks through a VC_MMA_STAGES-deep cp.async ring (one barrier per
 //   chunk). A chunk is half a 128-key scale tile; the K scale and the V-Smooth mean are the tile's.
-// - Online softmax per 64-key chunk: the integer running offset M moves at most once per chunk
-//   instead of once per 128-key tile. Where M rises inside a tile, the first half was encoded
-//   against a smaller M: the same codes shifted by 8k in the normal E4M3 range, more precision in
-//   the subnormal tail than the reference's per-tile offsets (reference.running_row_offsets with
-//   block=64 is the exact emulation).
+// - Online softmax per 64-key chunk: the running max M moves at most once per chunk instead of
+//   once per 128-key tile. Where M rises inside a tile, the first half was encoded against a smaller
+//   M, not the tile's max (reference.quantize_p with offset_block=64 is the exact emulation).
 // - Q fragments stay in registers for D=64; for D=128 they are re-read from shared memory every
 //   chunk (8 ldmatrix per warp per chunk): O (128) and S (64) already put D=128 at the 255-register
 //   cap (ptxas -v per arch in docs/kernel-notes.md sec. 10).
-// The P encoding is attn_mma.cuh's encode_p (one definition for both layouts).
+// P's argument, its encoding and the rescale are attn_mma.cuh's p_row / p_arg / encode_p / rescale
+// (one definition for both layouts).
 #pragma once
 #include "attn_mma.cuh"
 
@@ -76,7 +75,7 @@ struct AttnMmaWide {
 
   // per-thread online-softmax state: chain c, rows g and g+8 of that chain's 16
   float acc[kWideChains][kDimTiles][4];
-  float row_offset[kWideChains][2];  // M, an integer-valued float (-inf before the first chunk)
+  float row_offset[kWideChains][2];  // M, the running max of the scaled scores (-inf before the first chunk)
   float row_sum[kWideChains][2];
   uint32_t q_frag[kQInRegs ? kWideChains : 1][kQInRegs ? kKSteps : 1][4];
 
@@ -122,10 +121,14 @@ struct AttnMmaWide {
       row_offset[c][0] = row_offset[c][1] = -INFINITY;
       row_sum[c][0] = row_sum[c][1] = 0.0f;
     }
-    // a warp's 32 rows lie in one 64-row Q scale block; rows past N (whole padding blocks) get 0
-    const int q_blocks = (p.n + kQBlock - 1) / kQBlock;
-    const int q_block = (q_row0 + warp_row0) / kQBlock;
-    const float q_scale = q_block < q_blocks ? p.q_scale[int64_t(bh) * q_blocks + q_block] : 0.0f;
+    // the scales of this thread's rows g and g+8 of each chain (rows < n_pad; padded rows have 0)
+    const float* q_sc_rows = p.q_scale + int64_t(bh) * p.n_pad + q_row0 + warp_row0 + (lane >> 2);
+    float q_scale[kWideChains][2];
+#pragma unroll
+    for (int c = 0; c < kWideChains; ++c) {
+      q_scale[c][0] = q_sc_rows[16 * c];
+      q_scale[c][1] = q_sc_rows[16 * c + 8];
+    }
 
     for (int chunk = 0; chunk < n_chunks; ++chunk) {
       cp_async_wait<kWideStages - 2>();
@@ -137,7 +140,13 @@ struct AttnMmaWide {
       if constexpr (kQInRegs) {
         if (chunk == 0) load_q_fragments(sbase, warp_row0, lane);
       }
-      const float scale = q_scale * p.k_scale[int64_t(bh) * n_tiles + chunk / kChunksPerTile];
+      const float k_scale = p.k_scale[int64_t(bh) * n_tiles + chunk / kChunksPerTile];
+      float scale[kWideChains][2];
+#pragma unroll
+      for (int c = 0; c < kWideChains; ++c) {
+        scale[c][0] = q_scale[c][0] * k_scale;
+        scale[c][1] = q_scale[c][1] * k_scale;
+      }
       const int valid = p.n - chunk * kChunkKeys;  // keys of this chunk that are real (> 0)
       if (valid < kChunkKeys) {
         process_chunk<true>(sbase, chunk % kWideStages, scale, valid, warp_row0, lane, smem);
@@ -162,7 +171,8 @@ struct AttnMmaWide {
 
   // one 64-key chunk in ring stage `stage`; its first `valid` keys are real
   template <bool kMask>
-  __device__ __forceinline__ void process_chunk(uint32_t sbase, int stage, float scale, int valid, int warp_row0, int lane, uint8_t* smem) {
+  __device__ __forceinline__ void process_chunk(uint32_t sbase, int stage, const float (&scale)[kWideChains][2], int valid,
+                                                int warp_row0, int lane, uint8_t* smem) {
     const int t = lane & 3, matrix = lane >> 3, r = lane & 7;
     // ---- S = Q K^T for both chains; k-step outer so consecutive MMAs are independent
     SAcc s[kWideChains][kKeyTiles][4];
@@ -203,8 +213,9 @@ struct AttnMmaWide {
     // key index (within the chunk) of accumulator element e of n-tile i for this thread
     auto key_of = [&](int i, int e) { return 16 * (i >> 1) + 4 * t + 2 * (i & 1) + (e & 1); };
 
-    // ---- row max -> new integer offset per chain and row (max of raw scores; scale > 0)
-    float alpha[kWideChains][2], offset[kWideChains][2];
+    // ---- row max -> new running offset per chain and row (max of raw scores; scale >= 0)
+    float alpha[kWideChains][2];
+    vc_p::ExpCastRow prow[kWideChains][2];
 #pragma unroll
     for (int c = 0; c < kWideChains; ++c) {
       float tile_max[2];
@@ -236,9 +247,10 @@ struct AttnMmaWide {
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        offset[c][h] = fmaxf(row_offset[c][h], ceilf(tile_max[h] * scale));
-        alpha[c][h] = exp2_of_integer(row_offset[c][h] - offset[c][h]);
-        row_offset[c][h] = offset[c][h];
+        const float offset = fmaxf(row_offset[c][h], tile_max[h] * scale[c][h]);
+        alpha[c][h] = Encoder::rescale(row_offset[c][h] - offset);
+        row_offset[c][h] = offset;
+        prow[c][h] = Encoder::p_row(scale[c][h], offset);
       }
     }
 
@@ -253,14 +265,14 @@ struct AttnMmaWide {
           // reg 0/1: rows g/g+8 of keys 32ks+4t..; reg 2/3: the same 16 keys later
           const int i0 = 4 * ks + 2 * (reg >> 1);
           const int e0 = 2 * (reg & 1);
-          float u[4];
+          float a[4];
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             const int i = i0 + (j >> 1), e = e0 + (j & 1);
             const float raw = kQkFp8 ? float(s[c][i][e]) : small_int_to_float(int(s[c][i][e]));
-            u[j] = (kMask && key_of(i, e) >= valid) ? -INFINITY : raw * scale - offset[c][reg & 1];
+            a[j] = (kMask && key_of(i, e) >= valid) ? Encoder::p_masked_arg() : Encoder::p_arg(raw, prow[c][reg & 1]);
           }
-          p_frag[c][ks][reg] = Encoder{}.encode_p(u);
+          p_frag[c][ks][reg] = Encoder{}.encode_p(a);
         }
 
     // ---- row sums of the same P (ones column), then O = alpha O + P R (+ l mu / v_scale)

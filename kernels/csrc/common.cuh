@@ -79,13 +79,6 @@ __device__ __forceinline__ float small_int_to_float(int v) {
   return __int_as_float(v + kRoundMagicBits) - kRoundMagic;
 }
 
-// 2^k for an integer-valued k (exact; 0 below the normal range), no MUFU and no F2I: the float
-// bias leaves int(k) in the low mantissa bits (the F2I pipe is as slow as MUFU).
-__device__ __forceinline__ float exp2_of_integer(float k) {
-  const int e = __float_as_int(k + kRoundMagic) - kRoundMagicBits;
-  return k < -126.0f ? 0.0f : __int_as_float((e + 127) << 23);
-}
-
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));

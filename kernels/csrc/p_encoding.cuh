@@ -2,7 +2,7 @@
 // Torch-free; needs sm_89+ for the E4M3 conversion. No MUFU and no F2I: FFMA.SAT, FFMA, IMAD per
 // element, one F2FP.E4M3 per two elements.
 //
-// The spec: u = x * sc - M (log2 units, M the row offset), w = u + log2(448) + beta/8, held to 13
+// The spec: u = x * sc - M (log2 units, M the exact running row max, any float), w = u + log2(448) + beta/8, held to 13
 // fraction bits as y = fl32(x * sc + (C - M)) on [1024, 2048) (C = 1536 + log2(448) + beta/8 in
 // float32) with the floor w >= -24; the float32 2^floor(w) (1 + frac(w)) (exponent bits from the
 // integer part) is rounded to E4M3 by the hardware cast (451.3 at u = 0 saturates to 448, never NaN).
@@ -131,6 +131,31 @@ __device__ __forceinline__ float exponent_float(float z, uint32_t bits_mul) {
   return __uint_as_float(__float_as_uint(y) * bits_mul + kZExponentBias);
 }
 #endif
+
+// 2^a on the FMA pipe, to keep work off MUFU.EX2 (quarter rate; the speed path's rescale factor and
+// the VC_SM90_EXP2_POLY variants of fidelity mode): a = n + f with n = rint(a) read
+// from the low mantissa bits of a + 1.5*2^23, 2^f on [-0.5, 0.5] by a degree-5 polynomial fitted for
+// relative error (7.5e-8, 2.3e-7 in float32), 2^n added into the exponent field. Emulated on 8M
+// arguments (docs/kernel-notes.md): E4M3 codes differ from those of exact exp2 in 1.3e-7 of the
+// cases, MUFU-class. Arguments below -120 (masked -inf included) give 2^-120, which is E4M3 zero.
+__device__ __forceinline__ float exp2_poly(float a) {
+  a = fmaxf(a, -120.f);
+  const float r = a + 12582912.f;
+  const float f = a - (r - 12582912.f);
+  float p = 1.3276375e-3f;
+  p = fmaf(p, f, 9.6755151e-3f);
+  p = fmaf(p, f, 5.5507135e-2f);
+  p = fmaf(p, f, 2.4022120e-1f);
+  p = fmaf(p, f, 6.9314694e-1f);
+  p = fmaf(p, f, 1.0000001f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(r) << 23));
+}
+
+// The online-softmax rescale alpha = 2^d, d = M_old - M_new <= 0, on the FMA pipe (the speed path's
+// loop keeps zero MUFU.EX2). The running max is exact, so alpha is not a power of two. d = 0 (the max
+// did not move, the common case) gives exactly 1 (the polynomial gives 1 + 1.2e-7 there, which would
+// weigh early tiles up by that much per tile); d = -inf (before the first tile, O = l = 0) gives 2^-120.
+__device__ __forceinline__ float exp2_rescale(float d) { return d == 0.f ? 1.f : exp2_poly(d); }
 
 // Four floats -> four E4M3 bytes (RNE, saturating), the first in the lowest byte: two pair casts
 // written straight into the halves of one register (no shift/or to join them). Shared with the

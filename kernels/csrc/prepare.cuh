@@ -1,7 +1,7 @@
 // Fused preprocessing (see kernels/prepare.py for the operand contract), two passes:
 //   stats:    per 128-token block of the permuted order: K column sums (for the K mean), V-Smooth
 //             block means (fp16) and the per-channel amax of the V residual (or of V itself).
-//   quantize: per 128-token block: Q (two 64-row scale blocks), smoothed + permuted K, and the
+//   quantize: per 128-token block: Q (one scale per row), smoothed + permuted K, and the
 //             E4M3 V residual written transposed (D, n_pad) for the PV MMA.
 // Every thread owns 8 consecutive channels of a row (one 16-byte load); D/8 threads cover a row.
 #pragma once
@@ -128,6 +128,43 @@ __device__ __forceinline__ float quantize_row_block(int row0, int rows, int vali
   return amax / limit;
 }
 
+// Quantizes `rows` rows starting at slot row0 with one scale per row (Q): the D/8 threads of a row are
+// consecutive lanes of one warp and reduce its amax by shuffles, so a row is loaded once. Rows at or
+// past `valid` get zero codes and a zero scale; scale_dst[r] receives row r's scale.
+template <int D, bool kFp8, typename Load>
+__device__ __forceinline__ void quantize_rows(int row0, int rows, int valid, uint8_t* dst, float* scale_dst, Load load) {
+  constexpr int kLanesPerRow = D / 8;
+  constexpr int kRowsPerPass = kPrepThreads / kLanesPerRow;
+  static_assert(32 % kLanesPerRow == 0, "a row's threads must sit in one warp");
+  const int c0 = (threadIdx.x % kLanesPerRow) * 8, row_sub = threadIdx.x / kLanesPerRow;
+  const float limit = kFp8 ? kE4m3Max : kInt8Max;
+  dst += int64_t(row_sub) * D;
+  scale_dst += row_sub;
+  // every thread runs the same trip count (rows is a multiple of kRowsPerPass): full-warp shuffles
+  for (int r = row_sub; r < rows; r += kRowsPerPass) {
+    float x[8] = {};
+    if (r < valid) load(row0 + r, x);
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(x[i]));
+#pragma unroll
+    for (int lanes = kLanesPerRow / 2; lanes > 0; lanes /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, lanes));
+    const float inv = amax > 0.0f ? (1.0f / amax) * limit : 0.0f;  // as quantize_row_block
+    uint2 codes;
+    if constexpr (kFp8) {
+      codes.x = e4m3x4(x[0] * inv, x[1] * inv, x[2] * inv, x[3] * inv);
+      codes.y = e4m3x4(x[4] * inv, x[5] * inv, x[6] * inv, x[7] * inv);
+    } else {
+      codes.x = int8_code(x[0] * inv) | int8_code(x[1] * inv) << 8 | int8_code(x[2] * inv) << 16 | int8_code(x[3] * inv) << 24;
+      codes.y = int8_code(x[4] * inv) | int8_code(x[5] * inv) << 8 | int8_code(x[6] * inv) << 16 | int8_code(x[7] * inv) << 24;
+    }
+    *reinterpret_cast<uint2*>(dst + c0) = codes;
+    if (c0 == 0) *scale_dst = amax / limit;
+    dst += kRowsPerPass * D;
+    scale_dst += kRowsPerPass;
+  }
+}
+
 template <typename T, int D, bool kQkFp8>
 __global__ __launch_bounds__(kPrepThreads) void prepare_quantize_kernel(const PrepareParams p) {
   constexpr int kLanesPerRow = D / 8;
@@ -141,19 +178,14 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_quantize_kernel(const Pr
   const int c0 = (threadIdx.x % kLanesPerRow) * 8, row_sub = threadIdx.x / kLanesPerRow;
   const int64_t bh_rows = int64_t(bh) * p.n_pad;
 
-  // Q: two scale blocks of 64 rows, token order unchanged, scores pre-scaled into log2 units
+  // Q: one scale per row, token order unchanged, scores pre-scaled into log2 units
   auto load_q = [&](int slot, float (&x)[8]) {
     load8_as_float(row_ptr<T>(p.q, p.q_stride, b, h, slot) + c0, x);
 #pragma unroll
     for (int i = 0; i < 8; ++i) x[i] *= p.qk_scale;
   };
-  const int q_blocks = (p.n + kQBlock - 1) / kQBlock;
-  for (int half = 0; half < kKBlock / kQBlock; ++half) {
-    const int q0 = row0 + half * kQBlock;
-    const float scale = quantize_row_block<D, kQkFp8>(q0, kQBlock, max(0, min(kQBlock, p.n - q0)),
-                                                     static_cast<uint8_t*>(p.q_q) + (bh_rows + q0) * D, scratch, load_q);
-    if (threadIdx.x == 0 && q0 / kQBlock < q_blocks) p.q_scale[int64_t(bh) * q_blocks + q0 / kQBlock] = scale;
-  }
+  quantize_rows<D, kQkFp8>(row0, kKBlock, valid, static_cast<uint8_t*>(p.q_q) + (bh_rows + row0) * D,
+                           p.q_scale + bh_rows + row0, load_q);
 
   // K: smoothed by the mean over all tokens, gathered in permuted order
   float k_mean[8];

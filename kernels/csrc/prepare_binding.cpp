@@ -35,6 +35,8 @@ void prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
   const int64_t head_dim = q.size(3);
   TORCH_CHECK_VALUE(head_dim == 64 || head_dim == 128, "head dim must be 64 or 128, got ", head_dim, ".");
   for (const auto* t : {&q_q, &q_scale, &k_q, &k_scale, &v_t, &v_scale, &v_mean}) check_cuda_contiguous(*t, "prepared operand");
+  TORCH_CHECK_VALUE(q_scale.numel() == q_q.size(0) * q_q.size(1) * q_q.size(2),
+                    "q_scale must hold one scale per query row, shape (B, H, n_pad).");
   vc::PrepareParams p{};
   p.q = q.data_ptr();
   p.k = k.data_ptr();

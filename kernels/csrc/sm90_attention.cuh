@@ -28,13 +28,13 @@ constexpr int kProducerRegs = (kLaunchRegs * kThreads - 256 * kConsumerRegs) / 1
 static_assert(kProducerRegs >= 24, "setmaxnreg needs at least 24 registers per producer thread");
 
 struct Params {
-  const float* q_scale;  // (BH, n_qblocks): one scale per 64 query rows, sm_scale*log2(e) folded in
+  const float* q_scale;  // (BH, n_pad): one scale per query row, sm_scale*log2(e) folded in
   const float* k_scale;  // (BH, n_pad/128)
   const float* v_scale;  // (BH, D): per-channel scale of the FP8 V residual
   const __half* v_mean;  // (BH, n_pad/128, D): V-Smooth block means (zeros for per-channel V)
   void* out;             // fp16/bf16, channel stride 1
   int64_t out_stride_b, out_stride_h, out_stride_n;  // in elements
-  int heads, n, n_pad, n_qblocks;
+  int heads, n, n_pad;
   uint32_t expcast_bits_mul;  // vc_p::kExpCastBitsMul as a run-time value: ptxas then keeps the IMAD (p_encoding.cuh)
 };
 
@@ -100,13 +100,6 @@ struct SmemLayout {
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
-// 2^d for an integer-valued d <= 0 (or -inf), exactly: the online-softmax rescale factor. The
-// float-bias trick reads int(d) without F2I (the slow conversion pipe stays out of the loop).
-__device__ __forceinline__ float exp2_of_int(float d) {
-  const int e = __float_as_int(d + 12582912.f) - 0x4B400000;
-  return d < -126.f ? 0.f : __int_as_float((127 + e) << 23);
-}
-
 // Round to the nearest TF32 (low 13 mantissa bits zero), ties away from zero.
 __device__ __forceinline__ uint32_t tf32_round(float x) {
   uint32_t y;
@@ -127,25 +120,15 @@ __device__ __forceinline__ float int_to_float_exact(int32_t acc) { return static
 #define VC_SM90_EXP2_POLY 0  // fidelity mode: how many of every 4 exp2 run on the FMA pipe (0..4)
 #endif
 
-// 2^a on the FMA pipe, to take load off MUFU.EX2 (quarter rate): a = n + f with n = rint(a) read
-// from the low mantissa bits of a + 1.5*2^23, 2^f on [-0.5, 0.5] by a degree-5 polynomial fitted for
-// relative error (7.5e-8, 2.3e-7 in float32), 2^n added into the exponent field. Emulated on 8M
-// arguments (docs/kernel-notes.md): E4M3 codes differ from those of exact exp2 in 1.3e-7 of the
-// cases, MUFU-class. Arguments below -120 (masked -inf included) give 2^-120, which is E4M3 zero.
-__device__ __forceinline__ float exp2_poly(float a) {
-  a = fmaxf(a, -120.f);
-  const float r = a + 12582912.f;
-  const float f = a - (r - 12582912.f);
-  float p = 1.3276375e-3f;
-  p = fmaf(p, f, 9.6755151e-3f);
-  p = fmaf(p, f, 5.5507135e-2f);
-  p = fmaf(p, f, 2.4022120e-1f);
-  p = fmaf(p, f, 6.9314694e-1f);
-  p = fmaf(p, f, 1.0000001f);
-  return __int_as_float(__float_as_int(p) + (__float_as_int(r) << 23));
+// The online-softmax rescale alpha = 2^(M_old - M_new) of the exact running max: the speed path on
+// the FMA pipe (vc_p::exp2_rescale: its loop keeps zero MUFU.EX2), fidelity mode by ex2.approx
+// (2^-inf = 0 before the first tile, when O and l are still 0).
+template <bool EXPCAST>
+__device__ __forceinline__ float rescale_factor(float m_old, float m_new) {
+  return EXPCAST ? vc_p::exp2_rescale(m_old - m_new) : ex2_approx(m_old - m_new);
 }
 
-__device__ __forceinline__ float exp2_split(float a, int k) { return k < VC_SM90_EXP2_POLY ? exp2_poly(a) : ex2_approx(a); }
+__device__ __forceinline__ float exp2_split(float a, int k) { return k < VC_SM90_EXP2_POLY ? vc_p::exp2_poly(a) : ex2_approx(a); }
 
 // Fidelity encoding: P = E4M3(exp2(s - M + 8)); `arg` = s - M + 8, four values packed low byte first.
 __device__ __forceinline__ uint32_t encode_exp2(float a0, float a1, float a2, float a3) {
@@ -238,41 +221,53 @@ constexpr bool take_turns() {
   return VC_SM90_PINGPONG == 2 ? (D == 128 && VSMOOTH) : VC_SM90_PINGPONG != 0;
 }
 
-// One 64x128 score tile -> quantized P as FP8 A fragments. Updates the integer running offset and
-// returns the exact rescale factor alpha = 2^(M_old - M_new) of each of the thread's two rows.
+// Score scales of the thread's two rows g and g+8 (Q has one scale per row): q_scale * k_scale of the
+// tile, the float32 product reference.scores_log2 takes.
+struct RowScale {
+  float r[2];
+};
+__device__ __forceinline__ RowScale operator*(const RowScale& q_sc, float k_sc) { return {{q_sc.r[0] * k_sc, q_sc.r[1] * k_sc}}; }
+
+// One 64x128 score tile -> quantized P as FP8 A fragments. Updates the running offset M (the exact
+// running max of the scaled scores, reference.running_row_offsets) and returns the rescale factor
+// alpha = 2^(M_old - M_new) of each of the thread's two rows.
 // MASK: only the first `valid` keys of the tile exist (the tail tile).
 template <bool EXPCAST, bool MASK>
-__device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], float sc, int valid, int t, float (&row_off)[2],
-                                             float (&alpha)[2], uint32_t (&pa)[4][4], uint32_t bits_mul) {
+__device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], const RowScale& sc, int valid, int t,
+                                             float (&row_off)[2], float (&alpha)[2], uint32_t (&pa)[4][4], uint32_t bits_mul) {
   // row max on the exact integers: float(acc) * sc is monotone in acc (sc >= 0), so the float max is
   // float(max acc) * sc, rounded exactly as the reference rounds it
-  // four independent partial maxima per row: a shallow tree instead of one 32-deep dependency chain
-  int part[2][4];
+  // independent partial maxima per row: a shallow tree instead of one 32-deep dependency chain. Four
+  // in the speed path; two in fidelity mode, whose head-dim-128 V-Smooth kernel otherwise spills (its
+  // two per-row score scales and two row constants are live through the encoding)
+  constexpr int kParts = EXPCAST ? 4 : 2;
+  int part[2][kParts];
 #pragma unroll
   for (int r = 0; r < 2; ++r)
 #pragma unroll
-    for (int q = 0; q < 4; ++q) part[r][q] = INT_MIN;
+    for (int q = 0; q < kParts; ++q) part[r][q] = INT_MIN;
 #pragma unroll
   for (int c = 0; c < 16; ++c)
 #pragma unroll
     for (int e = 0; e < 2; ++e)
       if (!MASK || key_of_column(c, t, e) < valid) {
-        part[0][(2 * c + e) & 3] = max(part[0][(2 * c + e) & 3], s[4 * c + e]);
-        part[1][(2 * c + e) & 3] = max(part[1][(2 * c + e) & 3], s[4 * c + 2 + e]);
+        part[0][(2 * c + e) % kParts] = max(part[0][(2 * c + e) % kParts], s[4 * c + e]);
+        part[1][(2 * c + e) % kParts] = max(part[1][(2 * c + e) % kParts], s[4 * c + 2 + e]);
       }
   int mx[2];
   float base[2];
   vc_p::ExpCastRow prow[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    mx[r] = max(max(part[r][0], part[r][1]), max(part[r][2], part[r][3]));
+    mx[r] = max(part[r][0], part[r][1]);
+    if constexpr (kParts == 4) mx[r] = max(mx[r], max(part[r][2], part[r][3]));
     mx[r] = max(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
     mx[r] = max(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
-    const float m_new = fmaxf(row_off[r], ceilf(static_cast<float>(mx[r]) * sc));
-    alpha[r] = exp2_of_int(row_off[r] - m_new);
+    const float m_new = fmaxf(row_off[r], static_cast<float>(mx[r]) * sc.r[r]);
+    alpha[r] = rescale_factor<EXPCAST>(row_off[r], m_new);
     row_off[r] = m_new;
-    base[r] = vc::kPLog2Max - m_new;  // fidelity: arg = s - M + 8
-    prow[r] = vc_p::expcast_row(sc, m_new);  // speed: p_encoding.cuh
+    base[r] = vc::kPLog2Max - m_new;  // fidelity: arg = s + float32(8 - M), reference.p_exp2_cast
+    prow[r] = vc_p::expcast_row(sc.r[r], m_new);  // speed: p_encoding.cuh
   }
   // register r of k-step kk holds row g (r even) or g+8 (r odd) at keys 32kk + 16(r/2) + 4t + 0..3,
   // which are the columns (c0, e=0), (c0, e=1), (c0+1, e=0), (c0+1, e=1) (see key_of_column)
@@ -286,7 +281,7 @@ __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], float sc, i
       for (int q = 0; q < 4; ++q) {
         const int chunk = c0 + (q >> 1), e = q & 1;
         const float x = int_to_float_exact(s[4 * chunk + 2 * row + e]);
-        a[q] = EXPCAST ? vc_p::expcast_arg(x, prow[row]) : fmaf(x, sc, base[row]);
+        a[q] = EXPCAST ? vc_p::expcast_arg(x, prow[row]) : fmaf(x, sc.r[row], base[row]);
         if (MASK && key_of_column(chunk, t, e) >= valid) a[q] = EXPCAST ? vc_p::expcast_masked_arg() : neg_inf();
       }
       pa[kk][r] = EXPCAST ? vc_p::expcast_pack4(a[0], a[1], a[2], a[3], bits_mul) : encode_exp2(a[0], a[1], a[2], a[3]);
@@ -395,8 +390,9 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int bh = blockIdx.y;
   const int n_kv = p.n_pad / kBlockN;
-  const int q_block = blockIdx.x * 2 + wg;  // this warpgroup's 64 rows share one Q scale
-  const float q_sc = q_block < p.n_qblocks ? p.q_scale[static_cast<int64_t>(bh) * p.n_qblocks + q_block] : 0.f;
+  // the scales of this thread's rows g and g+8 (rows < n_pad always: padded rows have scale 0)
+  const float* q_sc_rows = p.q_scale + static_cast<int64_t>(bh) * p.n_pad + blockIdx.x * kBlockM + wg * 64 + warp * 16 + g;
+  const RowScale q_sc = {{q_sc_rows[0], q_sc_rows[8]}};
   const int valid_last = p.n - (n_kv - 1) * kBlockN;  // keys in the last tile, 1..128
   const uint8_t* q_tile = smem + L::kQOff + wg * 64 * D;
   const float* mu_smem = reinterpret_cast<const float*>(smem + L::kMuOff);
@@ -414,7 +410,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     __syncwarp();
     if (lane == 0) mbar_arrive(&bar_empty[s]);
   };
-  auto softmax = [&](const int32_t(&s_acc)[64], float sc, bool tail, float(&row_off)[2], float(&alpha)[2],
+  auto softmax = [&](const int32_t(&s_acc)[64], const RowScale& sc, bool tail, float(&row_off)[2], float(&alpha)[2],
                      uint32_t(&pa)[4][4]) {
     if (tail)
       softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa, p.expcast_bits_mul);
@@ -426,7 +422,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
   float row_sum[2] = {0.f, 0.f};
-  float row_off[2] = {neg_inf(), neg_inf()};  // integer running offset M = ceil(running max)
+  float row_off[2] = {neg_inf(), neg_inf()};  // running offset M = running max of the scaled scores
   float alpha[2];
   int32_t s_acc[64];
   float pv[D / 2 + 4];
@@ -533,7 +529,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       reg_fence(s_acc);
       alpha_prev[0] = alpha[0];
       alpha_prev[1] = alpha[1];
-      const float sc = q_sc * ksc_smem[sj];
+      const RowScale sc = q_sc * ksc_smem[sj];
       if (has_tail && j == n_kv - 1) {  // the store inside each branch: P is stored as it is encoded
         softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa, p.expcast_bits_mul);
         publish_p(j);
@@ -621,7 +617,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       reg_fence(pv);
       reg_fence(s_acc);
       reg_fence(pa);
-      const float sc = q_sc * ksc_smem[sj];
+      const RowScale sc = q_sc * ksc_smem[sj];
       if (has_tail && j == n_kv - 1) {
         fold(j - 1, alpha, sp);
         softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa, p.expcast_bits_mul);

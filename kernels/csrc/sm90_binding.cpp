@@ -34,6 +34,7 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
   TORCH_CHECK_VALUE(out.size(0) == batch && out.size(1) == heads && out.size(2) == n_tokens && out.size(3) == head_dim,
                     "out must have shape (B, H, N, D) of the operands.");
   TORCH_CHECK_VALUE(batch * heads * n_pad < (int64_t(1) << 31), "B*H*N is too large for the TMA coordinates.");
+  TORCH_CHECK_VALUE(q_scale.numel() == batch * heads * n_pad, "q_scale must hold one scale per query row, shape (B, H, n_pad).");
   const int rc = vc_sm90_forward(q_q.data_ptr(), q_scale.data_ptr<float>(), k_q.data_ptr(), k_scale.data_ptr<float>(),
                                  v_t.data_ptr(), v_scale.data_ptr<float>(), v_mean.data_ptr(), out.data_ptr(),
                                  static_cast<int>(batch), static_cast<int>(heads), static_cast<int>(n_tokens),

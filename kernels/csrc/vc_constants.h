@@ -19,7 +19,7 @@ namespace vc {
 constexpr float kLog2e = VC_LOG2E;
 constexpr float kE4m3Max = VC_E4M3_MAX;
 constexpr float kInt8Max = VC_INT8_MAX;
-constexpr int kQBlock = VC_Q_BLOCK;  // query rows per scale = rows per mma attention CTA
+constexpr int kQBlock = VC_Q_BLOCK;  // query rows per mma attention CTA
 constexpr int kKBlock = VC_K_BLOCK;  // key rows per scale and per V-Smooth mean
 constexpr float kPLog2Max = VC_P_LOG2_MAX;  // the row offset M maps to 2^kPLog2Max
 constexpr float kE4m3OctaveCodes = VC_E4M3_OCTAVE_CODES;  // ExpCast: code = rint(8u + bias)

@@ -16,7 +16,7 @@ struct PrepareParams {
   int64_t v_stride[3];
   const int32_t* perm;  // (B,H,N) contiguous slot -> source token, or nullptr for the identity
   void* q_q;            // (B,H,n_pad,D) int8 or e4m3
-  float* q_scale;       // (B,H,ceil(N/64))
+  float* q_scale;       // (B,H,n_pad): one scale per query row, 0 for padded rows
   void* k_q;            // (B,H,n_pad,D)
   float* k_scale;       // (B,H,n_pad/128)
   uint8_t* v_t;         // (B,H,D,n_pad) e4m3
