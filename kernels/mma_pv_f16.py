@@ -1,4 +1,4 @@
-"""V operands of the fp16-partial build of the portable kernel (`-DVC_MMA_PV_F16=1`), and their emulation.
+"""V operands of the fp16-partial builds of the portable kernel (`-DVC_MMA_PV_F16=1` or `=2`), and their emulation.
 
 That build accumulates each 64-key chunk's PV partial in fp16 registers (kernels/csrc/attn_mma_wide.cuh).
 With the contract's V codes (up to 448) one product P * V (P up to 448) already overflows fp16, so
@@ -21,7 +21,7 @@ import torch
 from . import reference
 from .operands import PreparedOperands
 
-FLAG = "-DVC_MMA_PV_F16=1"
+FLAG_PREFIX = "-DVC_MMA_PV_F16="  # =1: the partial folded by the ALU, =2: by an identity MMA
 CODE_SHIFT = 2.0**-8  # V codes x this: max 448 -> 1.75 (kPvF16CodeMax in attn_mma_wide.cuh)
 CODE_MAX = reference.E4M3_MAX * CODE_SHIFT
 CHUNK_KEYS = 64  # keys per fp16 partial (kChunkKeys)
@@ -39,7 +39,7 @@ def shift_codes(codes: torch.Tensor) -> torch.Tensor:
 
 
 def uses_shifted_v(variant_flags: tuple[str, ...]) -> bool:
-    return FLAG in variant_flags
+    return any(f.startswith(FLAG_PREFIX) and f != FLAG_PREFIX + "0" for f in variant_flags)
 
 
 def shifted_v_operands(ops: PreparedOperands) -> PreparedOperands:

@@ -22,6 +22,10 @@
 //   (mma...f16.e4m3.e4m3.f16: half the partial's registers; on GeForce Ada / Blackwell twice the
 //   fp32-accumulate rate) and is folded into the fp32 O once per chunk. Needs V codes within
 //   +-kPvF16CodeMax (the backend shifts them by 2^-8, kernels/mma_pv_f16.py): see the bound below.
+//   =2: the same partial, folded by the tensor core instead of the ALU: O rows are multiplied by
+//   alpha only when some row of the warp moved its offset (alpha == 1 exactly otherwise), then
+//   O += partial is one m16n8k8 f16 MMA per 8 columns with the 8x8 identity as B and O as the fp32
+//   accumulator (one MMA instead of 8 conversions + 8 FFMA per thread).
 // - VC_MMA_RESTORE_PER_TILE=1: the V-Smooth mean restore (l * mu / v_scale) runs once per 128-key
 //   tile (its mean is the tile's) with the row sums of both chunks, instead of once per chunk:
 //   one FFMA per O element per tile instead of per chunk, exact up to fp32 summation order.
@@ -42,7 +46,9 @@ static_assert(kWideStages >= 2 && kWideStages <= 4, "VC_MMA_STAGES must be 2, 3 
 #ifndef VC_MMA_RESTORE_PER_TILE
 #define VC_MMA_RESTORE_PER_TILE 0
 #endif
-constexpr bool kPvF16 = VC_MMA_PV_F16;
+static_assert(VC_MMA_PV_F16 >= 0 && VC_MMA_PV_F16 <= 2, "VC_MMA_PV_F16 must be 0, 1 or 2");
+constexpr bool kPvF16 = VC_MMA_PV_F16 != 0;
+constexpr bool kPvF16MmaFold = VC_MMA_PV_F16 == 2;
 constexpr bool kRestorePerTile = VC_MMA_RESTORE_PER_TILE;
 
 constexpr int kWideChains = 2;                           // m16 row blocks per warp
@@ -170,11 +176,9 @@ struct AttnMmaWide {
       // the mean restore runs on a tile's last chunk (every chunk unless kDeferRestore)
       const bool restore = !kDeferRestore || chunk % kChunksPerTile == kChunksPerTile - 1 || chunk + 1 == n_chunks;
       if (valid < kChunkKeys) {
-        process_chunk<true, true>(sbase, chunk % kWideStages, scale, valid, warp_row0, lane, smem);
-      } else if (restore) {
-        process_chunk<false, true>(sbase, chunk % kWideStages, scale, kChunkKeys, warp_row0, lane, smem);
+        process_chunk<true>(sbase, chunk % kWideStages, scale, valid, warp_row0, lane, smem, true);
       } else {
-        process_chunk<false, false>(sbase, chunk % kWideStages, scale, kChunkKeys, warp_row0, lane, smem);
+        process_chunk<false>(sbase, chunk % kWideStages, scale, kChunkKeys, warp_row0, lane, smem, restore);
       }
     }
     store_output(p, bh, q_row0 + warp_row0, lane);
@@ -192,10 +196,12 @@ struct AttnMmaWide {
       for (int ks = 0; ks < kKSteps; ++ks) q_fragment(q_frag[c][ks], sbase, warp_row0, c, ks, lane);
   }
 
-  // one 64-key chunk in ring stage `stage`; its first `valid` keys are real; kRestore: add the
-  // V-Smooth mean term of the rows' pending sums (always true unless kDeferRestore)
-  template <bool kMask, bool kRestore>
-  __device__ __forceinline__ void process_chunk(uint32_t sbase, int stage, float scale, int valid, int warp_row0, int lane, uint8_t* smem) {
+  // one 64-key chunk in ring stage `stage`; its first `valid` keys are real; `restore`: add the
+  // V-Smooth mean term of the rows' pending sums (always true unless kDeferRestore). A runtime,
+  // warp-uniform flag: a third inlined chunk body (template flag) spilled 328 B on sm_89.
+  template <bool kMask>
+  __device__ __forceinline__ void process_chunk(uint32_t sbase, int stage, float scale, int valid, int warp_row0, int lane, uint8_t* smem,
+                                                bool restore) {
     const int t = lane & 3, matrix = lane >> 3, r = lane & 7;
     // ---- S = Q K^T for both chains; k-step outer so consecutive MMAs are independent
     SAcc s[kWideChains][kKeyTiles][4];
@@ -316,9 +322,27 @@ struct AttnMmaWide {
         l_restore[c][h] = l_tile[c][2 * h];
         if constexpr (kDeferRestore) {
           l_restore[c][h] = fmaf(l_pending[c][h], alpha[c][h], l_restore[c][h]);
-          l_pending[c][h] = kRestore ? 0.0f : l_restore[c][h];
+          l_pending[c][h] = restore ? 0.0f : l_restore[c][h];
         }
       }
+
+    // MMA fold: rescale O first, and only if an offset of the warp's rows moved (warp-uniform)
+    uint32_t identity = 0;  // B of the fold MMA: this thread's half2 {2t == g, 2t + 1 == g} of I_8
+    if constexpr (kPvF16MmaFold) {
+      const int g = lane >> 2;
+      identity = (2 * t == g ? 0x3C00u : 0u) | (2 * t + 1 == g ? 0x3C000000u : 0u);  // fp16 1.0 = 0x3C00
+      bool moved = false;
+#pragma unroll
+      for (int c = 0; c < kWideChains; ++c) moved |= alpha[c][0] != 1.0f || alpha[c][1] != 1.0f;
+      if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+        for (int c = 0; c < kWideChains; ++c)
+#pragma unroll
+          for (int i = 0; i < kDimTiles; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[c][i][e] *= alpha[c][e >> 1];
+      }
+    }
 
     const uint32_t v_base = sbase + Smem::kOffV + stage * Smem::kV;
     const __half* mean = reinterpret_cast<const __half*>(smem + Smem::kOffMean + stage * Smem::kMean);
@@ -339,16 +363,25 @@ struct AttnMmaWide {
             mma_e4m3_f16(part16[c][1], p_frag[c][ks], b[2], b[3]);
           }
         }
+        if constexpr (kPvF16MmaFold) {
+          // O += partial on the tensor core (exact products by 0 and 1, one fp32 accumulation)
 #pragma unroll
-        for (int c = 0; c < kWideChains; ++c)
+          for (int c = 0; c < kWideChains; ++c) {
+            mma_f16_k8_f32(acc[c][2 * pair], part16[c][0], identity);
+            mma_f16_k8_f32(acc[c][2 * pair + 1], part16[c][1], identity);
+          }
+        } else {
 #pragma unroll
-          for (int half = 0; half < 2; ++half)
+          for (int c = 0; c < kWideChains; ++c)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&part16[c][half][h]));
-              part[c][half][2 * h] = f.x;
-              part[c][half][2 * h + 1] = f.y;
-            }
+            for (int half = 0; half < 2; ++half)
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&part16[c][half][h]));
+                part[c][half][2 * h] = f.x;
+                part[c][half][2 * h + 1] = f.y;
+              }
+        }
       } else {
 #pragma unroll
         for (int c = 0; c < kWideChains; ++c)
@@ -365,24 +398,45 @@ struct AttnMmaWide {
           }
         }
       }
+      // O = alpha O + part (+ l mu / v_scale); without a restore the part is added as it is (a
+      // `part + 0.0f` would cost one FADD per element: x + 0 is no identity for x = -0). The MMA
+      // fold has added the part and rescaled already: only the restore is left.
+      if (kPvF16MmaFold) {
+        if (kVSmooth && restore) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = 2 * pair + half;
-        float mu[2] = {0.0f, 0.0f};
-        if constexpr (kVSmooth && kRestore) {
+          for (int half = 0; half < 2; ++half) {
+            const int i = 2 * pair + half;
+            const int col = 8 * i + 2 * t;
+            const float2 m = __half22float2(*reinterpret_cast<const __half2*>(mean + col));
+            const float2 inv = *reinterpret_cast<const float2*>(inv_scale + col);
+            const float mu[2] = {m.x * inv.x, m.y * inv.y};
+#pragma unroll
+            for (int c = 0; c < kWideChains; ++c)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) acc[c][i][e] = fmaf(l_restore[c][e >> 1], mu[e & 1], acc[c][i][e]);
+          }
+        }
+      } else if (kVSmooth && restore) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = 2 * pair + half;
           const int col = 8 * i + 2 * t;
           const float2 m = __half22float2(*reinterpret_cast<const __half2*>(mean + col));
           const float2 inv = *reinterpret_cast<const float2*>(inv_scale + col);
-          mu[0] = m.x * inv.x;
-          mu[1] = m.y * inv.y;
+          const float mu[2] = {m.x * inv.x, m.y * inv.y};
+#pragma unroll
+          for (int c = 0; c < kWideChains; ++c)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              acc[c][i][e] = fmaf(acc[c][i][e], alpha[c][e >> 1], part[c][half][e] + l_restore[c][e >> 1] * mu[e & 1]);
         }
+      } else {
 #pragma unroll
-        for (int c = 0; c < kWideChains; ++c)
+        for (int half = 0; half < 2; ++half)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float restore = kVSmooth && kRestore ? l_restore[c][e >> 1] * mu[e & 1] : 0.0f;
-            acc[c][i][e] = fmaf(acc[c][i][e], alpha[c][e >> 1], part[c][half][e] + restore);
-          }
+          for (int c = 0; c < kWideChains; ++c)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[c][2 * pair + half][e] = fmaf(acc[c][2 * pair + half][e], alpha[c][e >> 1], part[c][half][e]);
       }
     }
   }
