@@ -12,6 +12,15 @@ ALL_CODES = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float
 FINITE_CODES = ALL_CODES[torch.isfinite(ALL_CODES)]
 
 
+def test_operand_shift_equals_the_emulated_shift():
+    ops = _ops()
+    ops.v_t = ALL_CODES.nan_to_num(0.0).repeat(ops.v_t.numel() // 256 + 1)[: ops.v_t.numel()].view_as(ops.v_t).to(torch.float8_e4m3fn)
+    shifted = mma_pv_f16.shifted_v_operands(ops)
+    assert shifted.v_t.dtype == torch.float8_e4m3fn
+    assert torch.equal(shifted.v_t.float(), mma_pv_f16.shift_codes(ops.v_t))
+    assert torch.equal(shifted.v_scale, ops.v_scale * 256)
+
+
 def test_shifted_codes_keep_the_partial_below_fp16_max():
     shifted = mma_pv_f16.shift_codes(FINITE_CODES)
     assert float(shifted.abs().max()) == mma_pv_f16.CODE_MAX == 1.75

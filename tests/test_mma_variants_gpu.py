@@ -147,3 +147,21 @@ def test_pv_f16_worst_case_partial(variant, config):
         ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean, raw, None, ops.n_tokens,
         False, config.p == "expcast", False, torch.cuda.current_stream().cuda_stream)
     assert not torch.isfinite(raw).all(), "unshifted V codes did not overflow: the build does not accumulate in fp16"
+
+
+@pytest.mark.parametrize("variant", WIDE)
+@pytest.mark.parametrize("name", ["fidelity", "speed", "plain8"])
+def test_wide_late_offset_jump(variant, name, emulate_steps):
+    """One key near the end scores far above all others for every query: every row's offset jumps
+    by ~10 in the last chunks after many chunks without a move, so a rescale of O that was skipped
+    (VC_MMA_PV_F16=2 rescales only when an offset moved) or applied to the wrong rows shows."""
+    emulate_steps(WIDE_STEP_KEYS, variant)
+    config = CONFIGS[name]
+    n, d = 4097, 128
+    q, k, v = (t.float() for t in _qkv(1, 2, n, d, torch.bfloat16, "bhnd", seed=11))
+    u = torch.nn.functional.normalize(torch.randn(d, generator=torch.Generator().manual_seed(3)), dim=0).cuda()
+    q = (q + 2.0 * u).bfloat16()
+    k[:, :, n - 70] = 60.0 * u
+    k, v = k.bfloat16(), v.bfloat16()
+    perm = torch.arange(n, device="cuda").expand(1, 2, n).contiguous() if config.v == "vsmooth" else None
+    _check(variant, q, k, v, perm, config, "bhnd")
