@@ -347,6 +347,12 @@ struct AttnMmaWide {
     const uint32_t v_base = sbase + Smem::kOffV + stage * Smem::kV;
     const __half* mean = reinterpret_cast<const __half*>(smem + Smem::kOffMean + stage * Smem::kMean);
     const float* inv_scale = reinterpret_cast<const float*>(smem + Smem::kOffInvScale);
+    // mu / v_scale of columns col and col + 1, read where the restore needs them (no registers to hold them)
+    auto mean_over_scale = [&](int col) {
+      const float2 m = __half22float2(*reinterpret_cast<const __half2*>(mean + col));
+      const float2 inv = *reinterpret_cast<const float2*>(inv_scale + col);
+      return make_float2(m.x * inv.x, m.y * inv.y);
+    };
 #pragma unroll
     for (int pair = 0; pair < kDimTiles / 2; ++pair) {
       float part[kWideChains][2][4];
@@ -406,29 +412,23 @@ struct AttnMmaWide {
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int i = 2 * pair + half;
-            const int col = 8 * i + 2 * t;
-            const float2 m = __half22float2(*reinterpret_cast<const __half2*>(mean + col));
-            const float2 inv = *reinterpret_cast<const float2*>(inv_scale + col);
-            const float mu[2] = {m.x * inv.x, m.y * inv.y};
+            const float2 mu = mean_over_scale(8 * i + 2 * t);
 #pragma unroll
             for (int c = 0; c < kWideChains; ++c)
 #pragma unroll
-              for (int e = 0; e < 4; ++e) acc[c][i][e] = fmaf(l_restore[c][e >> 1], mu[e & 1], acc[c][i][e]);
+              for (int e = 0; e < 4; ++e) acc[c][i][e] = fmaf(l_restore[c][e >> 1], e & 1 ? mu.y : mu.x, acc[c][i][e]);
           }
         }
       } else if (kVSmooth && restore) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int i = 2 * pair + half;
-          const int col = 8 * i + 2 * t;
-          const float2 m = __half22float2(*reinterpret_cast<const __half2*>(mean + col));
-          const float2 inv = *reinterpret_cast<const float2*>(inv_scale + col);
-          const float mu[2] = {m.x * inv.x, m.y * inv.y};
+          const float2 mu = mean_over_scale(8 * i + 2 * t);
 #pragma unroll
           for (int c = 0; c < kWideChains; ++c)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-              acc[c][i][e] = fmaf(acc[c][i][e], alpha[c][e >> 1], part[c][half][e] + l_restore[c][e >> 1] * mu[e & 1]);
+              acc[c][i][e] = fmaf(acc[c][i][e], alpha[c][e >> 1], part[c][half][e] + l_restore[c][e >> 1] * (e & 1 ? mu.y : mu.x));
         }
       } else {
 #pragma unroll
