@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from . import jit
+from . import jit, mma_pv_f16
 from .backends import Backend, Constraints, register
 from .config import KERNEL_P_ENCODINGS, VCConfig
 from .layout import to_bhnd
@@ -46,7 +46,11 @@ def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.
     lse (B,H,N) float32, if given, receives each row's natural-log log-sum-exp of the scores the
     kernel sees: with config.smooth_k those are shifted by q.mean(K)*sm_scale per row (softmax-
     invariant, but the LSE moves by that amount).
+    The fp16-partial variant runs on V codes shifted by 2^-8 (kernels/mma_pv_f16.py): shifted here,
+    so its time includes that pass.
     """
+    if mma_pv_f16.uses_shifted_v(variant_flags):
+        ops = mma_pv_f16.shifted_v_operands(ops)
     extension(variant_flags).attention(
         ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean,
         to_bhnd(out, layout), lse, ops.n_tokens, config.qk == "fp8", config.p == "expcast",

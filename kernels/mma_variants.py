@@ -15,6 +15,15 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "wide": ("-DVC_MMA_WIDE=1",),
     # the same with a 3-stage ring (66 KB shared memory at D=128: Hopper only fits 2+ CTAs)
     "wide-3stages": ("-DVC_MMA_WIDE=1", "-DVC_MMA_STAGES=3"),
+    # wide + each 64-key PV partial accumulated in fp16 (V codes shifted by 2^-8 first:
+    # kernels/mma_pv_f16.py), folded into the fp32 O by the ALU; numerics differ from the spec,
+    # tested against its own emulation
+    "wide-pvf16": ("-DVC_MMA_WIDE=1", "-DVC_MMA_PV_F16=1"),
+    # the same partial folded by an identity MMA into O (O rescaled only when an offset moved)
+    "wide-pvf16mma": ("-DVC_MMA_WIDE=1", "-DVC_MMA_PV_F16=2"),
+    # wide + the V-Smooth mean restore once per 128-key tile instead of per 64-key chunk
+    "wide-restoretile": ("-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1"),
+    "wide-pvf16mma-restoretile": ("-DVC_MMA_WIDE=1", "-DVC_MMA_PV_F16=2", "-DVC_MMA_RESTORE_PER_TILE=1"),
 }
 
 

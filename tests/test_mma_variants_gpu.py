@@ -6,7 +6,9 @@ The default build is covered by tests/test_kernels_gpu.py; here each non-default
 reference.py at odd N (tail chunks in either half of a 128-key tile), both head dims, both layouts,
 fp16/bf16 and video-like data. The wide layout's online softmax steps by 64 keys, so its exact
 emulation is reference.quantize_p with offset_block=64 (patched in); the gate is the same
-1e-3 rel-L2 as the default build's, above the bf16 output's own rounding.
+1e-3 rel-L2 as the default build's, above the bf16 output's own rounding. The fp16-partial
+variants (kernels/mma_pv_f16.py) run on V codes shifted by 2^-8: their emulation also has the V
+quantizer patched to the shifted one; the fp16 rounding of the partials is left to the gate.
 """
 import functools
 import math
@@ -14,7 +16,7 @@ import math
 import pytest
 import torch
 
-from vc_attention.kernels import backend_mma, mma_variants, reference
+from vc_attention.kernels import backend_mma, mma_pv_f16, mma_variants, reference
 from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED, VCConfig
 from vc_attention.kernels.prepare_cuda import prepare_cuda
 
@@ -26,17 +28,21 @@ pytestmark = [
 
 CONFIGS = {"fidelity": FIDELITY, "speed": SPEED, "plain8": PLAIN_8BIT, "fp8qk": VCConfig(qk="fp8")}
 WIDE = [name for name, flags in mma_variants.VARIANTS.items() if "-DVC_MMA_WIDE=1" in flags]
+PV_F16 = [name for name in WIDE if mma_pv_f16.uses_shifted_v(mma_variants.flags(name))]
 GATE = 1e-3
 WIDE_STEP_KEYS = 64  # the wide layout's online-softmax step (kChunkKeys in attn_mma_wide.cuh)
 
 
 @pytest.fixture
 def emulate_steps(monkeypatch):
-    """Make the emulation's online softmax step by `keys` keys, like the kernel under test."""
+    """Make the emulation's online softmax step by `keys` keys, like the kernel under test, and
+    give it the shifted V of the fp16-partial variants when `variant` is one."""
     original = reference.quantize_p
 
-    def use(keys):
+    def use(keys, variant=None):
         monkeypatch.setattr(reference, "quantize_p", functools.partial(original, offset_block=keys))
+        if variant in PV_F16:
+            monkeypatch.setattr(reference, "quantize_fp8_per_channel", mma_pv_f16.quantize_fp8_per_channel_shifted)
     return use
 
 
@@ -79,7 +85,7 @@ def test_variant_builds_the_layout_it_names(variant):
 @pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
 @pytest.mark.parametrize("d,dtype", [(64, torch.float16), (128, torch.bfloat16)])
 def test_wide_matches_reference(variant, name, n, layout, d, dtype, emulate_steps):
-    emulate_steps(WIDE_STEP_KEYS)
+    emulate_steps(WIDE_STEP_KEYS, variant)
     config = CONFIGS[name]
     q, k, v = _qkv(2, 3, n, d, dtype, layout, seed=n + d)
     perm = torch.argsort(torch.rand(2, 3, n, device="cuda"), dim=-1) if config.v == "vsmooth" else None
@@ -92,7 +98,7 @@ def test_wide_video_like(variant, name, emulate_steps):
     from vc_attention.study.fidelity import grouping_permutation
     from vc_attention.study.videodata import video_like_qkv
 
-    emulate_steps(WIDE_STEP_KEYS)
+    emulate_steps(WIDE_STEP_KEYS, variant)
     config = CONFIGS[name]
     q, k, v = video_like_qkv(B=1, H=2, T=4, Hgrid=30, Wgrid=52, D=128, dtype=torch.bfloat16, device="cuda")
     perm = grouping_permutation(v, 64, 8) if config.v == "vsmooth" else None
@@ -117,3 +123,45 @@ def test_wide_lse_matches_default_build(variant):
     assert torch.allclose(lses[0], lses[1], atol=1e-3, rtol=0)
     assert _rel_l2(outs[1], outs[0]) <= 2 * GATE
     assert math.isfinite(float(lses[1].sum()))
+
+
+@pytest.mark.parametrize("variant", PV_F16)
+@pytest.mark.parametrize("config", [PLAIN_8BIT, VCConfig(v="per_channel", p="expcast")], ids=["exp2", "expcast"])
+def test_pv_f16_worst_case_partial(variant, config):
+    """Every P at the row max (q = 0: all scores equal) and every V code at the channel amax: the
+    fp16 partial reaches its bound (64 x 256 or 448 x 1.75) and stays finite and exact; the same
+    kernel on the UNshifted codes overflows, which proves it accumulates in fp16 (the fp32 build
+    would not) and that the backend's shift is what keeps it finite."""
+    b, h, n, d = 1, 2, 1000, 128
+    q = torch.zeros(b, h, n, d, dtype=torch.bfloat16, device="cuda")  # bf16 out: an overflow stays inf
+    k = torch.randn(b, h, n, d, device="cuda").bfloat16()
+    v = (torch.rand(d, device="cuda") + 0.5).bfloat16().expand(b, h, n, d).contiguous()  # codes all 448
+    flags = mma_variants.flags(variant)
+    ops = prepare_cuda(q, k, v, None, config)
+    out = torch.full_like(q, float("nan"))
+    backend_mma.attention_from_operands(ops, config, out, "bhnd", variant_flags=flags)
+    assert torch.isfinite(out).all()
+    assert _rel_l2(out, v) <= GATE
+    raw = torch.full_like(q, float("nan"))
+    backend_mma.extension(flags).attention(
+        ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean, raw, None, ops.n_tokens,
+        False, config.p == "expcast", False, torch.cuda.current_stream().cuda_stream)
+    assert not torch.isfinite(raw).all(), "unshifted V codes did not overflow: the build does not accumulate in fp16"
+
+
+@pytest.mark.parametrize("variant", WIDE)
+@pytest.mark.parametrize("name", ["fidelity", "speed", "plain8"])
+def test_wide_late_offset_jump(variant, name, emulate_steps):
+    """One key near the end scores far above all others for every query: every row's offset jumps
+    by ~10 in the last chunks after many chunks without a move, so a rescale of O that was skipped
+    (VC_MMA_PV_F16=2 rescales only when an offset moved) or applied to the wrong rows shows."""
+    emulate_steps(WIDE_STEP_KEYS, variant)
+    config = CONFIGS[name]
+    n, d = 4097, 128
+    q, k, v = (t.float() for t in _qkv(1, 2, n, d, torch.bfloat16, "bhnd", seed=11))
+    u = torch.nn.functional.normalize(torch.randn(d, generator=torch.Generator().manual_seed(3)), dim=0).cuda()
+    q = (q + 2.0 * u).bfloat16()
+    k[:, :, n - 70] = 60.0 * u
+    k, v = k.bfloat16(), v.bfloat16()
+    perm = torch.arange(n, device="cuda").expand(1, 2, n).contiguous() if config.v == "vsmooth" else None
+    _check(variant, q, k, v, perm, config, "bhnd")

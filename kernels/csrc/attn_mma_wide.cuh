@@ -15,6 +15,19 @@
 //   cap (ptxas -v per arch in docs/kernel-notes.md sec. 10).
 // P's argument, its encoding and the rescale are attn_mma.cuh's p_row / p_arg / encode_p / rescale
 // (one definition for both layouts).
+//
+// Build-time options of the PV accumulation (both 0 by default; docs/kernel-notes.md sec. 13):
+// - VC_MMA_PV_F16=1: each chunk's PV partial accumulates in fp16 registers
+//   (mma...f16.e4m3.e4m3.f16: half the partial's registers; on GeForce Ada / Blackwell twice the
+//   fp32-accumulate rate) and is folded into the fp32 O once per chunk. Needs V codes within
+//   +-kPvF16CodeMax (the backend shifts them by 2^-8, kernels/mma_pv_f16.py): see the bound below.
+//   =2: the same partial, folded by the tensor core instead of the ALU: O rows are multiplied by
+//   alpha only when some row of the warp moved its offset (alpha == 1 exactly otherwise), then
+//   O += partial is one m16n8k8 f16 MMA per 8 columns with the 8x8 identity as B and O as the fp32
+//   accumulator (one MMA instead of 8 conversions + 8 FFMA per thread).
+// - VC_MMA_RESTORE_PER_TILE=1: the V-Smooth mean restore (l * mu / v_scale) runs once per 128-key
+//   tile (its mean is the tile's) with the row sums of both chunks, instead of once per chunk:
+//   one FFMA per O element per tile instead of per chunk, exact up to fp32 summation order.
 #pragma once
 #include "attn_mma.cuh"
 
@@ -26,11 +39,29 @@ namespace vc {
 constexpr int kWideStages = VC_MMA_STAGES;
 static_assert(kWideStages >= 2 && kWideStages <= 4, "VC_MMA_STAGES must be 2, 3 or 4");
 
+#ifndef VC_MMA_PV_F16
+#define VC_MMA_PV_F16 0
+#endif
+#ifndef VC_MMA_RESTORE_PER_TILE
+#define VC_MMA_RESTORE_PER_TILE 0
+#endif
+static_assert(VC_MMA_PV_F16 >= 0 && VC_MMA_PV_F16 <= 2, "VC_MMA_PV_F16 must be 0, 1 or 2");
+constexpr bool kPvF16 = VC_MMA_PV_F16 != 0;
+constexpr bool kPvF16MmaFold = VC_MMA_PV_F16 == 2;
+constexpr bool kRestorePerTile = VC_MMA_RESTORE_PER_TILE;
+
 constexpr int kWideChains = 2;                           // m16 row blocks per warp
 constexpr int kWideRowsPerWarp = 16 * kWideChains;       // 32
 constexpr int kWideRows = kAttnWarps * kWideRowsPerWarp;  // 128 query rows per CTA
 constexpr int kChunkKeys = 64;                           // keys per stage and per softmax step
 constexpr int kChunksPerTile = kKBlock / kChunkKeys;
+
+// fp16 partial, overflow bound: |P| <= 448 (every P encoding ends in a satfinite E4M3 cast, row max
+// 448 in speed mode, 256 with exp2) and |V code| <= 1.75 (the 2^-8 shift of kernels/mma_pv_f16.py),
+// so a 64-key chunk's partial is at most 64 * 448 * 1.75 = 50176, also after the fp16 rounding of
+// the first 32-key MMA's result (+16): below 65504, the largest finite fp16.
+constexpr float kPvF16CodeMax = 1.75f;
+static_assert(kChunkKeys * kE4m3Max * kPvF16CodeMax + 32.0f < 65504.0f, "the fp16 PV partial could overflow");
 
 // 50 KB for D=128 with 2 stages: two CTAs fit the 100 KB of an Ada / consumer-Blackwell SM.
 template <int D>
@@ -77,6 +108,8 @@ struct AttnMmaWide {
   float acc[kWideChains][kDimTiles][4];
   float row_offset[kWideChains][2];  // M, the running max of the scaled scores (-inf before the first chunk)
   float row_sum[kWideChains][2];
+  static constexpr bool kDeferRestore = kVSmooth && kRestorePerTile;
+  float l_pending[kWideChains][2];  // kDeferRestore: row sums of the tile's chunks not yet restored
   uint32_t q_frag[kQInRegs ? kWideChains : 1][kQInRegs ? kKSteps : 1][4];
 
   __device__ __forceinline__ void run(const AttnParams& p, uint8_t* smem) {
@@ -120,6 +153,7 @@ struct AttnMmaWide {
       for (int i = 0; i < kDimTiles; ++i) acc[c][i][0] = acc[c][i][1] = acc[c][i][2] = acc[c][i][3] = 0.0f;
       row_offset[c][0] = row_offset[c][1] = -INFINITY;
       row_sum[c][0] = row_sum[c][1] = 0.0f;
+      l_pending[c][0] = l_pending[c][1] = 0.0f;
     }
     // the scales of this thread's rows g and g+8 of each chain (rows < n_pad; padded rows have 0)
     const float* q_sc_rows = p.q_scale + int64_t(bh) * p.n_pad + q_row0 + warp_row0 + (lane >> 2);
@@ -148,10 +182,12 @@ struct AttnMmaWide {
         scale[c][1] = q_scale[c][1] * k_scale;
       }
       const int valid = p.n - chunk * kChunkKeys;  // keys of this chunk that are real (> 0)
+      // the mean restore runs on a tile's last chunk (every chunk unless kDeferRestore)
+      const bool restore = !kDeferRestore || chunk % kChunksPerTile == kChunksPerTile - 1 || chunk + 1 == n_chunks;
       if (valid < kChunkKeys) {
-        process_chunk<true>(sbase, chunk % kWideStages, scale, valid, warp_row0, lane, smem);
+        process_chunk<true>(sbase, chunk % kWideStages, scale, valid, warp_row0, lane, smem, true);
       } else {
-        process_chunk<false>(sbase, chunk % kWideStages, scale, kChunkKeys, warp_row0, lane, smem);
+        process_chunk<false>(sbase, chunk % kWideStages, scale, kChunkKeys, warp_row0, lane, smem, restore);
       }
     }
     store_output(p, bh, q_row0 + warp_row0, lane);
@@ -169,10 +205,12 @@ struct AttnMmaWide {
       for (int ks = 0; ks < kKSteps; ++ks) q_fragment(q_frag[c][ks], sbase, warp_row0, c, ks, lane);
   }
 
-  // one 64-key chunk in ring stage `stage`; its first `valid` keys are real
+  // one 64-key chunk in ring stage `stage`; its first `valid` keys are real; `restore`: add the
+  // V-Smooth mean term of the rows' pending sums (always true unless kDeferRestore). A runtime,
+  // warp-uniform flag: a third inlined chunk body (template flag) spilled 328 B on sm_89.
   template <bool kMask>
   __device__ __forceinline__ void process_chunk(uint32_t sbase, int stage, const float (&scale)[kWideChains][2], int valid,
-                                                int warp_row0, int lane, uint8_t* smem) {
+                                                int warp_row0, int lane, uint8_t* smem, bool restore) {
     const int t = lane & 3, matrix = lane >> 3, r = lane & 7;
     // ---- S = Q K^T for both chains; k-step outer so consecutive MMAs are independent
     SAcc s[kWideChains][kKeyTiles][4];
@@ -286,41 +324,130 @@ struct AttnMmaWide {
       row_sum[c][1] = row_sum[c][1] * alpha[c][1] + l_tile[c][2];
     }
 
-    const uint32_t v_base = sbase + Smem::kOffV + stage * Smem::kV;
-    const __half* mean = reinterpret_cast<const __half*>(smem + Smem::kOffMean + stage * Smem::kMean);
-    const float* inv_scale = reinterpret_cast<const float*>(smem + Smem::kOffInvScale);
+    // the row sums the mean restore of this chunk multiplies (kDeferRestore: since the tile began)
+    float l_restore[kWideChains][2];
 #pragma unroll
-    for (int pair = 0; pair < kDimTiles / 2; ++pair) {
-      float part[kWideChains][2][4] = {};
-      const int dim = 16 * pair + (matrix >> 1) * 8 + r;
+    for (int c = 0; c < kWideChains; ++c)
 #pragma unroll
-      for (int ks = 0; ks < kPSteps; ++ks) {
-        uint32_t b[4];
-        ldmatrix_x4(b, v_base + swizzled<kChunkKeys>(dim, 2 * ks + (matrix & 1)));
-#pragma unroll
-        for (int c = 0; c < kWideChains; ++c) {
-          mma_e4m3(part[c][0], p_frag[c][ks], b[0], b[1]);
-          mma_e4m3(part[c][1], p_frag[c][ks], b[2], b[3]);
+      for (int h = 0; h < 2; ++h) {
+        l_restore[c][h] = l_tile[c][2 * h];
+        if constexpr (kDeferRestore) {
+          l_restore[c][h] = fmaf(l_pending[c][h], alpha[c][h], l_restore[c][h]);
+          l_pending[c][h] = restore ? 0.0f : l_restore[c][h];
         }
       }
+
+    // MMA fold: rescale O first, and only if an offset of the warp's rows moved (warp-uniform)
+    uint32_t identity = 0;  // B of the fold MMA: this thread's half2 {2t == g, 2t + 1 == g} of I_8
+    if constexpr (kPvF16MmaFold) {
+      const int g = lane >> 2;
+      identity = (2 * t == g ? 0x3C00u : 0u) | (2 * t + 1 == g ? 0x3C000000u : 0u);  // fp16 1.0 = 0x3C00
+      bool moved = false;
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = 2 * pair + half;
-        float mu[2] = {0.0f, 0.0f};
-        if constexpr (kVSmooth) {
-          const int col = 8 * i + 2 * t;
-          const float2 m = __half22float2(*reinterpret_cast<const __half2*>(mean + col));
-          const float2 inv = *reinterpret_cast<const float2*>(inv_scale + col);
-          mu[0] = m.x * inv.x;
-          mu[1] = m.y * inv.y;
-        }
+      for (int c = 0; c < kWideChains; ++c) moved |= alpha[c][0] != 1.0f || alpha[c][1] != 1.0f;
+      if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
         for (int c = 0; c < kWideChains; ++c)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float restore = kVSmooth ? l_tile[c][e & 2] * mu[e & 1] : 0.0f;
-            acc[c][i][e] = fmaf(acc[c][i][e], alpha[c][e >> 1], part[c][half][e] + restore);
+          for (int i = 0; i < kDimTiles; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[c][i][e] *= alpha[c][e >> 1];
+      }
+    }
+
+    const uint32_t v_base = sbase + Smem::kOffV + stage * Smem::kV;
+    const __half* mean = reinterpret_cast<const __half*>(smem + Smem::kOffMean + stage * Smem::kMean);
+    const float* inv_scale = reinterpret_cast<const float*>(smem + Smem::kOffInvScale);
+    // mu / v_scale of columns col and col + 1, read where the restore needs them (no registers to hold them)
+    auto mean_over_scale = [&](int col) {
+      const float2 m = __half22float2(*reinterpret_cast<const __half2*>(mean + col));
+      const float2 inv = *reinterpret_cast<const float2*>(inv_scale + col);
+      return make_float2(m.x * inv.x, m.y * inv.y);
+    };
+#pragma unroll
+    for (int pair = 0; pair < kDimTiles / 2; ++pair) {
+      float part[kWideChains][2][4];
+      const int dim = 16 * pair + (matrix >> 1) * 8 + r;
+      if constexpr (kPvF16) {
+        uint32_t part16[kWideChains][2][2] = {};  // half2 {row g, row g+8} x columns 2t, 2t+1
+#pragma unroll
+        for (int ks = 0; ks < kPSteps; ++ks) {
+          uint32_t b[4];
+          ldmatrix_x4(b, v_base + swizzled<kChunkKeys>(dim, 2 * ks + (matrix & 1)));
+#pragma unroll
+          for (int c = 0; c < kWideChains; ++c) {
+            mma_e4m3_f16(part16[c][0], p_frag[c][ks], b[0], b[1]);
+            mma_e4m3_f16(part16[c][1], p_frag[c][ks], b[2], b[3]);
           }
+        }
+        if constexpr (kPvF16MmaFold) {
+          // O += partial on the tensor core (exact products by 0 and 1, one fp32 accumulation)
+#pragma unroll
+          for (int c = 0; c < kWideChains; ++c) {
+            mma_f16_k8_f32(acc[c][2 * pair], part16[c][0], identity);
+            mma_f16_k8_f32(acc[c][2 * pair + 1], part16[c][1], identity);
+          }
+        } else {
+#pragma unroll
+          for (int c = 0; c < kWideChains; ++c)
+#pragma unroll
+            for (int half = 0; half < 2; ++half)
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&part16[c][half][h]));
+                part[c][half][2 * h] = f.x;
+                part[c][half][2 * h + 1] = f.y;
+              }
+        }
+      } else {
+#pragma unroll
+        for (int c = 0; c < kWideChains; ++c)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) part[c][half][0] = part[c][half][1] = part[c][half][2] = part[c][half][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < kPSteps; ++ks) {
+          uint32_t b[4];
+          ldmatrix_x4(b, v_base + swizzled<kChunkKeys>(dim, 2 * ks + (matrix & 1)));
+#pragma unroll
+          for (int c = 0; c < kWideChains; ++c) {
+            mma_e4m3(part[c][0], p_frag[c][ks], b[0], b[1]);
+            mma_e4m3(part[c][1], p_frag[c][ks], b[2], b[3]);
+          }
+        }
+      }
+      // O = alpha O + part (+ l mu / v_scale); without a restore the part is added as it is (a
+      // `part + 0.0f` would cost one FADD per element: x + 0 is no identity for x = -0). The MMA
+      // fold has added the part and rescaled already: only the restore is left.
+      if (kPvF16MmaFold) {
+        if (kVSmooth && restore) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int i = 2 * pair + half;
+            const float2 mu = mean_over_scale(8 * i + 2 * t);
+#pragma unroll
+            for (int c = 0; c < kWideChains; ++c)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) acc[c][i][e] = fmaf(l_restore[c][e >> 1], e & 1 ? mu.y : mu.x, acc[c][i][e]);
+          }
+        }
+      } else if (kVSmooth && restore) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = 2 * pair + half;
+          const float2 mu = mean_over_scale(8 * i + 2 * t);
+#pragma unroll
+          for (int c = 0; c < kWideChains; ++c)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              acc[c][i][e] = fmaf(acc[c][i][e], alpha[c][e >> 1], part[c][half][e] + l_restore[c][e >> 1] * (e & 1 ? mu.y : mu.x));
+        }
+      } else {
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+          for (int c = 0; c < kWideChains; ++c)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[c][2 * pair + half][e] = fmaf(acc[c][2 * pair + half][e], alpha[c][e >> 1], part[c][half][e]);
       }
     }
   }

@@ -126,6 +126,25 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// D = A(16x32 e4m3, row) * B(32x8 e4m3, col) + C, fp16 accumulate (PTX: sm_89+). d[0] holds row g,
+// columns 2t and 2t+1 as a half2, d[1] row g+8: the fp32 accumulator's layout at half the registers.
+// No overflow check: the caller bounds sum |A*B| + |C| below 65504 (attn_mma_wide.cuh, VC_MMA_PV_F16).
+__device__ __forceinline__ void mma_e4m3_f16(uint32_t (&d)[2], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f16.e4m3.e4m3.f16 {%0,%1}, {%2,%3,%4,%5}, {%6,%7}, {%0,%1};\n"
+      : "+r"(d[0]), "+r"(d[1])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// D = A(16x8 f16, row) * B(8x8 f16, col) + C, float accumulate. a[0]: row g, columns 2t, 2t+1 as a
+// half2, a[1]: row g+8 (the layout of mma_e4m3_f16's accumulator); b: B rows 2t, 2t+1 of column g.
+__device__ __forceinline__ void mma_f16_k8_f32(float (&d)[4], const uint32_t (&a)[2], uint32_t b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(b));
+}
+
 // ---------------------------------------------------------------------------------------------
 // block-wide reductions (blockDim.x a multiple of 32, at most 1024)
 __device__ __forceinline__ float warp_max(float v) {
