@@ -56,6 +56,10 @@ def test_spills_stay_within_two_words(ptxas_report):
 
 def test_wgmma_pipeline_and_register_reallocation_are_kept(ptxas_report):
     assert "C7513" not in ptxas_report, "ptxas serialized the wgmma pipeline:\n" + ptxas_report
+    # C7519 is an info line, not a warning: ptxas injected warpgroup.arrive (and, across a branch inside
+    # a commit group, a dummy wgmma) to protect registers of an in-flight wgmma. In the batched-mean
+    # experiment (docs/kernel-notes.md section 12) that serialized every wgmma of the loop.
+    assert "C7519" not in ptxas_report, "ptxas injected warpgroup.arrive into the wgmma pipeline:\n" + ptxas_report
     assert "C7508" not in ptxas_report, "ptxas ignored setmaxnreg:\n" + ptxas_report
     assert "warning" not in ptxas_report.lower(), ptxas_report
 

@@ -73,7 +73,7 @@ constexpr float kAluMagic = 12582912.f;  // 1.5 * 2^23: float32 ulp 1, the low b
 constexpr float kZRange = 64.f;  // z = (w + kWFloor) / kZRange in [0, 1]: w in [-24, 40]
 constexpr float kWFloor = 24.f;  // w >= -24, the spec's floor: far below E4M3's smallest code 2^-9
 static_assert(vc::kExpCastRowConstant - vc::kExpCastFloor > kWFloor && vc::kExpCastRowConstant - vc::kExpCastFloor < kWFloor + 9.f,
-              "the spec's floor is w = -24: C - floor = 24 + log2(448) + beta/8");
+              "the spec's floor is w = -24: C - floor = 24 + log2(E4M3 max) + beta/8");
 constexpr uint32_t kZExponentBias = (127u - static_cast<uint32_t>(kWFloor)) << 23;  // re-biases w + 24 to w + 127
 #endif
 
