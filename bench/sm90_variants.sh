@@ -26,6 +26,7 @@ declare -A FLAGS=(
   [nopp]="-DVC_SM90_PINGPONG=0"
   [pp]="-DVC_SM90_PINGPONG=1"
   [nomean]="-DVC_SM90_MEAN_MMA=0"
+  [descadd]="-DVC_SM90_DESC_ADD=1"
   [mean]="-DVC_SM90_MEAN_MMA=1"
   [psmem]="-DVC_SM90_P_SMEM=1"
   [psmem_mean]="-DVC_SM90_P_SMEM=1 -DVC_SM90_MEAN_MMA=1"

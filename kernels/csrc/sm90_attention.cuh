@@ -314,32 +314,53 @@ __device__ __forceinline__ void fold_tile(float (&o)[D / 2], float (&row_sum)[2]
   for (int r = 0; r < 2; ++r) row_sum[r] = fmaf(row_sum[r], alpha[r], l_blk[r]);
 }
 
+#ifndef VC_SM90_DESC_ADD
+#define VC_SM90_DESC_ADD 0  // 1: one shared-memory descriptor per tile and operand, k-steps by an add
+#endif
+
+// Descriptor of k-step kk of a K-major tile: by default built from the address each time (5-6
+// uniform-datapath instructions per wgmma operand, about 60 issue slots per tile at head dim 128:
+// docs/kernel-notes.md section 12); with VC_SM90_DESC_ADD the tile's descriptor plus kk * 32 bytes in
+// the start-address field (bits 0-13, address >> 4), which cannot carry out: shared memory < 256 KB.
+template <int ROW_BYTES>
+struct TileDesc {
+  const uint8_t* tile;
+  uint64_t base;
+  __device__ __forceinline__ explicit TileDesc(const uint8_t* t) : tile(t), base(VC_SM90_DESC_ADD ? smem_desc(t, ROW_BYTES) : 0) {}
+  __device__ __forceinline__ uint64_t k_step(int kk) const {
+    if (!VC_SM90_DESC_ADD) return smem_desc(tile + kk * 32, ROW_BYTES);
+    return (base & 0xFFFFFFFF00000000ull) | static_cast<uint32_t>(static_cast<uint32_t>(base) + 2u * kk);
+  }
+};
+
 template <int D>
 __device__ __forceinline__ void issue_qk(int32_t (&s_acc)[64], const uint8_t* q_tile, const uint8_t* k_tile) {
+  const TileDesc<D> q(q_tile), k(k_tile);
 #pragma unroll
-  for (int kk = 0; kk < D / 32; ++kk)
-    wgmma_s8_m64n128k32(s_acc, smem_desc(q_tile + kk * 32, D), smem_desc(k_tile + kk * 32, D), kk > 0);
+  for (int kk = 0; kk < D / 32; ++kk) wgmma_s8_m64n128k32(s_acc, q.k_step(kk), k.k_step(kk), kk > 0);
 }
 
 template <int D>
 __device__ __forceinline__ void issue_pv(float (&pv)[D / 2 + 4], const uint32_t (&pa)[4][4], const uint8_t* vt_tile) {
+  const TileDesc<128> v(vt_tile);
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     if constexpr (D == 128)
-      wgmma_e4m3_m64n136k32(pv, pa[kk], smem_desc(vt_tile + kk * 32, 128), kk > 0);
+      wgmma_e4m3_m64n136k32(pv, pa[kk], v.k_step(kk), kk > 0);
     else
-      wgmma_e4m3_m64n72k32(pv, pa[kk], smem_desc(vt_tile + kk * 32, 128), kk > 0);
+      wgmma_e4m3_m64n72k32(pv, pa[kk], v.k_step(kk), kk > 0);
   }
 }
 
 template <int D>
 __device__ __forceinline__ void issue_pv_smem(float (&pv)[D / 2 + 4], const uint8_t* p_tile, const uint8_t* vt_tile) {
+  const TileDesc<128> pt(p_tile), v(vt_tile);
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     if constexpr (D == 128)
-      wgmma_e4m3_m64n136k32_ss(pv, smem_desc(p_tile + kk * 32, 128), smem_desc(vt_tile + kk * 32, 128), kk > 0);
+      wgmma_e4m3_m64n136k32_ss(pv, pt.k_step(kk), v.k_step(kk), kk > 0);
     else
-      wgmma_e4m3_m64n72k32_ss(pv, smem_desc(p_tile + kk * 32, 128), smem_desc(vt_tile + kk * 32, 128), kk > 0);
+      wgmma_e4m3_m64n72k32_ss(pv, pt.k_step(kk), v.k_step(kk), kk > 0);
   }
 }
 
