@@ -26,8 +26,8 @@ POWER_ITERS = 6
 def cluster_means(x: torch.Tensor, labels: torch.Tensor, clusters: int) -> torch.Tensor:
     """(B,H,C,D) float32 member means (zero for an empty cluster)."""
     b, h, n, d = x.shape
-    sums = torch.zeros(b, h, clusters, d).scatter_add_(2, labels.unsqueeze(-1).expand(b, h, n, d), x)
-    counts = torch.zeros(b, h, clusters).scatter_add_(2, labels, torch.ones(b, h, n))
+    sums = x.new_zeros(b, h, clusters, d).scatter_add_(2, labels.unsqueeze(-1).expand(b, h, n, d), x)
+    counts = x.new_zeros(b, h, clusters).scatter_add_(2, labels, x.new_ones(b, h, n))
     return sums / counts.clamp(min=1).unsqueeze(-1)
 
 
