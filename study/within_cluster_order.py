@@ -12,15 +12,17 @@ that pays (bench/fidelity_study.py --grouping-sweep).
 - "chain": by the projection on the chain direction c_next - c_prev (the neighbours in the cluster
   chain; one-sided at the ends), so a cluster's first rows lie toward the previous cluster and its
   last rows toward the next one, where the straddling blocks meet them.
-- "pca": by the projection on the cluster's principal direction (power iteration started from the
-  chain direction, oriented along it).
+- "pca": by the projection on the cluster's principal direction (POWER_ITERS power iterations
+  started from the chain direction, oriented along it); "pca1" / "pca2": 1 or 2 power iterations,
+  each one more pass over V on a GPU.
 """
 from __future__ import annotations
 
 import torch
 
-ORDERS = ("none", "norm", "chain", "pca")
 POWER_ITERS = 6
+PCA_ITERS = {"pca": POWER_ITERS, "pca1": 1, "pca2": 2}
+ORDERS = ("none", "norm", "chain", *PCA_ITERS)
 
 
 def cluster_means(x: torch.Tensor, labels: torch.Tensor, clusters: int) -> torch.Tensor:
@@ -38,12 +40,13 @@ def chain_directions(means: torch.Tensor) -> torch.Tensor:
     return nxt - prv
 
 
-def principal_directions(x: torch.Tensor, labels: torch.Tensor, means: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
-    """Top eigenvector of each cluster's covariance by power iteration from `start`, oriented along it."""
+def principal_directions(x: torch.Tensor, labels: torch.Tensor, means: torch.Tensor, start: torch.Tensor,
+                         iters: int = POWER_ITERS) -> torch.Tensor:
+    """Top eigenvector of each cluster's covariance by `iters` power iterations from `start`, oriented along it."""
     b, h, n, d = x.shape
     centred = x - torch.gather(means, 2, labels.unsqueeze(-1).expand(b, h, n, d))
     u = start / start.norm(dim=-1, keepdim=True).clamp(min=1e-12)
-    for _ in range(POWER_ITERS):
+    for _ in range(iters):
         proj = (centred * torch.gather(u, 2, labels.unsqueeze(-1).expand(b, h, n, d))).sum(-1, keepdim=True)
         u = torch.zeros_like(means).scatter_add_(2, labels.unsqueeze(-1).expand(b, h, n, d), proj * centred)
         u = u / u.norm(dim=-1, keepdim=True).clamp(min=1e-12)
@@ -58,8 +61,8 @@ def secondary_key(v: torch.Tensor, labels: torch.Tensor, clusters: int, order: s
         return x.norm(dim=-1)
     means = cluster_means(x, labels, clusters)
     direction = chain_directions(means)
-    if order == "pca":
-        direction = principal_directions(x, labels, means, direction)
+    if order in PCA_ITERS:
+        direction = principal_directions(x, labels, means, direction, PCA_ITERS[order])
     elif order != "chain":
         raise ValueError(f"within-cluster order must be one of {ORDERS}, got {order!r}.")
     b, h, n, d = x.shape
