@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 import torch
 
 from vc_attention.study import expcast_variants as variants
-from vc_attention.study import fidelity
 from vc_attention.kernels import grouping as grouping_ops
 from vc_attention.kernels import reference as ref
 from vc_attention.study import videodata
