@@ -15,6 +15,12 @@ attention. rel-L2 is of the bf16 output (what the kernels return); "bf16 floor" 
 rounded to bf16. TV, QK term and V term as in study/fidelity.py (float64 output).
 
     python3 bench/fidelity_study.py --data video --sizes 32760 75600 --seeds 0 1 --rows 64 --heads 2
+
+--grouping-sweep instead varies the V-Smooth grouping (k-means clusters and iterations, the node's
+chain ordering of the clusters, a secondary ordering inside each cluster: study/within_cluster_order.py)
+with each mode's spec quantizers, e.g.
+
+    python3 bench/fidelity_study.py --grouping-sweep --sizes 32760 --seeds 0 1 --rows 256 --heads 2
 """
 from __future__ import annotations
 
@@ -26,9 +32,10 @@ from dataclasses import dataclass, field
 import torch
 
 from vc_attention.study import expcast_variants as variants
-from vc_attention.study import fidelity
+from vc_attention.kernels import grouping as grouping_ops
 from vc_attention.kernels import reference as ref
 from vc_attention.study import videodata
+from vc_attention.study import within_cluster_order
 
 GRIDS = {32760: (21, 30, 52), 75600: (21, 45, 80), 4096: (2, 32, 64)}  # Wan 480p / 720p latents
 P_ENCODERS = {
@@ -123,6 +130,51 @@ def quantized_p(s: torch.Tensor, knobs: Knobs) -> torch.Tensor:
     return p.double() * torch.exp2(m_run.double() - run[..., -1:].double())
 
 
+@dataclass(frozen=True)
+class Grouping:
+    """V-Smooth grouping: k-means clusters x iterations; cluster ids as k-means leaves them ("kmeans":
+    the reference permutation, this study's original setting) or renumbered along the centroid chain
+    ("chain": kernels/grouping.group_tokens, what the node and `vc-attention bench` run); tokens
+    inside a cluster in token order ("none") or by a secondary key (study/within_cluster_order.py)."""
+    clusters: int = 64
+    iters: int = 2
+    ids: str = "kmeans"
+    within: str = "none"
+
+    @property
+    def label(self) -> str:
+        within = "" if self.within == "none" else f", within: {self.within}"
+        return f"{self.clusters} x {self.iters}, {self.ids} ids{within}"
+
+
+def parse_grouping(text: str) -> Grouping:
+    """'CLUSTERS x ITERS[:IDS[:WITHIN]]', e.g. '64x2', '128x2:chain:pca'."""
+    parts = text.split(":")
+    try:
+        clusters, iters = (int(x) for x in parts[0].lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"grouping {text!r}: expected CLUSTERSxITERS[:IDS[:WITHIN]], e.g. 64x2:chain:pca") from None
+    ids = parts[1] if len(parts) > 1 else "chain"
+    within = parts[2] if len(parts) > 2 else "none"
+    if ids not in ("kmeans", "chain") or within not in within_cluster_order.ORDERS:
+        raise argparse.ArgumentTypeError(f"grouping {text!r}: ids must be kmeans or chain, within one of {within_cluster_order.ORDERS}")
+    return Grouping(clusters, iters, ids, within)
+
+
+# the sweep's default candidates: the node's setting (64 x 2, chain ids), one knob at a time from it
+SWEEP = ("64x2:kmeans", "64x2", "64x3", "64x4", "32x2", "128x2", "256x2",
+         "64x2:chain:norm", "64x2:chain:chain", "64x2:chain:pca", "128x2:chain:pca", "64x4:chain:pca")
+
+
+def grouping_permutation(v: torch.Tensor, g: Grouping, seed: int) -> torch.Tensor:
+    """(B,H,N) permutation of the tokens for grouping g (k-means seeded with `seed`, as the study)."""
+    if g.ids == "kmeans":
+        labels, _ = ref.kmeans_labels(v, g.clusters, g.iters, seed)
+    else:
+        labels = grouping_ops.group_tokens(v, g.clusters, g.iters, seed).labels
+    return within_cluster_order.permutation(v, labels, g.clusters, g.within)
+
+
 # ----------------------------------------------------------------------------------------------
 def make_data(kind: str, n: int, heads: int, seed: int):
     if kind == "video":
@@ -145,9 +197,9 @@ class Case:
     v_hat: dict  # V-Smooth V as the PV product uses it, per residual-scale choice (float32)
 
 
-def make_case(kind: str, n: int, heads: int, rows: int, seed: int) -> Case:
-    q, k, v = make_data(kind, n, heads, seed)
-    perm = fidelity.grouping_permutation(v, 64, 2, seed)
+def make_case(kind: str, n: int, heads: int, rows: int, seed: int, grouping: Grouping = Grouping(), data=None) -> Case:
+    q, k, v = make_data(kind, n, heads, seed) if data is None else data
+    perm = grouping_permutation(v, grouping, seed)
     kp, vp = ref.permute_tokens(k, perm), ref.permute_tokens(v, perm)
     idx = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:rows].sort().values
     logits = q[:, :, idx].double() @ kp.double().transpose(-1, -2) / math.sqrt(q.shape[-1])
@@ -185,8 +237,17 @@ def main(argv=None) -> None:
     parser.add_argument("--heads", type=int, default=2)
     parser.add_argument("--rows", type=int, default=256, help="query rows sampled per head")
     parser.add_argument("--modes", nargs="+", default=["exp2", "expcast", "expcast_paper"])
+    parser.add_argument("--grouping-sweep", action="store_true",
+                        help="vary the V-Smooth grouping (--groupings) at each mode's spec instead of the quantizer knobs")
+    parser.add_argument("--groupings", type=parse_grouping, nargs="+", default=[parse_grouping(g) for g in SWEEP],
+                        help="CLUSTERSxITERS[:IDS[:WITHIN]] per candidate (IDS kmeans|chain, default chain; "
+                        f"WITHIN one of {', '.join(within_cluster_order.ORDERS)})")
+    parser.add_argument("--v-block-scale", type=parse_grouping, nargs="*", default=[],
+                        help="groupings that also get a row with the V residual scale per block x channel")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
+    if args.grouping_sweep:
+        return grouping_sweep(args)
     knob_list = [k for m in args.modes for k in (knob_rows(m) if m != "expcast_paper" else [Knobs(p=m, label="expcast_paper: the paper's ExpCast")])]
     results: dict = {}
     floors: dict = {}
@@ -213,6 +274,45 @@ def main(argv=None) -> None:
         last = means[terms_col]
         print(f"| {knobs.label} | " + " | ".join(f"{means[c]['rel_l2']:.5f}" for c in cols)
               + f" | {last['tv']:.4f} | {last['qk_term']:.5f} | {last['v_term']:.5f} |")
+
+
+def grouping_sweep(args) -> None:
+    """rel-L2, QK term and V term per grouping candidate and mode (each mode's spec quantizers)."""
+    modes = [m for m in args.modes if m != "expcast_paper"] or ["exp2"]
+    variants_of = {g: [Knobs(p=m) for m in modes] for g in args.groupings}
+    for g in args.v_block_scale:
+        variants_of.setdefault(g, [Knobs(p=m) for m in modes])
+        variants_of[g] = variants_of[g] + [Knobs(p=m, v_scale="block") for m in modes]
+    results: dict = {}
+    floors: dict = {}
+    for kind in args.data:
+        for n in args.sizes:
+            for seed in args.seeds:
+                data = make_data(kind, n, args.heads, seed)
+                for g, knob_list in variants_of.items():
+                    start = time.time()
+                    case = make_case(kind, n, args.heads, args.rows, seed, g, data)
+                    floors[kind, n, seed] = ((case.exact.bfloat16().double() - case.exact).norm() / case.exact.norm()).item()
+                    for knobs in knob_list:
+                        results[kind, n, seed, g, knobs] = measure(case, knobs)
+                    print(f"{kind} N={n} seed={seed} {g.label}: {time.time() - start:.0f} s", flush=True)
+    cols = [(kind, n) for kind in args.data for n in args.sizes]
+    print(f"\nrel-L2 of the bf16 output vs fp64 exact, QK term, V term (mean over seeds {args.seeds}; "
+          f"{args.rows} rows x {args.heads} heads, all keys)")
+    print("| mode | grouping | " + " | ".join(f"{kind} {n}: rel-L2 | QK | V" for kind, n in cols) + " |")
+    print("|---|---" + "|---|---|---" * len(cols) + "|")
+    print("| | bf16 output floor | " + " | ".join(
+        f"{sum(floors[kind, n, s] for s in args.seeds) / len(args.seeds):.5f} | |" for kind, n in cols) + " |")
+    for mode in modes:
+        for g, knob_list in variants_of.items():
+            for knobs in (k for k in knob_list if k.p == mode):
+                cells = []
+                for kind, n in cols:
+                    mean = {m: sum(results[kind, n, s, g, knobs][m] for s in args.seeds) / len(args.seeds)
+                            for m in ("rel_l2", "qk_term", "v_term")}
+                    cells.append(f"{mean['rel_l2']:.5f} | {mean['qk_term']:.5f} | {mean['v_term']:.5f}")
+                extra = ", V scale per block x channel" if knobs.v_scale == "block" else ""
+                print(f"| {mode} | {g.label}{extra} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
