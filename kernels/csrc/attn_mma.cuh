@@ -235,23 +235,7 @@ struct AttnMma {
 
     // ---- P in E4M3, directly in the A-operand layout of the PV MMA
     uint32_t p_frag[kPSteps][4];
-#pragma unroll
-    for (int ks = 0; ks < kPSteps; ++ks) {
-#pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        // reg 0/1: rows g/g+8 of keys 32ks+4t..; reg 2/3: the same 16 keys later
-        const int i0 = 4 * ks + 2 * (reg >> 1);
-        const int e0 = 2 * (reg & 1);
-        float a[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int i = i0 + (j >> 1), e = e0 + (j & 1);
-          const float raw = kQkFp8 ? float(s[i][e]) : small_int_to_float(int(s[i][e]));
-          a[j] = (kMask && key_of(i, e) >= valid) ? p_masked_arg() : p_arg(raw, prow[reg & 1]);
-        }
-        p_frag[ks][reg] = encode_p(a);
-      }
-    }
+    encode_p_fragments<kMask>(s, prow, valid, key_of, p_frag);
 
     // ---- O = alpha O + P R (+ l mu / v_scale), per-tile accumulator added into the total
     float l_tile[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -308,8 +292,32 @@ struct AttnMma {
   // alpha = 2^d, d = M_old - M_new <= 0: the speed path stays off MUFU (vc_p::exp2_rescale)
   static __device__ __forceinline__ float rescale(float d) { return kExpCast ? vc_p::exp2_rescale(d) : fast_exp2(d); }
 
+  // The scores of KEY_TILES n-tiles (both layouts keep them as SAcc[tile][4]) -> P as the A fragments
+  // of the PV MMA: register reg of k-step ks holds rows g (reg 0, 2) / g+8 (reg 1, 3) of keys
+  // 32 ks + 4t .. (reg 0/1) and the same 16 keys later (reg 2/3); prow: the rows' P constants.
+  template <bool kMask, int KEY_TILES, typename KeyOf>
+  static __device__ __forceinline__ void encode_p_fragments(const SAcc (&s)[KEY_TILES][4], const vc_p::ExpCastRow (&prow)[2],
+                                                            int valid, KeyOf key_of, uint32_t (&p_frag)[KEY_TILES / 4][4]) {
+#pragma unroll
+    for (int ks = 0; ks < KEY_TILES / 4; ++ks) {
+#pragma unroll
+      for (int reg = 0; reg < 4; ++reg) {
+        const int i0 = 4 * ks + 2 * (reg >> 1);
+        const int e0 = 2 * (reg & 1);
+        float a[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int i = i0 + (j >> 1), e = e0 + (j & 1);
+          const float raw = kQkFp8 ? float(s[i][e]) : small_int_to_float(int(s[i][e]));
+          a[j] = (kMask && key_of(i, e) >= valid) ? p_masked_arg() : p_arg(raw, prow[reg & 1]);
+        }
+        p_frag[ks][reg] = encode_p(a);
+      }
+    }
+  }
+
   // four arguments (p_arg, or p_masked_arg for masked keys) -> four E4M3 bytes, first in the lowest byte
-  __device__ __forceinline__ uint32_t encode_p(const float (&a)[4]) const {
+  static __device__ __forceinline__ uint32_t encode_p(const float (&a)[4]) {
     if constexpr (kExpCast) {
       return vc_p::expcast_pack4(a[0], a[1], a[2], a[3]);
     } else {

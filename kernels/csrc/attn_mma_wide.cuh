@@ -13,7 +13,8 @@
 // - Q fragments stay in registers for D=64; for D=128 they are re-read from shared memory every
 //   chunk (8 ldmatrix per warp per chunk): O (128) and S (64) already put D=128 at the 255-register
 //   cap (ptxas -v per arch in docs/kernel-notes.md sec. 10).
-// P's argument, its encoding and the rescale are attn_mma.cuh's p_row / p_arg / encode_p / rescale
+// P's argument, its encoding into PV fragments and the rescale are attn_mma.cuh's p_row / p_arg /
+// encode_p_fragments / rescale
 // (one definition for both layouts).
 //
 // Build-time options of the PV accumulation (both 0 by default; docs/kernel-notes.md sec. 13):
@@ -295,23 +296,7 @@ struct AttnMmaWide {
     // ---- P in E4M3, directly in the A-operand layout of the PV MMA
     uint32_t p_frag[kWideChains][kPSteps][4];
 #pragma unroll
-    for (int c = 0; c < kWideChains; ++c)
-#pragma unroll
-      for (int ks = 0; ks < kPSteps; ++ks)
-#pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          // reg 0/1: rows g/g+8 of keys 32ks+4t..; reg 2/3: the same 16 keys later
-          const int i0 = 4 * ks + 2 * (reg >> 1);
-          const int e0 = 2 * (reg & 1);
-          float a[4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int i = i0 + (j >> 1), e = e0 + (j & 1);
-            const float raw = kQkFp8 ? float(s[c][i][e]) : small_int_to_float(int(s[c][i][e]));
-            a[j] = (kMask && key_of(i, e) >= valid) ? Encoder::p_masked_arg() : Encoder::p_arg(raw, prow[c][reg & 1]);
-          }
-          p_frag[c][ks][reg] = Encoder{}.encode_p(a);
-        }
+    for (int c = 0; c < kWideChains; ++c) Encoder::template encode_p_fragments<kMask>(s[c], prow[c], valid, key_of, p_frag[c]);
 
     // ---- row sums of the same P (ones column), then O = alpha O + P R (+ l mu / v_scale)
     float l_tile[kWideChains][4];

@@ -92,6 +92,17 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_stats_kernel(const Prepa
   if (threadIdx.x < D) atomicMax(reinterpret_cast<int*>(p.v_amax) + int64_t(bh) * D + threadIdx.x, __float_as_int(amax));
 }
 
+// A thread's 8 channels times inv -> 8 codes (E4M3 or INT8), first channel in the lowest byte.
+template <bool kFp8>
+__device__ __forceinline__ uint2 codes8(const float (&x)[8], float inv) {
+  if constexpr (kFp8) {
+    return make_uint2(e4m3x4(x[0] * inv, x[1] * inv, x[2] * inv, x[3] * inv), e4m3x4(x[4] * inv, x[5] * inv, x[6] * inv, x[7] * inv));
+  } else {
+    return make_uint2(int8_code(x[0] * inv) | int8_code(x[1] * inv) << 8 | int8_code(x[2] * inv) << 16 | int8_code(x[3] * inv) << 24,
+                      int8_code(x[4] * inv) | int8_code(x[5] * inv) << 8 | int8_code(x[6] * inv) << 16 | int8_code(x[7] * inv) << 24);
+  }
+}
+
 // Quantizes `rows` rows starting at slot row0 as one scale block: pass 1 finds the block amax,
 // pass 2 writes the codes (zeros for padded rows) to dst (contiguous rows of D bytes).
 // load(slot, x) fills the 8 transformed floats of this thread's channels. Returns the scale.
@@ -115,13 +126,7 @@ __device__ __forceinline__ float quantize_row_block(int row0, int rows, int vali
     if (r < valid) {
       float x[8];
       load(row0 + r, x);
-      if constexpr (kFp8) {
-        codes.x = e4m3x4(x[0] * inv, x[1] * inv, x[2] * inv, x[3] * inv);
-        codes.y = e4m3x4(x[4] * inv, x[5] * inv, x[6] * inv, x[7] * inv);
-      } else {
-        codes.x = int8_code(x[0] * inv) | int8_code(x[1] * inv) << 8 | int8_code(x[2] * inv) << 16 | int8_code(x[3] * inv) << 24;
-        codes.y = int8_code(x[4] * inv) | int8_code(x[5] * inv) << 8 | int8_code(x[6] * inv) << 16 | int8_code(x[7] * inv) << 24;
-      }
+      codes = codes8<kFp8>(x, inv);
     }
     *reinterpret_cast<uint2*>(dst + int64_t(r) * D + c0) = codes;
   }
@@ -150,15 +155,7 @@ __device__ __forceinline__ void quantize_rows(int row0, int rows, int valid, uin
 #pragma unroll
     for (int lanes = kLanesPerRow / 2; lanes > 0; lanes /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, lanes));
     const float inv = amax > 0.0f ? (1.0f / amax) * limit : 0.0f;  // as quantize_row_block
-    uint2 codes;
-    if constexpr (kFp8) {
-      codes.x = e4m3x4(x[0] * inv, x[1] * inv, x[2] * inv, x[3] * inv);
-      codes.y = e4m3x4(x[4] * inv, x[5] * inv, x[6] * inv, x[7] * inv);
-    } else {
-      codes.x = int8_code(x[0] * inv) | int8_code(x[1] * inv) << 8 | int8_code(x[2] * inv) << 16 | int8_code(x[3] * inv) << 24;
-      codes.y = int8_code(x[4] * inv) | int8_code(x[5] * inv) << 8 | int8_code(x[6] * inv) << 16 | int8_code(x[7] * inv) << 24;
-    }
-    *reinterpret_cast<uint2*>(dst + c0) = codes;
+    *reinterpret_cast<uint2*>(dst + c0) = codes8<kFp8>(x, inv);
     if (c0 == 0) *scale_dst = amax / limit;
     dst += kRowsPerPass * D;
     scale_dst += kRowsPerPass;
