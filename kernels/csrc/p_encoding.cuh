@@ -37,6 +37,12 @@
 #ifndef VC_EXPCAST_ALU
 #define VC_EXPCAST_ALU 0
 #endif
+#ifndef VC_EXPCAST_INT
+#define VC_EXPCAST_INT 0
+#endif
+#ifndef VC_EXPCAST_INT_D64
+#define VC_EXPCAST_INT_D64 0
+#endif
 #ifndef VC_EXPCAST_ALU_LINES
 #define VC_EXPCAST_ALU_LINES 2
 #endif
@@ -129,6 +135,38 @@ __device__ __forceinline__ uint32_t code_bits(float x) {
 __device__ __forceinline__ float exponent_float(float z, uint32_t bits_mul) {
   const float y = fmaf(z, kZRange, 1024.f);
   return __uint_as_float(__float_as_uint(y) * bits_mul + kZExponentBias);
+}
+#endif
+
+#if VC_EXPCAST_INT
+// The integer form (VC_EXPCAST_INT=1; study: the same w with one IMAD per element instead of
+// I2FP + FFMA.SAT + FFMA + IMAD). Per row and key block, with a0 the block's largest integer score,
+// sc the row's score scale and M the running max (both float32, as now):
+//   t(a) = T0 + (a - a0) A,  A = rint(min(sc 2^23, 2^28)),  T0 = rint((127 + log2(448) + beta/8 + fl(a0 sc) - M) 2^23)
+// is 2^23 (w + 127) in fixed point: the float32 with those bits is the chord 2^floor(w) (1 + frac(w))
+// and the hardware cast rounds it to E4M3 (t <= 0: code 0). The clamp a >= a_lo keeps t in
+// [0, T0] (no wrap of the 32-bit product): a_lo = a0 - K with T0 - K A in [0, 117 2^23), where every
+// float is below 2^-10 and so code 0, so the clamp changes no code; K comes from a 5%-accurate
+// reciprocal (the window is +-76% wide) and one F2I per row and block.
+constexpr float kExpCastTop = 127.f + vc::kExpCastPLog2Scale;
+struct ExpCastIntRow {
+  uint32_t mul, add;
+  int lo;
+};
+__device__ __forceinline__ ExpCastIntRow expcast_int_row(float sc, int a0, float m) {
+  // <= 0: how far this block's max is below the running max; rounded twice as the spec rounds it (no
+  // FFMA contraction: fl(fl(a0 sc) - M), the product being the block max the running max took)
+  const float e = __fsub_rn(__fmul_rn(static_cast<float>(a0), sc), m);
+  const float a_f = fminf(sc * 8388608.f, 268435456.f);
+  const int a = __float2int_rn(a_f);
+  const float t0f = __fadd_rn(kExpCastTop, e) * 8388608.f;
+  const int t0 = max(__float2int_rn(t0f), 0);
+  const float inv_a = __uint_as_float(0x7EF311C7u - __float_as_uint(a_f));  // 1/a_f within 5%
+  const int k = min(max(__float2int_rz((t0f - 58.5f * 8388608.f) * inv_a), 0), 1 << 30);
+  return {static_cast<uint32_t>(a), static_cast<uint32_t>(t0) - static_cast<uint32_t>(a0) * static_cast<uint32_t>(a), a0 - k};
+}
+__device__ __forceinline__ float expcast_int_float(int s, const ExpCastIntRow& r) {
+  return __uint_as_float(static_cast<uint32_t>(max(s, r.lo)) * r.mul + r.add);
 }
 #endif
 

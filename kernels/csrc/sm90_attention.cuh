@@ -232,7 +232,7 @@ __device__ __forceinline__ RowScale operator*(const RowScale& q_sc, float k_sc) 
 // running max of the scaled scores, reference.running_row_offsets) and returns the rescale factor
 // alpha = 2^(M_old - M_new) of each of the thread's two rows.
 // MASK: only the first `valid` keys of the tile exist (the tail tile).
-template <bool EXPCAST, bool MASK>
+template <bool EXPCAST, bool MASK, bool INT_ENC = false>
 __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], const RowScale& sc, int valid, int t,
                                              float (&row_off)[2], float (&alpha)[2], uint32_t (&pa)[4][4], uint32_t bits_mul) {
   // row max on the exact integers: float(acc) * sc is monotone in acc (sc >= 0), so the float max is
@@ -257,6 +257,9 @@ __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], const RowSc
   int mx[2];
   float base[2];
   vc_p::ExpCastRow prow[2];
+#if VC_EXPCAST_INT
+  vc_p::ExpCastIntRow irow[2];  // INT_ENC: the integer form (p_encoding.cuh)
+#endif
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     mx[r] = max(part[r][0], part[r][1]);
@@ -268,6 +271,9 @@ __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], const RowSc
     row_off[r] = m_new;
     base[r] = vc::kPLog2Max - m_new;  // fidelity: arg = s + float32(8 - M), reference.p_exp2_cast
     prow[r] = vc_p::expcast_row(sc.r[r], m_new);  // speed: p_encoding.cuh
+#if VC_EXPCAST_INT
+    if constexpr (INT_ENC) irow[r] = vc_p::expcast_int_row(sc.r[r], mx[r], m_new);
+#endif
   }
   // register r of k-step kk holds row g (r even) or g+8 (r odd) at keys 32kk + 16(r/2) + 4t + 0..3,
   // which are the columns (c0, e=0), (c0, e=1), (c0+1, e=0), (c0+1, e=1) (see key_of_column)
@@ -276,15 +282,29 @@ __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], const RowSc
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int c0 = 4 * kk + 2 * (r >> 1), row = r & 1;
-      float a[4];
+#if VC_EXPCAST_INT
+      if constexpr (INT_ENC) {
+        float f[4];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int chunk = c0 + (q >> 1), e = q & 1;
-        const float x = int_to_float_exact(s[4 * chunk + 2 * row + e]);
-        a[q] = EXPCAST ? vc_p::expcast_arg(x, prow[row]) : fmaf(x, sc.r[row], base[row]);
-        if (MASK && key_of_column(chunk, t, e) >= valid) a[q] = EXPCAST ? vc_p::expcast_masked_arg() : neg_inf();
+        for (int q = 0; q < 4; ++q) {
+          const int chunk = c0 + (q >> 1), e = q & 1;
+          const int acc = (MASK && key_of_column(chunk, t, e) >= valid) ? INT_MIN : s[4 * chunk + 2 * row + e];
+          f[q] = vc_p::expcast_int_float(acc, irow[row]);
+        }
+        pa[kk][r] = vc_p::cast_e4m3x4(f[0], f[1], f[2], f[3]);
+      } else
+#endif
+      {
+        float a[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int chunk = c0 + (q >> 1), e = q & 1;
+          const float x = int_to_float_exact(s[4 * chunk + 2 * row + e]);
+          a[q] = EXPCAST ? vc_p::expcast_arg(x, prow[row]) : fmaf(x, sc.r[row], base[row]);
+          if (MASK && key_of_column(chunk, t, e) >= valid) a[q] = EXPCAST ? vc_p::expcast_masked_arg() : neg_inf();
+        }
+        pa[kk][r] = EXPCAST ? vc_p::expcast_pack4(a[0], a[1], a[2], a[3], bits_mul) : encode_exp2(a[0], a[1], a[2], a[3]);
       }
-      pa[kk][r] = EXPCAST ? vc_p::expcast_pack4(a[0], a[1], a[2], a[3], bits_mul) : encode_exp2(a[0], a[1], a[2], a[3]);
     }
 }
 
@@ -404,6 +424,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
                                               uint64_t* bar_empty) {
   constexpr bool kPSmem = p_through_smem<D, EXPCAST>();
   constexpr bool kMeanMma = mean_by_mma<D, EXPCAST, VSMOOTH>();
+  // VC_EXPCAST_INT: the integer form of the speed encoding (head dim 64 only with VC_EXPCAST_INT_D64)
+  constexpr bool kIntEnc = VC_EXPCAST_INT && EXPCAST && (D == 128 || VC_EXPCAST_INT_D64);
   using L = SmemLayout<D, STAGES, kPSmem, kMeanMma>;
   static_assert(!kMeanMma || STAGES <= kMeanChunk, "a mean chunk buffer is rewritten STAGES tiles after its flush");
   const int wg = threadIdx.x / 128 - 1;
@@ -434,9 +456,9 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   auto softmax = [&](const int32_t(&s_acc)[64], const RowScale& sc, bool tail, float(&row_off)[2], float(&alpha)[2],
                      uint32_t(&pa)[4][4]) {
     if (tail)
-      softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa, p.expcast_bits_mul);
+      softmax_tile<EXPCAST, true, kIntEnc>(s_acc, sc, valid_last, t, row_off, alpha, pa, p.expcast_bits_mul);
     else
-      softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa, p.expcast_bits_mul);
+      softmax_tile<EXPCAST, false, kIntEnc>(s_acc, sc, kBlockN, t, row_off, alpha, pa, p.expcast_bits_mul);
   };
 
   float o[D / 2];
@@ -552,10 +574,10 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       alpha_prev[1] = alpha[1];
       const RowScale sc = q_sc * ksc_smem[sj];
       if (has_tail && j == n_kv - 1) {  // the store inside each branch: P is stored as it is encoded
-        softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa, p.expcast_bits_mul);
+        softmax_tile<EXPCAST, true, kIntEnc>(s_acc, sc, valid_last, t, row_off, alpha, pa, p.expcast_bits_mul);
         publish_p(j);
       } else {
-        softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa, p.expcast_bits_mul);
+        softmax_tile<EXPCAST, false, kIntEnc>(s_acc, sc, kBlockN, t, row_off, alpha, pa, p.expcast_bits_mul);
         publish_p(j);
       }
       wgmma_wait<0>();
@@ -641,10 +663,10 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       const RowScale sc = q_sc * ksc_smem[sj];
       if (has_tail && j == n_kv - 1) {
         fold(j - 1, alpha, sp);
-        softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa, p.expcast_bits_mul);
+        softmax_tile<EXPCAST, true, kIntEnc>(s_acc, sc, valid_last, t, row_off, alpha, pa, p.expcast_bits_mul);
       } else {  // the same two calls inside each branch keep them in one basic block
         fold(j - 1, alpha, sp);
-        softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa, p.expcast_bits_mul);
+        softmax_tile<EXPCAST, false, kIntEnc>(s_acc, sc, kBlockN, t, row_off, alpha, pa, p.expcast_bits_mul);
       }
       flush_means(j - 1);
       release(sp);
