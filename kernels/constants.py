@@ -24,16 +24,17 @@ EXPCAST_BETA = -0.35  # centres eps(m) = m - 8 log2(1 + m/8) in the min-max sens
 EXPCAST_MAX_CODE = E4M3_OCTAVE_CODES * P_LOG2_MAX + E4M3_ONE_CODE  # 120 = 0x78 = 256.0
 EXPCAST_BIAS = EXPCAST_MAX_CODE + EXPCAST_BETA  # 119.65: the paper's code = rint(8u + bias) for u = s - M
 # The corrected ExpCast (reference.p_expcast) maps the row max to 448 (the E4M3 maximum, code 126): 0.8
-# octave more range above the subnormals than 256, at no cost (docs/fidelity-study.md). It holds
-# w = u + log2(448) + beta/8 in a float32 near 1536 = 1.5 * 2^10, whose ulp is 2^-13:
-# y = u + EXPCAST_ROW_CONSTANT, then its bits shifted by EXPCAST_SHIFT.
+# octave more range above the subnormals than 256, at no cost (docs/fidelity-study.md). Its probability is
+# the float32 whose bits are t = 2^23 (w + 127), w = u + log2(448) + beta/8 (the chord 2^floor(w)(1 + frac w)),
+# held in integer fixed point: t = T0 + (a - a0) A with a the exact integer score, a0 the block's largest,
+# A = rint(scale 2^23) and T0 = rint((EXPCAST_TOP + a0 scale - M) 2^23) (reference.expcast_bits).
 EXPCAST_LOG2_SCALE = math.log2(E4M3_MAX)
 EXPCAST_P_LOG2_SCALE = EXPCAST_LOG2_SCALE + EXPCAST_BETA / 8  # P ~ 2^(u + this): the kernels' LSE
 EXPCAST_TOP_CODE = 126  # 448.0
-EXPCAST_FIXED_POINT = 1536.0
-EXPCAST_ROW_CONSTANT = EXPCAST_FIXED_POINT + EXPCAST_P_LOG2_SCALE  # float32: 1544.76355
-EXPCAST_FLOOR = EXPCAST_FIXED_POINT - 24.0  # w >= -24: 2^w is far below E4M3's smallest code 2^-9
-EXPCAST_SHIFT = 10  # 23 mantissa bits - 13 fraction bits
+EXPCAST_TOP = 127.0 + EXPCAST_P_LOG2_SCALE  # float32 135.76361: t / 2^23 of the row max (u = 0)
+EXPCAST_SLOPE_BITS = 23  # t per log2 unit = 2^23: one unit of the float32 exponent field
+# A is capped at 2^28 (32 log2 units per integer step): every code a larger slope could change is 0
+EXPCAST_SLOPE_CAP = 2.0**28
 
 # name in CUDA (VC_<NAME>) -> value; floats are written as float literals
 SHARED_WITH_CUDA = {
@@ -49,9 +50,8 @@ SHARED_WITH_CUDA = {
     "EXPCAST_BIAS": EXPCAST_BIAS,
     "EXPCAST_BETA": EXPCAST_BETA,
     "EXPCAST_P_LOG2_SCALE": EXPCAST_P_LOG2_SCALE,
-    "EXPCAST_ROW_CONSTANT": EXPCAST_ROW_CONSTANT,
-    "EXPCAST_FLOOR": EXPCAST_FLOOR,
-    "EXPCAST_SHIFT": EXPCAST_SHIFT,
+    "EXPCAST_TOP": EXPCAST_TOP,
+    "EXPCAST_SLOPE_CAP": EXPCAST_SLOPE_CAP,
 }
 
 

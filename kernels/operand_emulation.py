@@ -19,8 +19,8 @@ def emulate_attention(ops: PreparedOperands, config: VCConfig, out_dtype: torch.
     reference.quantize_p and l_j the row sums of the same quantized P over key block j.
     """
     n = ops.n_tokens
-    s = reference.scores_log2(ops.q_q[:, :, :n].float(), ops.q_scale, ops.k_q[:, :, :n].float(), ops.k_scale, n)
-    p = reference.quantize_p(s, config).double()
+    acc, scale = reference.score_parts(ops.q_q[:, :, :n], ops.q_scale, ops.k_q[:, :, :n], ops.k_scale, n)
+    p = reference.quantize_p(acc * scale, config, acc=acc, scale=scale).double()
     v_res = ops.v_t.float()[:, :, :, :n].transpose(-1, -2).double() * ops.v_scale.double().unsqueeze(-2)
     mean = reference.expand_rows(ops.v_mean.double(), N_ALIGN, n)
     return reference.to_output_dtype((p @ (v_res + mean)) / p.sum(-1, keepdim=True), out_dtype)

@@ -32,12 +32,12 @@ from .config import VCConfig
 from .constants import (  # noqa: F401 (re-exported: the spec's parameters, shared with the CUDA build)
     E4M3_MAX,
     EXPCAST_BETA,
-    EXPCAST_FIXED_POINT,
-    EXPCAST_FLOOR,
     EXPCAST_LOG2_SCALE,
     EXPCAST_MAX_CODE,
-    EXPCAST_ROW_CONSTANT,
-    EXPCAST_SHIFT,
+    EXPCAST_P_LOG2_SCALE,
+    EXPCAST_SLOPE_BITS,
+    EXPCAST_SLOPE_CAP,
+    EXPCAST_TOP,
     EXPCAST_TOP_CODE,
     INT8_MAX,
     K_BLOCK,
@@ -154,19 +154,26 @@ def quantize_qk(q: torch.Tensor, k: torch.Tensor, config: VCConfig, sm_scale: fl
     return q_q, q_sc, k_q, k_sc
 
 
-def scores_log2(q_q, q_scale, k_q, k_scale, n_k: int) -> torch.Tensor:
-    """s[i,j] = float32(sum_d q_q[i,d] k_q[j,d]) * (q_scale[i] * k_scale[j blk]), log2 units.
+def score_parts(q_q, q_scale, k_q, k_scale, n_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(acc, scale): the exact dot products q_q[i] . k_q[j] and the float32 scale q_scale[i] * k_scale[j blk].
 
-    q_scale is per query row (its first Nq entries are used: a padded operand works as is). The
-    integer dot product is exact (|sum| < 2^24, so a float32 matmul of int8 values is exact).
+    INT8: acc holds the integers (|sum| < 2^24, so a float32 matmul of int8 values is exact) - what the
+    kernels' int32 MMA accumulators hold. FP8 products are not integers: accumulated in float64, rounded
+    once to float32. q_scale is per query row (its first Nq entries are used: a padded operand works as is).
     """
     if q_q.dtype == torch.int8:
         acc = torch.matmul(q_q.float(), k_q.float().transpose(-1, -2))
-    else:  # FP8 products are not integers: accumulate in float64, round once to float32
+    else:
         acc = torch.matmul(q_q.double(), k_q.double().transpose(-1, -2)).float()
     qs = q_scale[..., : q_q.shape[-2]].unsqueeze(-1)  # (B,H,Nq,1)
     ks = expand_rows(k_scale, K_BLOCK, n_k).transpose(-1, -2)  # (B,H,1,Nk)
-    return acc * (qs * ks)
+    return acc, (qs * ks).expand_as(acc)
+
+
+def scores_log2(q_q, q_scale, k_q, k_scale, n_k: int) -> torch.Tensor:
+    """s[i,j] = float32(acc[i,j]) * float32(q_scale[i] * k_scale[j blk]): scores in log2 units (score_parts)."""
+    acc, scale = score_parts(q_q, q_scale, k_q, k_scale, n_k)
+    return acc * scale
 
 
 # ----------------------------------------------------------------------------------------------
@@ -230,51 +237,70 @@ def p_expcast_paper(s: torch.Tensor, m=0.0) -> torch.Tensor:
     return expcast_paper_code(s.float() - m).to(torch.uint8).view(torch.float8_e4m3fn).float()
 
 
-def expcast_fixed_point(s: torch.Tensor, m=0.0) -> torch.Tensor:
-    """y = max(fl32(s + fl32(EXPCAST_ROW_CONSTANT - M)), EXPCAST_FLOOR): u + log2(448) + beta/8 (u = s - M)
-    as a fixed-point number with 13 fraction bits (the float32 ulp on [1024, 2048)); the floor keeps
-    y - 1536 >= -24, far below the E4M3 underflow, and turns u = -inf (a masked key) into code 0.
-    The kernels form y with one fmaf(acc, sc, row constant); m = 0 makes s the argument u itself."""
-    return torch.clamp(s.float() + row_constant(EXPCAST_ROW_CONSTANT, m), min=EXPCAST_FLOOR)
+def expcast_bits(acc: torch.Tensor, scale, a0, m) -> torch.Tensor:
+    """t = T0 + (acc - a0) A, the int64 fixed point 2^23 (w + 127) of w = u + log2(448) + beta/8 (u = s - M).
 
-
-def expcast_exponent_float(y: torch.Tensor) -> torch.Tensor:
-    """float32 with bits (bits(y) << 10) + (127 << 23) mod 2^32 = 2^floor(w) (1 + frac(w)), w = y - 1536.
-
-    The low 23 bits of y are 2^22 + (y - 1536) 2^13; shifted left by 10, bit 22 and y's exponent
-    fall off the top and the 8 integer bits of w land in the exponent field (+127 re-biases it)."""
-    bits = y.view(torch.int32).to(torch.int64)
-    out = ((bits << EXPCAST_SHIFT) + (127 << 23)) & 0xFFFFFFFF
-    return out.to(torch.int32).view(torch.float32)
-
-
-def p_expcast(s: torch.Tensor, m=0.0) -> torch.Tensor:
-    """Speed encoding (ExpCast, corrected): P = E4M3(2^floor(w) (1 + frac(w))), w = u + log2(448) +
-    beta/8 (u = s - M) held to 13 fraction bits (expcast_fixed_point); float32 values of the E4M3
-    codes (row max 448, code 126). m = 0: s is u.
-
-    A piecewise-linear exp2 built from float32 exponent bits, rounded by the hardware cast (RNE,
-    satfinite: at u = 0 the float is 451.3, cast to 448). In the normal E4M3 range the code is
-    rint(8w + 56), the paper's linear code (shifted by 8 log2(448/256)) up to where the rounding
-    boundaries fall (u resolved to 2^-13); below 2^-6 the cast rounds the chord of 2^w to multiples
-    of 2^-9, so the E4M3 subnormal codes get their true values and probabilities survive down to
-    u = -18.8 (the paper's codes 1..7 mis-decode and stop at u = -14.9).
-    Kernels (kernels/csrc/p_encoding.cuh): the same fixed point on the FMA pipes - FFMA.SAT (the floor),
-    FFMA, IMAD (the shift) - and half an F2FP.E4M3: no MUFU, no F2I (tests/test_expcast_kernel_form.py).
+    acc: the exact scores (integers for INT8 QK), scale: their float32 scale (s = fl(acc * scale)),
+    a0: the largest acc of the key block the kernel encodes together, m: the running max M it holds then
+    (all broadcast against acc). Per block and row, in float32 as the kernels compute them:
+    A = rint(min(scale 2^23, 2^28)) and T0 = rint(fl(EXPCAST_TOP + fl(fl(a0 scale) - M)) 2^23); then one
+    exact integer multiply-add per element. The slope A carries scale to about 1/(2A) relative (A is
+    ~10^3 at typical scales: the same rel-L2 as the float fixed point it replaced, docs/kernel-notes.md).
     """
-    return fp8_e4m3(expcast_exponent_float(expcast_fixed_point(s, m)))
+    f32 = torch.float32
+    acc = torch.as_tensor(acc)
+    scale = torch.as_tensor(scale, dtype=f32)
+    a0 = torch.as_tensor(a0, dtype=acc.dtype)
+    e = (a0.to(f32) * scale) - torch.as_tensor(m, dtype=f32)
+    slope = torch.round(torch.clamp(scale * 2.0**EXPCAST_SLOPE_BITS, max=EXPCAST_SLOPE_CAP)).double()
+    top = torch.round((torch.tensor(EXPCAST_TOP, dtype=f32) + e) * 2.0**EXPCAST_SLOPE_BITS).double()
+    return torch.round(top + (acc.double() - a0.double()) * slope).to(torch.int64)
 
 
-def expcast_code(s: torch.Tensor, m=0.0) -> torch.Tensor:
-    """The E4M3 byte of p_expcast(s, m) as int32 (0..126 for u = s - M <= 0)."""
-    return p_expcast(s, m).to(torch.float8_e4m3fn).view(torch.uint8).to(torch.int32)
+def expcast_bits_float(t: torch.Tensor) -> torch.Tensor:
+    """The float32 with bits t (t <= 0: 0.0): 2^floor(w) (1 + frac(w)) for t = 2^23 (w + 127), the chord of 2^w."""
+    return torch.clamp(t, min=0).to(torch.int32).view(torch.float32)
+
+
+def p_expcast(s: torch.Tensor, m=0.0, *, acc=None, scale=None, a0=None) -> torch.Tensor:
+    """Speed encoding (ExpCast, corrected): P = E4M3(chord of 2^w), w = u + log2(448) + beta/8, u = s - M;
+    float32 values of the E4M3 codes (row max 448, code 126).
+
+    The chord 2^floor(w) (1 + frac(w)) is the float32 whose bits are 2^23 (w + 127), formed in integer
+    fixed point (expcast_bits) and rounded to E4M3 by the hardware cast (RNE, satfinite: at u = 0 the
+    float is 451.3, cast to 448). In the normal E4M3 range the code is rint(8w + 56), the paper's linear
+    code; below 2^-6 the cast rounds the chord to multiples of 2^-9, so the E4M3 subnormal codes get
+    their true values and probabilities survive down to u = -18.8 (the paper's codes 1..7 mis-decode).
+    Kernels (csrc/p_encoding.cuh): one integer max (the clamp that keeps t in range) and one IMAD per
+    element on the raw MMA accumulator, half an F2FP.E4M3: no MUFU, no I2F, no F2I per element.
+    acc / scale / a0 (quantize_p passes them): the exact scores, their scale and the block maxima. Without
+    them s itself is the exact score (scale 1, A = 2^23: u held to 2^-23) and a0 its row max.
+    """
+    if acc is None:
+        acc, scale = s.float(), 1.0
+    if a0 is None:
+        a0 = acc.amax(dim=-1, keepdim=True)
+    return fp8_e4m3(expcast_bits_float(expcast_bits(acc, scale, a0, m)))
+
+
+def expcast_code(s: torch.Tensor, m=0.0, **parts) -> torch.Tensor:
+    """The E4M3 byte of p_expcast(s, m, **parts) as int32 (0..126)."""
+    return p_expcast(s, m, **parts).to(torch.float8_e4m3fn).view(torch.uint8).to(torch.int32)
 
 
 # encoder(s, m): P of the scores s against the row offset m (broadcast); m = 0 makes s the argument u
 P_ENCODERS = {"exp2": p_exp2_cast, "expcast": p_expcast, "expcast_paper": p_expcast_paper}
 
 
-def quantize_p(s: torch.Tensor, config: VCConfig, offset_block: int = K_BLOCK) -> torch.Tensor:
+def block_row_max(x: torch.Tensor, block: int) -> torch.Tensor:
+    """(..., N) -> (..., N): each key's block maximum over its row (blocks of `block` keys, the last partial)."""
+    n = x.shape[-1]
+    nb = _blocks(n, block)
+    padded = torch.nn.functional.pad(x, (0, nb * block - n), value=-math.inf)
+    return padded.reshape(*x.shape[:-1], nb, block).amax(dim=-1).repeat_interleave(block, dim=-1)[..., :n]
+
+
+def quantize_p(s: torch.Tensor, config: VCConfig, offset_block: int = K_BLOCK, *, acc=None, scale=None) -> torch.Tensor:
     """Scores (log2 units) -> quantized, UNnormalized probabilities, float64, as the kernel sums them.
 
     Each key block is encoded against the running offset of the block (running_row_offsets: the
@@ -283,10 +309,15 @@ def quantize_p(s: torch.Tensor, config: VCConfig, offset_block: int = K_BLOCK) -
     within 3e-7 of it). The codes are those the kernel writes, subnormal and underflow tail included.
     offset_block: keys per online-softmax step of the kernel being emulated (K_BLOCK for the sm90
     and default mma kernels; the wide mma kernel steps by 64 or 32 keys).
+    acc, scale (score_parts): the exact scores behind s; the speed encoding works on them (p_expcast).
     """
     run = running_row_offsets(s, offset_block)
     m_run = run.repeat_interleave(offset_block, dim=-1)[..., : s.shape[-1]]
-    p = P_ENCODERS[config.p](s, m_run)
+    if config.p == "expcast":
+        exact = s.float() if acc is None else acc
+        p = p_expcast(s, m_run, acc=exact, scale=1.0 if acc is None else scale, a0=block_row_max(exact, offset_block))
+    else:
+        p = P_ENCODERS[config.p](s, m_run)
     return p.double() * torch.exp2(m_run.double() - run[..., -1:].double())
 
 
@@ -484,8 +515,9 @@ def vc_attention_reference(
     for start in range(0, qb.shape[-2], query_chunk):
         stop = min(start + query_chunk, qb.shape[-2])
         q_blk = q_q[:, :, start:stop]
-        s = scores_log2(q_blk, q_sc[:, :, start:stop], k_q, k_sc, n_k)
-        p = quantize_p(s, config)
+        acc, sc = score_parts(q_blk, q_sc[:, :, start:stop], k_q, k_sc, n_k)
+        s = acc * sc
+        p = quantize_p(s, config, acc=acc, scale=sc)
         denom = p.sum(-1, keepdim=True)
         outs.append(p @ v_hat / denom)
         if parts:

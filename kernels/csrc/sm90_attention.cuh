@@ -35,7 +35,6 @@ struct Params {
   void* out;             // fp16/bf16, channel stride 1
   int64_t out_stride_b, out_stride_h, out_stride_n;  // in elements
   int heads, n, n_pad;
-  uint32_t expcast_bits_mul;  // vc_p::kExpCastBitsMul as a run-time value: ptxas then keeps the IMAD (p_encoding.cuh)
 };
 
 #ifndef VC_SM90_P_SMEM
@@ -49,6 +48,9 @@ constexpr bool p_through_smem() {
   return D == 128 && (VC_SM90_P_SMEM == 2 || (VC_SM90_P_SMEM == 1 && EXPCAST));
 }
 
+#ifndef VC_SM90_D64_OVERLAP
+#define VC_SM90_D64_OVERLAP 1  // head dim 64 + ExpCast: the own-PV overlap (0: the single-stream loop)
+#endif
 #ifndef VC_SM90_D64_OVERLAP_ALL
 #define VC_SM90_D64_OVERLAP_ALL 0  // head dim 64: own-PV overlap with two P register sets for exp2 P too
 #endif
@@ -232,9 +234,11 @@ __device__ __forceinline__ RowScale operator*(const RowScale& q_sc, float k_sc) 
 // running max of the scaled scores, reference.running_row_offsets) and returns the rescale factor
 // alpha = 2^(M_old - M_new) of each of the thread's two rows.
 // MASK: only the first `valid` keys of the tile exist (the tail tile).
-template <bool EXPCAST, bool MASK, bool INT_ENC = false>
+template <bool EXPCAST, bool MASK>
 __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], const RowScale& sc, int valid, int t,
-                                             float (&row_off)[2], float (&alpha)[2], uint32_t (&pa)[4][4], uint32_t bits_mul) {
+                                             float (&row_off)[2], float (&alpha)[2], uint32_t (&pa)[4][4]) {
+  // the speed encoding works on the integer scores (p_encoding.cuh) unless a byte-code variant is built
+  constexpr bool kIntCodes = EXPCAST && !VC_EXPCAST_BYTE_CODES;
   // row max on the exact integers: float(acc) * sc is monotone in acc (sc >= 0), so the float max is
   // float(max acc) * sc, rounded exactly as the reference rounds it
   // independent partial maxima per row: a shallow tree instead of one 32-deep dependency chain. Four
@@ -256,9 +260,10 @@ __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], const RowSc
       }
   int mx[2];
   float base[2];
+#if VC_EXPCAST_BYTE_CODES
   vc_p::ExpCastRow prow[2];
-#if VC_EXPCAST_INT
-  vc_p::ExpCastIntRow irow[2];  // INT_ENC: the integer form (p_encoding.cuh)
+#else
+  vc_p::ExpCastIntRow irow[2];
 #endif
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -270,9 +275,10 @@ __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], const RowSc
     alpha[r] = rescale_factor<EXPCAST>(row_off[r], m_new);
     row_off[r] = m_new;
     base[r] = vc::kPLog2Max - m_new;  // fidelity: arg = s + float32(8 - M), reference.p_exp2_cast
-    prow[r] = vc_p::expcast_row(sc.r[r], m_new);  // speed: p_encoding.cuh
-#if VC_EXPCAST_INT
-    if constexpr (INT_ENC) irow[r] = vc_p::expcast_int_row(sc.r[r], mx[r], m_new);
+#if VC_EXPCAST_BYTE_CODES
+    prow[r] = vc_p::expcast_row(sc.r[r], m_new);
+#else
+    if constexpr (kIntCodes) irow[r] = vc_p::expcast_int_row(sc.r[r], mx[r], m_new);  // reference.expcast_bits
 #endif
   }
   // register r of k-step kk holds row g (r even) or g+8 (r odd) at keys 32kk + 16(r/2) + 4t + 0..3,
@@ -282,29 +288,31 @@ __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], const RowSc
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int c0 = 4 * kk + 2 * (r >> 1), row = r & 1;
-#if VC_EXPCAST_INT
-      if constexpr (INT_ENC) {
-        float f[4];
+      float a[4];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int chunk = c0 + (q >> 1), e = q & 1;
-          const int acc = (MASK && key_of_column(chunk, t, e) >= valid) ? INT_MIN : s[4 * chunk + 2 * row + e];
-          f[q] = vc_p::expcast_int_float(acc, irow[row]);
+      for (int q = 0; q < 4; ++q) {
+        const int chunk = c0 + (q >> 1), e = q & 1;
+        const bool masked = MASK && key_of_column(chunk, t, e) >= valid;
+#if !VC_EXPCAST_BYTE_CODES
+        if constexpr (kIntCodes) {  // one integer max + one IMAD on the raw accumulator; masked: code 0
+          a[q] = vc_p::expcast_int_float(masked ? INT_MIN : s[4 * chunk + 2 * row + e], irow[row]);
+          continue;
         }
-        pa[kk][r] = vc_p::cast_e4m3x4(f[0], f[1], f[2], f[3]);
-      } else
 #endif
-      {
-        float a[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int chunk = c0 + (q >> 1), e = q & 1;
-          const float x = int_to_float_exact(s[4 * chunk + 2 * row + e]);
-          a[q] = EXPCAST ? vc_p::expcast_arg(x, prow[row]) : fmaf(x, sc.r[row], base[row]);
-          if (MASK && key_of_column(chunk, t, e) >= valid) a[q] = EXPCAST ? vc_p::expcast_masked_arg() : neg_inf();
+        const float x = int_to_float_exact(s[4 * chunk + 2 * row + e]);
+#if VC_EXPCAST_BYTE_CODES
+        if constexpr (EXPCAST) {
+          a[q] = masked ? vc_p::expcast_masked_arg() : vc_p::expcast_arg(x, prow[row]);
+          continue;
         }
-        pa[kk][r] = EXPCAST ? vc_p::expcast_pack4(a[0], a[1], a[2], a[3], bits_mul) : encode_exp2(a[0], a[1], a[2], a[3]);
+#endif
+        a[q] = masked ? neg_inf() : fmaf(x, sc.r[row], base[row]);
       }
+#if VC_EXPCAST_BYTE_CODES
+      pa[kk][r] = EXPCAST ? vc_p::expcast_pack4(a[0], a[1], a[2], a[3]) : encode_exp2(a[0], a[1], a[2], a[3]);
+#else
+      pa[kk][r] = EXPCAST ? vc_p::cast_e4m3x4(a[0], a[1], a[2], a[3]) : encode_exp2(a[0], a[1], a[2], a[3]);
+#endif
     }
 }
 
@@ -424,8 +432,6 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
                                               uint64_t* bar_empty) {
   constexpr bool kPSmem = p_through_smem<D, EXPCAST>();
   constexpr bool kMeanMma = mean_by_mma<D, EXPCAST, VSMOOTH>();
-  // VC_EXPCAST_INT: the integer form of the speed encoding (head dim 64 only with VC_EXPCAST_INT_D64)
-  constexpr bool kIntEnc = VC_EXPCAST_INT && EXPCAST && (D == 128 || VC_EXPCAST_INT_D64);
   using L = SmemLayout<D, STAGES, kPSmem, kMeanMma>;
   static_assert(!kMeanMma || STAGES <= kMeanChunk, "a mean chunk buffer is rewritten STAGES tiles after its flush");
   const int wg = threadIdx.x / 128 - 1;
@@ -456,9 +462,9 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   auto softmax = [&](const int32_t(&s_acc)[64], const RowScale& sc, bool tail, float(&row_off)[2], float(&alpha)[2],
                      uint32_t(&pa)[4][4]) {
     if (tail)
-      softmax_tile<EXPCAST, true, kIntEnc>(s_acc, sc, valid_last, t, row_off, alpha, pa, p.expcast_bits_mul);
+      softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
     else
-      softmax_tile<EXPCAST, false, kIntEnc>(s_acc, sc, kBlockN, t, row_off, alpha, pa, p.expcast_bits_mul);
+      softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa);
   };
 
   float o[D / 2];
@@ -574,10 +580,10 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       alpha_prev[1] = alpha[1];
       const RowScale sc = q_sc * ksc_smem[sj];
       if (has_tail && j == n_kv - 1) {  // the store inside each branch: P is stored as it is encoded
-        softmax_tile<EXPCAST, true, kIntEnc>(s_acc, sc, valid_last, t, row_off, alpha, pa, p.expcast_bits_mul);
+        softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
         publish_p(j);
       } else {
-        softmax_tile<EXPCAST, false, kIntEnc>(s_acc, sc, kBlockN, t, row_off, alpha, pa, p.expcast_bits_mul);
+        softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa);
         publish_p(j);
       }
       wgmma_wait<0>();
@@ -599,7 +605,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     fold(n_kv - 1, alpha, sl);
     flush_means(n_kv - 1);
     release(sl);
-  } else if constexpr (D == 64 && (EXPCAST || VC_SM90_D64_OVERLAP_ALL)) {
+  } else if constexpr (D == 64 && VC_SM90_D64_OVERLAP && (EXPCAST || VC_SM90_D64_OVERLAP_ALL)) {
     // Head dim 64 has the registers for a second P fragment set, so the batch is [QK(j), PV(j-1)]
     // and the softmax of tile j also overlaps this warpgroup's own PV(j-1) (H200: 16.8 -> 14.5 ms at
     // (1,32,32768,64); with MUFU exp2 the single-stream fold+softmax below is faster). Unrolled by
@@ -663,10 +669,10 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       const RowScale sc = q_sc * ksc_smem[sj];
       if (has_tail && j == n_kv - 1) {
         fold(j - 1, alpha, sp);
-        softmax_tile<EXPCAST, true, kIntEnc>(s_acc, sc, valid_last, t, row_off, alpha, pa, p.expcast_bits_mul);
+        softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
       } else {  // the same two calls inside each branch keep them in one basic block
         fold(j - 1, alpha, sp);
-        softmax_tile<EXPCAST, false, kIntEnc>(s_acc, sc, kBlockN, t, row_off, alpha, pa, p.expcast_bits_mul);
+        softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa);
       }
       flush_means(j - 1);
       release(sp);

@@ -126,7 +126,6 @@ int vc_sm90_forward(const void* q_q, const float* q_scale, const void* k_q, cons
   p.heads = heads;
   p.n = n;
   p.n_pad = n_pad;
-  p.expcast_bits_mul = vc_p::kExpCastBitsMul;
   const int bh = batch * heads;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (head_dim == 128) return launch_d<128>(q_q, k_q, v_t, p, bh, expcast != 0, vsmooth != 0, out_bf16 != 0, s);

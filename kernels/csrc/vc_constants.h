@@ -9,8 +9,8 @@
 #if !defined(VC_LOG2E) || !defined(VC_E4M3_MAX) || !defined(VC_INT8_MAX) || !defined(VC_Q_BLOCK) ||      \
     !defined(VC_K_BLOCK) || !defined(VC_P_LOG2_MAX) || !defined(VC_E4M3_OCTAVE_CODES) ||                \
     !defined(VC_E4M3_ONE_CODE) || !defined(VC_EXPCAST_MAX_CODE) || !defined(VC_EXPCAST_BIAS) ||          \
-    !defined(VC_EXPCAST_BETA) || !defined(VC_EXPCAST_P_LOG2_SCALE) || !defined(VC_EXPCAST_ROW_CONSTANT) || \
-    !defined(VC_EXPCAST_FLOOR) || !defined(VC_EXPCAST_SHIFT)
+    !defined(VC_EXPCAST_BETA) || !defined(VC_EXPCAST_P_LOG2_SCALE) || !defined(VC_EXPCAST_TOP) || \
+    !defined(VC_EXPCAST_SLOPE_CAP)
 #error "VC-Attention numeric constants are missing: build through kernels/jit.py, or pass kernels.constants.cuda_defines() to nvcc"
 #endif
 
@@ -25,11 +25,10 @@ constexpr float kPLog2Max = VC_P_LOG2_MAX;  // the row offset M maps to 2^kPLog2
 constexpr float kE4m3OctaveCodes = VC_E4M3_OCTAVE_CODES;  // ExpCast: code = rint(8u + bias)
 constexpr float kExpCastBias = VC_EXPCAST_BIAS;  // 8 * kPLog2Max + 56 + beta: the paper's encoding
 constexpr float kExpCastBeta = VC_EXPCAST_BETA;
-// the corrected encoding (csrc/p_encoding.cuh): row max at 448, fixed-point argument near 1536
+// the corrected encoding (csrc/p_encoding.cuh): row max at 448, integer fixed point of 2^23 (w + 127)
 constexpr float kExpCastPLog2Scale = VC_EXPCAST_P_LOG2_SCALE;  // log2(448) + beta/8: P ~ 2^(u + this)
-constexpr float kExpCastRowConstant = VC_EXPCAST_ROW_CONSTANT;  // 1536 + log2(448) + beta/8
-constexpr float kExpCastFloor = VC_EXPCAST_FLOOR;  // 1536 - 24: w >= -24 (code 0)
-constexpr int kExpCastShift = VC_EXPCAST_SHIFT;  // 23 mantissa bits - 13 fraction bits
+constexpr float kExpCastTop = VC_EXPCAST_TOP;  // 127 + log2(448) + beta/8: t / 2^23 at the row max
+constexpr float kExpCastSlopeCap = VC_EXPCAST_SLOPE_CAP;  // A <= 2^28
 constexpr int kExpCastMaxCode = VC_EXPCAST_MAX_CODE;
 constexpr uint32_t kE4m3OnesX4 = uint32_t(VC_E4M3_ONE_CODE) * 0x01010101u;  // four E4M3 1.0 bytes
 
