@@ -185,6 +185,23 @@ def test_a_running_max_that_rises_by_a_fraction_matches_the_emulation(name, cfg,
     assert _rel_l2(out, old) > floor + GATE
 
 
+@pytest.mark.parametrize("name,cfg,n,layout,d,dtype", _cases(["speed"], [1000], ["bhnd"], [(128, torch.bfloat16), (64, torch.float16)]))
+def test_speed_encoding_on_tiles_wider_than_its_clamp_free_range(name, cfg, n, layout, d, dtype):
+    """The integer ExpCast form clamps a score more than ~77 log2 units under its tile's max (what keeps
+    the 32-bit fixed point from wrapping); the sm90 kernel skips the clamp for warps whose scores are all
+    in range. Q scaled up until many tiles span more than 120 log2 units: both paths run, and the
+    clamped scores must come out as code 0 exactly as the spec's (t <= 0) do."""
+    config = CONFIGS[cfg]
+    q, k, v = _random_qkv(1, 2, n, d, dtype, layout, seed=5)
+    q = (q.float() * 20.0).to(dtype)
+    qb, kb = to_bhnd(q, layout).float(), to_bhnd(k, layout).float()
+    s = (qb @ kb.transpose(-1, -2)) * reference.qk_scale(d, None)
+    tiles = torch.nn.functional.pad(s, (0, -n % reference.K_BLOCK), value=float("nan")).unflatten(-1, (-1, reference.K_BLOCK))
+    spread = tiles.nan_to_num(float("-inf")).amax(-1) - tiles.nan_to_num(float("inf")).amin(-1)
+    assert (spread > 120).float().mean() > 0.2  # the clamped scores exist (most warps take the clamping path)
+    _check(_poisoned_run(name, q, k, v, None, config, layout), _emulation(q, k, v, None, config, layout), layout)
+
+
 @pytest.mark.parametrize("name,cfg,n,layout,d,dtype", _cases(["speed", "fidelity"], [75600], ["bnhd"], [(128, torch.bfloat16)]))
 def test_wan_length_sequence(name, cfg, n, layout, d, dtype):
     config = CONFIGS[cfg]

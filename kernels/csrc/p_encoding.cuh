@@ -130,6 +130,10 @@ __device__ __forceinline__ ExpCastIntRow expcast_int_row(float sc, int a0, float
 __device__ __forceinline__ float expcast_int_float(int s, const ExpCastIntRow& r) {
   return __uint_as_float(static_cast<uint32_t>(max(s, r.lo)) * r.mul + r.add);
 }
+// The same without the clamp: only for scores known to be >= r.lo (VC_EXPCAST_CLAMP_CHECK variant).
+__device__ __forceinline__ float expcast_int_float_unclamped(int s, const ExpCastIntRow& r) {
+  return __uint_as_float(static_cast<uint32_t>(s) * r.mul + r.add);
+}
 #endif
 
 // 2^a on the FMA pipe, to keep work off MUFU.EX2 (quarter rate; the speed path's rescale factor and

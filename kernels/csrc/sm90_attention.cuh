@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "p_encoding.cuh"
+#include <type_traits>
 #include "sm90_ptx.cuh"
 #include "vc_constants.h"
 #include "sm90_wgmma.cuh"
@@ -48,6 +49,11 @@ constexpr bool p_through_smem() {
   return D == 128 && (VC_SM90_P_SMEM == 2 || (VC_SM90_P_SMEM == 1 && EXPCAST));
 }
 
+#ifndef VC_EXPCAST_CLAMP_CHECK
+// speed: skip the per-element clamp when every score of the warp's rows is in range (one warp vote per
+// tile; -2% at Wan2.2-14B and Wan2.1-1.3B, docs/kernel-notes.md section 14)
+#define VC_EXPCAST_CLAMP_CHECK 1
+#endif
 #ifndef VC_SM90_D64_OVERLAP
 #define VC_SM90_D64_OVERLAP 1  // head dim 64 + ExpCast: the own-PV overlap (0: the single-stream loop)
 #endif
@@ -60,12 +66,12 @@ constexpr bool p_through_smem() {
 #endif
 
 // Whether V-Smooth restores the block means by the batched TF32 wgmma instead of the per-tile FMAs.
-// Measured on the H200 (docs/kernel-notes.md section 12): it pays where the softmax stream is short
-// and overlapped with its own PV, head dim 64 with ExpCast (15.6 -> 15.0 ms at (1,32,32768,64),
-// LTX 0.64 -> 0.61), and costs 6-7% at head dim 128 and with MUFU exp2.
+// Measured on the H200 (docs/kernel-notes.md sections 12 and 14): it pays at head dim 64 (ExpCast
+// 15.6 -> 15.0 ms at (1,32,32768,64) with the float encoding; exp2 20.6 -> 19.3 ms, LTX 0.82 -> 0.76)
+// and costs 6-10% at head dim 128 in every mode.
 template <int D, bool EXPCAST, bool VSMOOTH>
 constexpr bool mean_by_mma() {
-  return VSMOOTH && (VC_SM90_MEAN_MMA == 2 ? (D == 64 && EXPCAST) : VC_SM90_MEAN_MMA != 0);
+  return VSMOOTH && (VC_SM90_MEAN_MMA == 2 ? D == 64 : VC_SM90_MEAN_MMA != 0);
 }
 constexpr int kMeanChunk = 8;  // tiles per batched mean restore = the K of one TF32 wgmma
 
@@ -283,6 +289,8 @@ __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], const RowSc
   }
   // register r of k-step kk holds row g (r even) or g+8 (r odd) at keys 32kk + 16(r/2) + 4t + 0..3,
   // which are the columns (c0, e=0), (c0, e=1), (c0+1, e=0), (c0+1, e=1) (see key_of_column)
+  auto encode = [&](auto clamp_tag) {
+    [[maybe_unused]] constexpr bool kClamp = decltype(clamp_tag)::value;
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
@@ -295,7 +303,10 @@ __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], const RowSc
         const bool masked = MASK && key_of_column(chunk, t, e) >= valid;
 #if !VC_EXPCAST_BYTE_CODES
         if constexpr (kIntCodes) {  // one integer max + one IMAD on the raw accumulator; masked: code 0
-          a[q] = vc_p::expcast_int_float(masked ? INT_MIN : s[4 * chunk + 2 * row + e], irow[row]);
+          if constexpr (kClamp)
+            a[q] = vc_p::expcast_int_float(masked ? INT_MIN : s[4 * chunk + 2 * row + e], irow[row]);
+          else
+            a[q] = vc_p::expcast_int_float_unclamped(s[4 * chunk + 2 * row + e], irow[row]);
           continue;
         }
 #endif
@@ -314,6 +325,25 @@ __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], const RowSc
       pa[kk][r] = EXPCAST ? vc_p::cast_e4m3x4(a[0], a[1], a[2], a[3]) : encode_exp2(a[0], a[1], a[2], a[3]);
 #endif
     }
+  };
+#if !VC_EXPCAST_BYTE_CODES
+  if constexpr (kIntCodes && !MASK && VC_EXPCAST_CLAMP_CHECK) {
+    // the clamp changes nothing when every score is >= a_lo: the thread's row minima, one vote per warp
+    int lo_ok = 1;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      int mn = s[2 * r];
+#pragma unroll
+      for (int c = 0; c < 16; ++c) mn = min(mn, min(s[4 * c + 2 * r], s[4 * c + 2 * r + 1]));
+      lo_ok &= mn >= irow[r].lo;
+    }
+    if (__all_sync(0xffffffffu, lo_ok)) {
+      encode(std::false_type{});
+      return;
+    }
+  }
+#endif
+  encode(std::true_type{});
 }
 
 // O = alpha O + (P R + l_blk mu/v_scale);  l = alpha l + l_blk. The tile's P R comes from a fresh
