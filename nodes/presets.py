@@ -94,8 +94,8 @@ WIDGETS: dict[str, dict[str, object]] = {
     "expcast": {
         "kind": "boolean",
         "tooltip": "ExpCast-FP8: build the FP8 probabilities from the log-domain score with integer and "
-        "multiply-add instructions, skipping the exponential unit. Faster softmax; about 0.3 dB lower "
-        "attention PSNR than fidelity mode on the built-in sample (emulated).",
+        "multiply-add instructions, skipping the exponential unit. Faster softmax; about 0.2 dB lower "
+        "attention PSNR than fidelity mode on the built-in sample (emulated, vc-attention demo).",
     },
     "grouping_window": {
         "kind": "float",
