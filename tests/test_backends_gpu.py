@@ -22,7 +22,8 @@ from vc_attention.kernels.prepare_reference import prepare_reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-CONFIGS = {"fidelity": FIDELITY, "speed": SPEED, "plain8": PLAIN_8BIT, "fp8qk": VCConfig(qk="fp8")}
+CONFIGS = {"fidelity": FIDELITY, "speed": SPEED, "plain8": PLAIN_8BIT, "fp8qk": VCConfig(qk="fp8"),
+           "fp8qk_speed": VCConfig(qk="fp8", p="expcast")}
 CUDA_BACKENDS = [b.name for b in backends.backends() if b.constraints.device_type == "cuda"]
 GATE = 1e-3
 
