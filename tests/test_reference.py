@@ -214,11 +214,12 @@ def test_vsmooth_residual_reconstructs_v_up_to_fp8_error():
 
 # ---------------------------------------------------------------- the whole call
 def _online_softmax_emulation(q, k, v, config, steps=None):
-    """A per-128-key-block online softmax with the exact running max, the way a kernel runs; the
-    offset increments (M_new - M_old, finite ones) are appended to `steps`."""
+    """A per-128-key-block online softmax with the exact running max, the way a kernel runs (the speed
+    encoding on the integer scores of the block, anchored at their max); the offset increments (M_new - M_old, finite ones) are appended to `steps`."""
     q_q, q_sc, k_q, k_sc = R.quantize_qk(q, k, config)
     v_hat = R.dequantized_v(v, config).double()
-    s = R.scores_log2(q_q, q_sc, k_q, k_sc, k.shape[-2])
+    dots, scale = R.score_parts(q_q, q_sc, k_q, k_sc, k.shape[-2])
+    s = dots * scale
     n = k.shape[-2]
     m = torch.full(s.shape[:-1] + (1,), -math.inf)
     acc = torch.zeros(q.shape, dtype=torch.float64)
@@ -229,7 +230,12 @@ def _online_softmax_emulation(q, k, v, config, steps=None):
         if steps is not None:
             steps.append((m_new - m)[torch.isfinite(m)])
         alpha = torch.exp2(m.double() - m_new.double())
-        p = R.P_ENCODERS[config.p](s_blk, m_new).double()
+        if config.p == "expcast":  # the integer scores, anchored at the block's largest
+            d_blk = dots[..., j : j + R.K_BLOCK]
+            p = R.p_expcast(s_blk, m_new, acc=d_blk, scale=scale[..., j : j + R.K_BLOCK],
+                            a0=d_blk.amax(-1, keepdim=True)).double()
+        else:
+            p = R.P_ENCODERS[config.p](s_blk, m_new).double()
         acc = alpha * acc + p @ v_hat[..., j : j + R.K_BLOCK, :]
         l = alpha * l + p.sum(-1, keepdim=True)
         m = m_new
