@@ -1,6 +1,7 @@
 """The speed path's P encoding (reference.p_expcast, p="expcast"): bit-exact against an independent
-numpy derivation of its integer fixed point (int64 arithmetic, the float32 and E4M3 decoded by hand), monotone, exactly decodable, and within per-range error bounds
-of the ideal 2^(u+8) that the paper's ExpCast (p="expcast_paper") breaks in the subnormal range."""
+numpy derivation of its integer fixed point (int64 arithmetic, the float32 and E4M3 decoded by hand),
+monotone, exactly decodable, and within per-range error bounds of the ideal 2^(u+8) that the paper's
+ExpCast (p="expcast_paper") breaks in the subnormal range."""
 import math
 
 import numpy as np
