@@ -137,7 +137,8 @@ CASES = [(64, 1), (64, 2), (128, 3), (128, 4)]
 @pytest.mark.parametrize("d,seed", CASES)
 def test_kernel_form_codes_equal_the_spec(d, seed):
     acc, sc, a0, m = _rows(d, seed)
-    assert np.abs(acc[acc != INT_MIN]).max() <= d * 127 * 127 and a0.max() == d * 127 * 127 and a0.min() == -d * 127 * 127
+    extreme = d * 127 * 127
+    assert np.abs(acc[acc != INT_MIN]).max() <= extreme and a0.max() == extreme and a0.min() == -extreme
     mine, ref = kernel_codes(acc, sc, a0, m), spec_codes(acc, sc, a0, m)
     assert (mine != ref).sum() == 0, f"{(mine != ref).sum()} of {acc.size} codes differ from the spec"
     # every code range is reached: the top code, subnormals, zeros; masked keys are code 0

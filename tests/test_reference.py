@@ -122,9 +122,10 @@ def test_quantize_p_anchors_expcast_at_each_key_blocks_integer_max():
 def test_quantize_p_without_the_integer_scores_encodes_s_itself():
     """Without acc, s is the exact score (scale 1: u held to 2^-23), anchored at its block maxima; on
     scores whose integer form is exact (s a multiple of 2^-10) the two calls give the same P."""
-    s = torch.round(torch.randn(8, 700, generator=torch.Generator().manual_seed(8)) * 6 * 2**10)
-    assert torch.equal(R.quantize_p(s / 2**10, SPEED), R.quantize_p(s / 2**10, SPEED, acc=s, scale=2.0**-10))
-    assert not torch.equal(R.quantize_p(s / 2**10, SPEED), R.quantize_p(s / 2**10, SPEED, acc=s, scale=2.0**-10 * (1 + 2.0**-12)))
+    acc = torch.round(torch.randn(8, 700, generator=torch.Generator().manual_seed(8)) * 6 * 2**10)
+    s = acc / 2**10
+    assert torch.equal(R.quantize_p(s, SPEED), R.quantize_p(s, SPEED, acc=acc, scale=2.0**-10))
+    assert not torch.equal(R.quantize_p(s, SPEED), R.quantize_p(s, SPEED, acc=acc, scale=2.0**-10 * (1 + 2.0**-12)))
 
 
 # ---------------------------------------------------------------- Proposition 3.1
