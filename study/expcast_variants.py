@@ -128,7 +128,11 @@ def _fixed_point_y(u: torch.Tensor, offset: float) -> torch.Tensor:
     return torch.clamp(u.float() + _f32(FIXED_POINT_MAGIC + offset), min=FIXED_POINT_FLOOR)
 
 
-_exponent_bits_to_float = ref.expcast_exponent_float
+def _exponent_bits_to_float(y: torch.Tensor) -> torch.Tensor:
+    """float32 with bits (bits(y) << 10) + (127 << 23) mod 2^32 = 2^floor(w) (1 + frac(w)), w = y - 1536:
+    bit 22 and y's exponent fall off the top, the 8 integer bits of w land in the exponent field."""
+    bits = y.view(torch.int32).to(torch.int64)
+    return (((bits << 10) + (127 << 23)) & 0xFFFFFFFF).to(torch.int32).view(torch.float32)
 
 
 def bits_cast(u: torch.Tensor) -> torch.Tensor:
@@ -141,7 +145,7 @@ def bits_cast(u: torch.Tensor) -> torch.Tensor:
     subnormal range the cast rounds the piecewise-linear 2^w to multiples of 2^-9, which fixes codes
     1..7 and keeps values down to u = -18 (the beta shift centres the chord's +6% overshoot).
     Kernel: FFMA (s + row constant), FMNMX (floor 1512), LEA (shift 10, add 127<<23), F2FP.E4M3 pack.
-    Cost per element: 3 ALU + 0.5 cvt, no MUFU. The speed path's encoding is its 448 form (bits_cast_448).
+    Cost per element: 3 ALU + 0.5 cvt, no MUFU. Its 448 form (bits_cast_448) was the speed path's encoding.
     """
     y = _fixed_point_y(u, ref.P_LOG2_MAX + ref.EXPCAST_BETA / 8)
     return ref.fp8_e4m3(_exponent_bits_to_float(y))
@@ -150,8 +154,9 @@ def bits_cast(u: torch.Tensor) -> torch.Tensor:
 def bits_cast_448(u: torch.Tensor) -> torch.Tensor:
     """bits_cast with the row max at 448: w = u + log2(448) + beta/8; at u = 0 the float is
     2^8 (1 + 0.763) = 451.3, which the satfinite cast rounds to 448 (code 126), never NaN.
-    Same instructions as bits_cast: 3 ALU + 0.5 cvt. The speed path's encoding: reference.p_expcast."""
-    return ref.p_expcast(u)
+    Same instructions as bits_cast: 3 ALU + 0.5 cvt. The speed path's encoding before its integer form:
+    reference.p_expcast holds the same w in integer fixed point, to 2^-23 instead of 2^-13."""
+    return ref.fp8_e4m3(_exponent_bits_to_float(_fixed_point_y(u, ref.EXPCAST_P_LOG2_SCALE)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -300,7 +305,7 @@ VARIANTS = {
         Variant("bits_cast", bits_cast, 3, 0, 0.5, "exponent-bit exp2 (linear mantissa) + E4M3 cast"),
         Variant("bits_cast_quadratic", bits_cast_quadratic, 7, 0, 0.5, "bits_cast + quadratic mantissa correction"),
         Variant("paper_448", paper_448, 2, 0, 0, "paper, row max at 448 (max code 126)"),
-        Variant("bits_cast_448", bits_cast_448, 3, 0, 0.5, "bits_cast, row max at 448 (p=expcast)"),
+        Variant("bits_cast_448", bits_cast_448, 3, 0, 0.5, "bits_cast, row max at 448 (p=expcast to 2^-13)"),
         Variant("alu_line", alu_line, 4, 0, 0, "paper_448 + chord line for the top subnormal octave"),
         Variant("alu_lines2", alu_lines2, 6, 0, 0, "paper_448 + two subnormal chord lines"),
         Variant("alu_lines3", alu_lines3, 8, 0, 0, "paper_448 + three subnormal chord lines"),
@@ -313,8 +318,9 @@ VARIANTS = {
 def quantize_p_with(s: torch.Tensor, encode: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """reference.quantize_p with any encoder of u: each key block encoded at u = float32(s - M) against
     its running offset M (the exact running max), rescaled by 2^(M_running - M_final). Returns
-    unnormalized P, float64. The spec adds float32(c - M) to s instead (the kernels' one FMA); the two
-    orders of rounding agree wherever s - M and c - M are exact (a few codes in a million differ else)."""
+    unnormalized P, float64. The spec's speed encoding anchors each block at its largest score instead
+    (T0 from fl(a0 scale) - M); with reference.p_expcast as the encoder the two agree wherever s - M is
+    exact (tests/test_expcast_variants.py)."""
     run = ref.running_row_offsets(s)
     m_run = run.repeat_interleave(ref.K_BLOCK, dim=-1)[..., : s.shape[-1]]
     p = encode(s - m_run)

@@ -81,30 +81,51 @@ def test_the_running_offset_is_the_exact_running_max():
     assert torch.equal(R.running_row_offsets(s, block=2)[..., -1:], R.row_offset(s))
 
 
-@pytest.mark.parametrize("encode,c", [(R.p_exp2_cast, R.P_LOG2_MAX), (R.p_expcast, R.EXPCAST_ROW_CONSTANT)],
-                         ids=["exp2", "expcast"])
-def test_encoders_add_the_float32_row_constant_as_the_kernels_do(encode, c):
+def test_exp2_adds_the_float32_row_constant_as_the_kernels_do():
     """P(s, M) is encode(s + float32(c - M)) with m = 0 (one rounding of c - M, then one of the sum:
     the kernels' fmaf(acc, sc, c - M)), not encode(float32(s - M) + c)."""
     g = torch.Generator().manual_seed(6)
     s = -torch.rand(200000, generator=g) * 20 + 3.1
     m = torch.full_like(s, 3.1 + 2.0**-20)  # non-integer: c - M rounds
-    got = encode(s, m)
-    row_const = torch.tensor(c, dtype=torch.float32) - m
-    direct = (R.fp8_e4m3(torch.exp2(s + row_const)) if encode is R.p_exp2_cast
-              else R.fp8_e4m3(R.expcast_exponent_float(torch.clamp(s + row_const, min=R.EXPCAST_FLOOR))))
-    assert torch.equal(got, direct)
+    row_const = torch.tensor(R.P_LOG2_MAX, dtype=torch.float32) - m
+    assert torch.equal(R.p_exp2_cast(s, m), R.fp8_e4m3(torch.exp2(s + row_const)))
 
 
-def test_the_expcast_fixed_point_rounds_the_row_constant_first():
-    """y = float32(s + float32(C - M)), what fmaf(acc, sc, C - M) gives, differs from the other order
-    float32(float32(s - M) + C) in many elements: the spec follows the kernels' order."""
-    s = -torch.rand(10000, generator=torch.Generator().manual_seed(7)) * 20 + 3.1
-    m = torch.full_like(s, 3.1 + 2.0**-20)
-    y = R.expcast_fixed_point(s, m)
-    c = torch.tensor(R.EXPCAST_ROW_CONSTANT, dtype=torch.float32)
-    assert torch.equal(y, torch.clamp(s + (c - m), min=R.EXPCAST_FLOOR))
-    assert (y != R.expcast_fixed_point(s - m)).sum() > 100
+def _int_scores(rows=64, keys=1000, seed=7):
+    """Exact int8 dot products (D = 128) as float32, as score_parts holds them, and a float32 scale per
+    row, about 1e-4 (s = acc * scale)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(-127, 128, (rows, 128), generator=g).float()
+    k = torch.randint(-127, 128, (keys, 128), generator=g).float()
+    acc = q @ k.T
+    scale = (torch.rand(rows, 1, generator=g) * 2e-4 + 5e-5).float().expand(rows, keys)
+    return acc, scale
+
+
+def test_quantize_p_anchors_expcast_at_each_key_blocks_integer_max():
+    """quantize_p gives the speed encoding the exact scores, their scale and each key block's largest
+    score a0 (what the kernel's block holds), against the running offset; a0 = the whole row's max
+    instead rounds T0 = rint(fl(TOP + fl(fl(a0 scale) - M)) 2^23) elsewhere and moves codes."""
+    acc, scale = _int_scores()
+    s = acc.float() * scale
+    run = R.running_row_offsets(s)
+    m_run = run.repeat_interleave(R.K_BLOCK, dim=-1)[..., : s.shape[-1]]
+    rescale = torch.exp2(m_run.double() - run[..., -1:].double())
+    got = R.quantize_p(s, SPEED, acc=acc, scale=scale)
+    block_a0 = R.p_expcast(s, m_run, acc=acc, scale=scale, a0=R.block_row_max(acc, R.K_BLOCK))
+    row_a0 = R.p_expcast(s, m_run, acc=acc, scale=scale, a0=acc.amax(-1, keepdim=True))
+    assert torch.equal(got, block_a0.double() * rescale)
+    assert (block_a0 != row_a0).sum() > 10
+    assert torch.equal(R.block_row_max(acc, R.K_BLOCK)[:, 130], acc[:, 128:256].amax(-1))
+
+
+def test_quantize_p_without_the_integer_scores_encodes_s_itself():
+    """Without acc, s is the exact score (scale 1: u held to 2^-23), anchored at its block maxima; on
+    scores whose integer form is exact (s a multiple of 2^-10) the two calls give the same P."""
+    acc = torch.round(torch.randn(8, 700, generator=torch.Generator().manual_seed(8)) * 6 * 2**10)
+    s = acc / 2**10
+    assert torch.equal(R.quantize_p(s, SPEED), R.quantize_p(s, SPEED, acc=acc, scale=2.0**-10))
+    assert not torch.equal(R.quantize_p(s, SPEED), R.quantize_p(s, SPEED, acc=acc, scale=2.0**-10 * (1 + 2.0**-12)))
 
 
 # ---------------------------------------------------------------- Proposition 3.1
@@ -194,11 +215,12 @@ def test_vsmooth_residual_reconstructs_v_up_to_fp8_error():
 
 # ---------------------------------------------------------------- the whole call
 def _online_softmax_emulation(q, k, v, config, steps=None):
-    """A per-128-key-block online softmax with the exact running max, the way a kernel runs; the
-    offset increments (M_new - M_old, finite ones) are appended to `steps`."""
+    """A per-128-key-block online softmax with the exact running max, the way a kernel runs (the speed
+    encoding on the integer scores of the block, anchored at their max); the offset increments (M_new - M_old, finite ones) are appended to `steps`."""
     q_q, q_sc, k_q, k_sc = R.quantize_qk(q, k, config)
     v_hat = R.dequantized_v(v, config).double()
-    s = R.scores_log2(q_q, q_sc, k_q, k_sc, k.shape[-2])
+    dots, scale = R.score_parts(q_q, q_sc, k_q, k_sc, k.shape[-2])
+    s = dots * scale
     n = k.shape[-2]
     m = torch.full(s.shape[:-1] + (1,), -math.inf)
     acc = torch.zeros(q.shape, dtype=torch.float64)
@@ -209,7 +231,12 @@ def _online_softmax_emulation(q, k, v, config, steps=None):
         if steps is not None:
             steps.append((m_new - m)[torch.isfinite(m)])
         alpha = torch.exp2(m.double() - m_new.double())
-        p = R.P_ENCODERS[config.p](s_blk, m_new).double()
+        if config.p == "expcast":  # the integer scores, anchored at the block's largest
+            d_blk = dots[..., j : j + R.K_BLOCK]
+            p = R.p_expcast(s_blk, m_new, acc=d_blk, scale=scale[..., j : j + R.K_BLOCK],
+                            a0=d_blk.amax(-1, keepdim=True)).double()
+        else:
+            p = R.P_ENCODERS[config.p](s_blk, m_new).double()
         acc = alpha * acc + p @ v_hat[..., j : j + R.K_BLOCK, :]
         l = alpha * l + p.sum(-1, keepdim=True)
         m = m_new
