@@ -254,7 +254,9 @@ def expcast_bits(acc: torch.Tensor, scale, a0, m) -> torch.Tensor:
     e = (a0.to(f32) * scale) - torch.as_tensor(m, dtype=f32)
     slope = torch.round(torch.clamp(scale * 2.0**EXPCAST_SLOPE_BITS, max=EXPCAST_SLOPE_CAP)).double()
     top = torch.round((torch.tensor(EXPCAST_TOP, dtype=f32) + e) * 2.0**EXPCAST_SLOPE_BITS).double()
-    return torch.round(top + (acc.double() - a0.double()) * slope).to(torch.int64)
+    t = torch.round(top + (acc.double() - a0.double()) * slope)
+    # far below the range (a masked key's -inf included) is t <= 0, code 0; keep the int64 cast defined
+    return torch.nan_to_num(t, nan=0.0).clamp(-(2.0**62), 2.0**62).to(torch.int64)
 
 
 def expcast_bits_float(t: torch.Tensor) -> torch.Tensor:
@@ -296,8 +298,8 @@ def block_row_max(x: torch.Tensor, block: int) -> torch.Tensor:
     """(..., N) -> (..., N): each key's block maximum over its row (blocks of `block` keys, the last partial)."""
     n = x.shape[-1]
     nb = _blocks(n, block)
-    padded = torch.nn.functional.pad(x, (0, nb * block - n), value=-math.inf)
-    return padded.reshape(*x.shape[:-1], nb, block).amax(dim=-1).repeat_interleave(block, dim=-1)[..., :n]
+    padded = torch.nn.functional.pad(x.double(), (0, nb * block - n), value=-math.inf)
+    return padded.reshape(*x.shape[:-1], nb, block).amax(dim=-1).repeat_interleave(block, dim=-1)[..., :n].to(x.dtype)
 
 
 def quantize_p(s: torch.Tensor, config: VCConfig, offset_block: int = K_BLOCK, *, acc=None, scale=None) -> torch.Tensor:

@@ -130,6 +130,24 @@ __device__ __forceinline__ ExpCastIntRow expcast_int_row(float sc, int a0, float
 __device__ __forceinline__ float expcast_int_float(int s, const ExpCastIntRow& r) {
   return __uint_as_float(static_cast<uint32_t>(max(s, r.lo)) * r.mul + r.add);
 }
+// FP8 QK (the portable kernel's slow path): the scores are float32 sums, not integers. The same t
+// with the product and its rounding in float32: T0 + rint(fl(fl(acc - a0) A)), clamped at 0 before
+// the conversion (one F2I per element; the FP8 MMA's own summation order differs from the spec's
+// float64 sum anyway, so this path is held to the GPU gate, not to bit equality).
+struct ExpCastFloatRow {
+  float a0, slope, neg_top;
+  int top;
+};
+__device__ __forceinline__ ExpCastFloatRow expcast_float_row(float sc, float a0, float m) {
+  const float e = __fsub_rn(__fmul_rn(a0, sc), m);
+  const float slope = rintf(fminf(sc * 8388608.f, vc::kExpCastSlopeCap));
+  const int top = max(__float2int_rn(__fadd_rn(vc::kExpCastTop, e) * 8388608.f), 0);
+  return {a0, slope, -static_cast<float>(top), top};
+}
+__device__ __forceinline__ float expcast_float_acc(float acc, const ExpCastFloatRow& r) {
+  const float d = fmaxf(__fmul_rn(__fsub_rn(acc, r.a0), r.slope), r.neg_top);  // t >= 0; -inf (masked) -> 0
+  return __int_as_float(r.top + __float2int_rn(d));
+}
 // The same without the clamp: only for scores known to be >= r.lo (VC_EXPCAST_CLAMP_CHECK variant).
 __device__ __forceinline__ float expcast_int_float_unclamped(int s, const ExpCastIntRow& r) {
   return __uint_as_float(static_cast<uint32_t>(s) * r.mul + r.add);

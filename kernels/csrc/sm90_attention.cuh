@@ -244,7 +244,7 @@ template <bool EXPCAST, bool MASK>
 __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], const RowScale& sc, int valid, int t,
                                              float (&row_off)[2], float (&alpha)[2], uint32_t (&pa)[4][4]) {
   // the speed encoding works on the integer scores (p_encoding.cuh) unless a byte-code variant is built
-  constexpr bool kIntCodes = EXPCAST && !VC_EXPCAST_BYTE_CODES;
+  [[maybe_unused]] constexpr bool kIntCodes = EXPCAST && !VC_EXPCAST_BYTE_CODES;
   // row max on the exact integers: float(acc) * sc is monotone in acc (sc >= 0), so the float max is
   // float(max acc) * sc, rounded exactly as the reference rounds it
   // independent partial maxima per row: a shallow tree instead of one 32-deep dependency chain. Four
