@@ -1,7 +1,11 @@
-"""The ALU-only ExpCast build (VC_EXPCAST_ALU=1, kernels/csrc/p_encoding.cuh) issues no conversion in
-the speed path: nvcc -ptx of the portable kernel for sm_89 and sm_120a, per kernel function. The same
-check on the default build finds the E4M3 cast in the speed kernels, so it can fail. (sm_90a: the
-`alu` / `alu3` entries of bench/sm90_variants.sh, compiled by tests/test_sm90_compile.py.)"""
+"""The speed path's compile-time encodings (kernels/csrc/p_encoding.cuh) take the form they claim in
+the PTX of the portable kernel, per kernel function (nvcc -ptx for sm_89 and sm_120a):
+- VC_EXPCAST_ALU=1 issues no conversion at all;
+- VC_EXPCAST_INT=1 (with VC_EXPCAST_INT_D64=1: both head dims) encodes the int8-QK speed kernels
+  straight from the int32 scores: one integer multiply-add per element, no int-to-float conversion
+  per element, no saturated FMA, no MUFU; the fp8-QK speed kernels keep the float form. Both layouts.
+The same checks on the default build find the E4M3 cast and the float form, so they can fail.
+(sm_90a: the `alu`, `alu3` and `int*` entries of bench/sm90_variants.sh, compiled by tests/test_sm90_compile.py.)"""
 import os
 import re
 import shutil
@@ -17,22 +21,48 @@ pytestmark = [
 ]
 
 SOURCE = jit.CSRC_DIR / "attn_mma_d128.cu"
-# attn_mma_kernel<D, kQkFp8, kExpCast, kVSmooth>: the mangled name spells the bools as Lb0 / Lb1
-SPEED_KERNEL = re.compile(r"attn_mma_kernelILi\d+ELb[01]ELb1ELb[01]E")
+# attn_mma[_wide]_kernel<D, kQkFp8, kExpCast, kVSmooth>: the mangled name spells the bools as Lb0 / Lb1
+SPEED_KERNEL = re.compile(r"attn_mma(?:_wide)?_kernelILi\d+ELb[01]ELb1ELb[01]E")
+INT8_QK = re.compile(r"kernelILi\d+ELb0E")
 CONVERSIONS = {"E4M3 cast": r"cvt\.[\w.]*e4m3", "float to int": r"cvt\.rni", "MUFU exp2": r"ex2\.approx"}
+INT_ENCODING = ("-DVC_EXPCAST_INT=1", "-DVC_EXPCAST_INT_D64=1")
+LAYOUTS = {"rows16": (), "wide": ("-DVC_MMA_WIDE=1",)}
 
 
-def _speed_kernel_ptx(tmp_path, arch: str, flags: list[str]) -> dict[str, str]:
-    out = tmp_path / f"{arch}.ptx"
+def _speed_kernel_ptx(tmp_path, arch: str, flags, source=SOURCE) -> dict[str, str]:
+    out = tmp_path / f"{source.stem}-{arch}.ptx"
     cmd = [jit.find_nvcc(), "-ptx", "-std=c++17", *jit.BASE_CUDA_FLAGS, *flags, *jit.gencode_flags(arch),
-           f"-I{jit.CSRC_DIR}", "-o", str(out), str(SOURCE)]
+           f"-I{jit.CSRC_DIR}", "-o", str(out), str(source)]
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
+    assert "warning" not in result.stderr.lower(), result.stderr
     functions = re.split(r"(?=\.visible \.entry )", out.read_text())[1:]
     named = {re.match(r"\.visible \.entry (\w+)", f).group(1): f for f in functions}
     speed = {name: body for name, body in named.items() if SPEED_KERNEL.search(name)}
     assert len(speed) == len(named) // 2 >= 2, sorted(named)
     return speed
+
+
+def _count(pattern: str, body: str) -> int:
+    return len(re.findall(pattern, body))
+
+
+def _int_form_problems(body: str) -> list[str]:
+    """Why a speed kernel's body is not the integer form (empty: it is). Each E4M3 pair cast packs two
+    elements; the integer form spends one mad.lo.s32 (the IMAD) on each and converts only per row."""
+    elements = 2 * _count(CONVERSIONS["E4M3 cast"], body)
+    problems = []
+    if elements < 64:
+        problems.append(f"{elements} encoded elements")
+    if _count(r"mad\.lo\.s32", body) < elements:
+        problems.append(f"{_count(r'mad.lo.s32', body)} integer multiply-adds for {elements} elements")
+    if _count(r"cvt\.rn\.f32\.s32", body) > elements // 8:
+        problems.append(f"{_count(r'cvt.rn.f32.s32', body)} int-to-float conversions (per element, not per row)")
+    if _count(r"fma\.rn\.sat\.f32", body):
+        problems.append("the float form's saturated argument (fma.rn.sat.f32)")
+    if _count(CONVERSIONS["MUFU exp2"], body):
+        problems.append("MUFU exp2")
+    return problems
 
 
 @pytest.mark.parametrize("arch", ["8.9", "12.0a"])
@@ -44,6 +74,21 @@ def test_alu_build_has_no_conversion_in_the_speed_kernels(tmp_path, arch):
         assert len(re.findall(r"fma\.rn\.sat\.f32", body)) >= 64 and re.search(r"max\.f32", body), name
 
 
+@pytest.mark.parametrize("source", ["attn_mma_d64.cu", "attn_mma_d128.cu"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("arch", ["8.9", "12.0a"])
+def test_int_build_encodes_the_int8_speed_kernels_from_int32_scores(tmp_path, arch, layout, source):
+    speed = _speed_kernel_ptx(tmp_path, arch, [*LAYOUTS[layout], *INT_ENCODING], jit.CSRC_DIR / source)
+    assert any(("wide" in name) == (layout == "wide") for name in speed), sorted(speed)
+    for name, body in speed.items():
+        if INT8_QK.search(name):
+            assert not _int_form_problems(body), f"{name}: {_int_form_problems(body)}"
+        else:  # fp8 scores are floats: the float form, unchanged
+            assert _count(r"fma\.rn\.sat\.f32", body) >= 64, name
+
+
 def test_default_build_casts_in_the_speed_kernels(tmp_path):
     for name, body in _speed_kernel_ptx(tmp_path, "8.9", []).items():
         assert re.search(CONVERSIONS["E4M3 cast"], body), name
+        # the float form: the integer-form check rejects it
+        assert "the float form's saturated argument (fma.rn.sat.f32)" in _int_form_problems(body), name

@@ -10,6 +10,10 @@
 // float32 total (two-level accumulation). Row sums come from the same P through a ones column;
 // V-Smooth adds l_tile * mu_tile / v_scale, and the epilogue multiplies by v_scale / l.
 //
+// Speed path on int8 scores with VC_EXPCAST_INT=1 (head dim 64 only with VC_EXPCAST_INT_D64, as the
+// sm90 kernel): P is p_encoding.cuh's integer form, one IMAD per element on the raw int32 score from
+// per-row constants of the step's integer max, instead of the float form's conversion and FMAs.
+//
 // Key order trick: in the QK MMA, lane rows of K are fetched so that S's accumulator layout IS the
 // A-operand layout of the PV MMA (thread (g, t) holds keys 4t..4t+3 of every 16-key group), so P
 // needs no shuffles: column c of n-tile 2j+h of a 16-key group holds key 4(c/2) + 2h + c%2.
@@ -87,6 +91,7 @@ struct AttnMma {
   static constexpr int kPSteps = kStepKeys / 32;  // MMA k-steps over keys (PV) per softmax step
   using Smem = AttnSmem<D>;
   using SAcc = std::conditional_t<kQkFp8, float, int>;
+  static constexpr bool kIntEnc = VC_EXPCAST_INT && kExpCast && !kQkFp8 && (D == 128 || VC_EXPCAST_INT_D64);
 
   // per-thread state of the online softmax for rows g and g+8 of the warp
   float acc[kDimTiles][4];
@@ -197,6 +202,7 @@ struct AttnMma {
 
     // ---- row max -> new running offset (max of raw scores: scaling by scale >= 0 is monotone)
     float tile_max[2];
+    int tile_max_int[2];  // int8 scores: the exact integer max, a0 of the integer form
     if constexpr (kQkFp8) {
       float m[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -217,6 +223,7 @@ struct AttnMma {
       for (int h = 0; h < 2; ++h) {
         m[h] = max(m[h], __shfl_xor_sync(0xffffffffu, m[h], 1));
         m[h] = max(m[h], __shfl_xor_sync(0xffffffffu, m[h], 2));
+        tile_max_int[h] = m[h];
         tile_max[h] = small_int_to_float(m[h]);
       }
     }
@@ -231,11 +238,20 @@ struct AttnMma {
       alpha[h] = rescale(row_offset[h] - offset[h]);
       row_offset[h] = offset[h];
     }
-    const vc_p::ExpCastRow prow[2] = {p_row(scale[0], offset[0]), p_row(scale[1], offset[1])};
 
     // ---- P in E4M3, directly in the A-operand layout of the PV MMA
     uint32_t p_frag[kPSteps][4];
-    encode_p_fragments<kMask>(s, prow, valid, key_of, p_frag);
+#if VC_EXPCAST_INT
+    if constexpr (kIntEnc) {
+      const vc_p::ExpCastIntRow irow[2] = {vc_p::expcast_int_row(scale[0], tile_max_int[0], offset[0]),
+                                           vc_p::expcast_int_row(scale[1], tile_max_int[1], offset[1])};
+      encode_p_fragments_int<kMask>(s, irow, valid, key_of, p_frag);
+    } else
+#endif
+    {
+      const vc_p::ExpCastRow prow[2] = {p_row(scale[0], offset[0]), p_row(scale[1], offset[1])};
+      encode_p_fragments<kMask>(s, prow, valid, key_of, p_frag);
+    }
 
     // ---- O = alpha O + P R (+ l mu / v_scale), per-tile accumulator added into the total
     float l_tile[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -292,12 +308,12 @@ struct AttnMma {
   // alpha = 2^d, d = M_old - M_new <= 0: the speed path stays off MUFU (vc_p::exp2_rescale)
   static __device__ __forceinline__ float rescale(float d) { return kExpCast ? vc_p::exp2_rescale(d) : fast_exp2(d); }
 
-  // The scores of KEY_TILES n-tiles (both layouts keep them as SAcc[tile][4]) -> P as the A fragments
-  // of the PV MMA: register reg of k-step ks holds rows g (reg 0, 2) / g+8 (reg 1, 3) of keys
-  // 32 ks + 4t .. (reg 0/1) and the same 16 keys later (reg 2/3); prow: the rows' P constants.
-  template <bool kMask, int KEY_TILES, typename KeyOf>
-  static __device__ __forceinline__ void encode_p_fragments(const SAcc (&s)[KEY_TILES][4], const vc_p::ExpCastRow (&prow)[2],
-                                                            int valid, KeyOf key_of, uint32_t (&p_frag)[KEY_TILES / 4][4]) {
+  // The P fragments of KEY_TILES n-tiles of scores (both layouts keep them as SAcc[tile][4]) as the A
+  // fragments of the PV MMA: register reg of k-step ks holds rows g (reg 0, 2) / g+8 (reg 1, 3) of
+  // keys 32 ks + 4t .. (reg 0/1) and the same 16 keys later (reg 2/3). element(i, e, row): the float
+  // of score s[i][e] of row `row` (0: g, 1: g+8) that pack turns, four at a time, into E4M3 bytes.
+  template <int KEY_TILES, typename Element, typename Pack>
+  static __device__ __forceinline__ void build_p_fragments(Element element, Pack pack, uint32_t (&p_frag)[KEY_TILES / 4][4]) {
 #pragma unroll
     for (int ks = 0; ks < KEY_TILES / 4; ++ks) {
 #pragma unroll
@@ -306,15 +322,37 @@ struct AttnMma {
         const int e0 = 2 * (reg & 1);
         float a[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int i = i0 + (j >> 1), e = e0 + (j & 1);
-          const float raw = kQkFp8 ? float(s[i][e]) : small_int_to_float(int(s[i][e]));
-          a[j] = (kMask && key_of(i, e) >= valid) ? p_masked_arg() : p_arg(raw, prow[reg & 1]);
-        }
-        p_frag[ks][reg] = encode_p(a);
+        for (int j = 0; j < 4; ++j) a[j] = element(i0 + (j >> 1), e0 + (j & 1), reg & 1);
+        p_frag[ks][reg] = pack(a);
       }
     }
   }
+
+  // P from the rows' float-form constants prow (p_row): p_arg of each score, p_masked_arg for masked keys.
+  template <bool kMask, int KEY_TILES, typename KeyOf>
+  static __device__ __forceinline__ void encode_p_fragments(const SAcc (&s)[KEY_TILES][4], const vc_p::ExpCastRow (&prow)[2],
+                                                            int valid, KeyOf key_of, uint32_t (&p_frag)[KEY_TILES / 4][4]) {
+    build_p_fragments<KEY_TILES>(
+        [&](int i, int e, int row) {
+          const float raw = kQkFp8 ? float(s[i][e]) : small_int_to_float(int(s[i][e]));
+          return (kMask && key_of(i, e) >= valid) ? p_masked_arg() : p_arg(raw, prow[row]);
+        },
+        [](const float (&a)[4]) { return encode_p(a); }, p_frag);
+  }
+
+#if VC_EXPCAST_INT
+  // P in the integer form (kIntEnc) from the rows' constants of the step's integer max: the float whose
+  // E4M3 cast is the code, straight from the int32 score; a masked key passes INT_MIN (code 0).
+  template <bool kMask, int KEY_TILES, typename KeyOf>
+  static __device__ __forceinline__ void encode_p_fragments_int(const int (&s)[KEY_TILES][4], const vc_p::ExpCastIntRow (&irow)[2],
+                                                                int valid, KeyOf key_of, uint32_t (&p_frag)[KEY_TILES / 4][4]) {
+    build_p_fragments<KEY_TILES>(
+        [&](int i, int e, int row) {
+          return vc_p::expcast_int_float((kMask && key_of(i, e) >= valid) ? INT_MIN : s[i][e], irow[row]);
+        },
+        [](const float (&f)[4]) { return vc_p::cast_e4m3x4(f[0], f[1], f[2], f[3]); }, p_frag);
+  }
+#endif
 
   // four arguments (p_arg, or p_masked_arg for masked keys) -> four E4M3 bytes, first in the lowest byte
   static __device__ __forceinline__ uint32_t encode_p(const float (&a)[4]) {

@@ -15,7 +15,7 @@
 //   cap (ptxas -v per arch in docs/kernel-notes.md sec. 10).
 // P's argument, its encoding into PV fragments and the rescale are attn_mma.cuh's p_row / p_arg /
 // encode_p_fragments / rescale
-// (one definition for both layouts).
+// (one definition for both layouts); the integer form (VC_EXPCAST_INT) takes a0 and M per 64-key chunk.
 //
 // Build-time options of the PV accumulation (both 0 by default; docs/kernel-notes.md sec. 13):
 // - VC_MMA_PV_F16=1: each chunk's PV partial accumulates in fp16 registers
@@ -255,6 +255,7 @@ struct AttnMmaWide {
     // ---- row max -> new running offset per chain and row (max of raw scores; scale >= 0)
     float alpha[kWideChains][2];
     vc_p::ExpCastRow prow[kWideChains][2];
+    int chunk_max_int[kWideChains][2];  // int8 scores: the exact integer max, a0 of the integer form
 #pragma unroll
     for (int c = 0; c < kWideChains; ++c) {
       float tile_max[2];
@@ -281,6 +282,7 @@ struct AttnMmaWide {
         for (int h = 0; h < 2; ++h) {
           m[h] = max(m[h], __shfl_xor_sync(0xffffffffu, m[h], 1));
           m[h] = max(m[h], __shfl_xor_sync(0xffffffffu, m[h], 2));
+          chunk_max_int[c][h] = m[h];
           tile_max[h] = small_int_to_float(m[h]);
         }
       }
@@ -296,7 +298,17 @@ struct AttnMmaWide {
     // ---- P in E4M3, directly in the A-operand layout of the PV MMA
     uint32_t p_frag[kWideChains][kPSteps][4];
 #pragma unroll
-    for (int c = 0; c < kWideChains; ++c) Encoder::template encode_p_fragments<kMask>(s[c], prow[c], valid, key_of, p_frag[c]);
+    for (int c = 0; c < kWideChains; ++c) {
+#if VC_EXPCAST_INT
+      if constexpr (Encoder::kIntEnc) {
+        // row_offset is this chunk's M already
+        const vc_p::ExpCastIntRow irow[2] = {vc_p::expcast_int_row(scale[c][0], chunk_max_int[c][0], row_offset[c][0]),
+                                             vc_p::expcast_int_row(scale[c][1], chunk_max_int[c][1], row_offset[c][1])};
+        Encoder::template encode_p_fragments_int<kMask>(s[c], irow, valid, key_of, p_frag[c]);
+      } else
+#endif
+        Encoder::template encode_p_fragments<kMask>(s[c], prow[c], valid, key_of, p_frag[c]);
+    }
 
     // ---- row sums of the same P (ones column), then O = alpha O + P R (+ l mu / v_scale)
     float l_tile[kWideChains][4];
