@@ -3,9 +3,7 @@
 Each (source, arch) pair is compiled once, in parallel, with the JIT's own flags; the sm90_* sources
 belong to the Hopper backend and are compiled by its tests. The build-time variants of the attention
 kernel (kernels/mma_variants.py) are compiled too: the wide layout for every arch, the other
-variants for sm_90a (the H200 they are timed on), with the ptxas register report. The speed path's
-integer encoding (VC_EXPCAST_INT, kernels/csrc/p_encoding.cuh) is a second parametrization of the
-attention builds: the default layout and the wide one for every arch, the other variants for sm_90a.
+variants for sm_90a (the H200 they are timed on), with the ptxas register report.
 """
 import concurrent.futures
 import os
@@ -31,10 +29,6 @@ VARIANT_BUILDS = [(name, arch) for name in mma_variants.VARIANTS if name != "row
 # running max with one Q scale per row (two scales and two row constants per chain live through the
 # softmax) took the worst one, wide-restoretile's sm_90a speed kernel, from 264 to 292 bytes.
 MAX_WIDE_SPILL_BYTES = 300
-# the integer form of the speed encoding, for both head dims (VC_EXPCAST_INT_D64: as the sm90 kernel)
-ENCODINGS = {"float": (), "int": ("-DVC_EXPCAST_INT=1", "-DVC_EXPCAST_INT_D64=1")}
-INT_BUILDS = [("rows16", arch) for arch in ARCHS] + [(name, arch) for name, arch in VARIANT_BUILDS if name == "wide" or arch == "9.0a"]
-ENCODING_BUILDS = [(name, arch, "float") for name, arch in VARIANT_BUILDS] + [(name, arch, "int") for name, arch in INT_BUILDS]
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None and not os.environ.get("CUDA_HOME"), reason="nvcc not installed")
 
@@ -44,16 +38,15 @@ def compiled(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("cubin")
     nvcc = jit.find_nvcc()
 
-    def build(source, arch, variant=None, encoding="float"):
-        flags = mma_variants.flags(variant) + ENCODINGS[encoding] + ("-Xptxas=-v",) if variant else ()
-        out = out_dir / f"{source.stem}-{variant or 'default'}-{encoding}-{jit.arch_code(arch)}.cubin"
+    def build(source, arch, variant=None):
+        flags = mma_variants.flags(variant) + ("-Xptxas=-v",) if variant else ()
+        out = out_dir / f"{source.stem}-{variant or 'default'}-{jit.arch_code(arch)}.cubin"
         cmd = jit.nvcc_compile_only_command(source, arch, out, nvcc, extra_flags=flags)
         return subprocess.run(cmd, capture_output=True, text=True, check=False)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        futures = {(s.name, a, None, "float"): pool.submit(build, s, a) for s in SOURCES for a in ARCHS}
-        futures.update({(src, a, v, e): pool.submit(build, jit.CSRC_DIR / src, a, v, e)
-                        for v, a, e in ENCODING_BUILDS for src in ATTN_SOURCES})
+        futures = {(s.name, a, None): pool.submit(build, s, a) for s in SOURCES for a in ARCHS}
+        futures.update({(src, a, v): pool.submit(build, jit.CSRC_DIR / src, a, v) for v, a in VARIANT_BUILDS for src in ATTN_SOURCES})
         return {key: fut.result() for key, fut in futures.items()}
 
 
@@ -65,7 +58,7 @@ def test_sources_found():
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("source", [p.name for p in SOURCES])
 def test_compiles(compiled, source, arch):
-    result = compiled[(source, arch, None, "float")]
+    result = compiled[(source, arch, None)]
     assert result.returncode == 0, f"nvcc failed for {source} sm_{jit.arch_code(arch)}:\n{result.stderr}"
     assert "warning" not in result.stderr.lower(), result.stderr
 
@@ -83,17 +76,14 @@ def _spills(ptxas_report: str) -> dict[str, int]:
     return spills
 
 
-@pytest.mark.parametrize("variant,arch,encoding", ENCODING_BUILDS)
+@pytest.mark.parametrize("variant,arch", VARIANT_BUILDS)
 @pytest.mark.parametrize("source", ATTN_SOURCES)
-def test_variant_compiles(compiled, source, variant, arch, encoding):
-    result = compiled[(source, arch, variant, encoding)]
-    assert result.returncode == 0, f"nvcc failed for {source} {variant} {encoding} sm_{jit.arch_code(arch)}:\n{result.stderr}"
+def test_variant_compiles(compiled, source, variant, arch):
+    result = compiled[(source, arch, variant)]
+    assert result.returncode == 0, f"nvcc failed for {source} {variant} sm_{jit.arch_code(arch)}:\n{result.stderr}"
     assert "warning" not in result.stderr.lower(), result.stderr
+    assert "wide_kernel" in result.stderr, "the variant flags did not select the wide kernel"
     spills = _spills(result.stderr)
     assert len(spills) == 8, result.stderr  # 2 QK formats x 2 P encodings x 2 V formats
-    if variant == "rows16":
-        assert not any("wide_kernel" in k for k in spills), "the default build selected the wide kernel"
-        return
-    assert "wide_kernel" in result.stderr, "the variant flags did not select the wide kernel"
     int8_qk = {k: b for k, b in spills.items() if re.search(r"ILi\d+ELb0E", k)}  # <D, kQkFp8 = false, ...>
     assert len(int8_qk) == 4 and max(int8_qk.values()) <= MAX_WIDE_SPILL_BYTES, int8_qk

@@ -1,11 +1,12 @@
-"""The speed path's compile-time encodings (kernels/csrc/p_encoding.cuh) take the form they claim in
-the PTX of the portable kernel, per kernel function (nvcc -ptx for sm_89 and sm_120a):
-- VC_EXPCAST_ALU=1 issues no conversion at all;
-- VC_EXPCAST_INT=1 (with VC_EXPCAST_INT_D64=1: both head dims) encodes the int8-QK speed kernels
-  straight from the int32 scores: one integer multiply-add per element, no int-to-float conversion
-  per element, no saturated FMA, no MUFU; the fp8-QK speed kernels keep the float form. Both layouts.
-The same checks on the default build find the E4M3 cast and the float form, so they can fail.
-(sm_90a: the `alu`, `alu3` and `int*` entries of bench/sm90_variants.sh, compiled by tests/test_sm90_compile.py.)"""
+"""The speed path's encodings (kernels/csrc/p_encoding.cuh) take the form they claim in the PTX of the
+portable kernel, per kernel function (nvcc -ptx for sm_89 and sm_120a):
+- the default build encodes the int8-QK speed kernels straight from the int32 scores (the spec's
+  integer form, reference.expcast_bits): one integer multiply-add per element, no int-to-float
+  conversion per element, no saturated FMA, no MUFU; the fp8-QK speed kernels (float scores) take the
+  float-score form, one float-to-int conversion per element. Both layouts, both head dims.
+- VC_EXPCAST_ALU=1 issues no conversion at all.
+The paper's byte-code build (VC_EXPCAST_PAPER=1) fails the integer-form check, so the check can fail.
+(sm_90a: tests/test_sm90_compile.py compiles the Hopper kernels and bench/sm90_variants.sh's variants.)"""
 import os
 import re
 import shutil
@@ -25,7 +26,6 @@ SOURCE = jit.CSRC_DIR / "attn_mma_d128.cu"
 SPEED_KERNEL = re.compile(r"attn_mma(?:_wide)?_kernelILi\d+ELb[01]ELb1ELb[01]E")
 INT8_QK = re.compile(r"kernelILi\d+ELb0E")
 CONVERSIONS = {"E4M3 cast": r"cvt\.[\w.]*e4m3", "float to int": r"cvt\.rni", "MUFU exp2": r"ex2\.approx"}
-INT_ENCODING = ("-DVC_EXPCAST_INT=1", "-DVC_EXPCAST_INT_D64=1")
 LAYOUTS = {"rows16": (), "wide": ("-DVC_MMA_WIDE=1",)}
 
 
@@ -77,18 +77,18 @@ def test_alu_build_has_no_conversion_in_the_speed_kernels(tmp_path, arch):
 @pytest.mark.parametrize("source", ["attn_mma_d64.cu", "attn_mma_d128.cu"])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("arch", ["8.9", "12.0a"])
-def test_int_build_encodes_the_int8_speed_kernels_from_int32_scores(tmp_path, arch, layout, source):
-    speed = _speed_kernel_ptx(tmp_path, arch, [*LAYOUTS[layout], *INT_ENCODING], jit.CSRC_DIR / source)
+def test_default_build_encodes_the_int8_speed_kernels_from_int32_scores(tmp_path, arch, layout, source):
+    speed = _speed_kernel_ptx(tmp_path, arch, [*LAYOUTS[layout]], jit.CSRC_DIR / source)
     assert any(("wide" in name) == (layout == "wide") for name in speed), sorted(speed)
     for name, body in speed.items():
         if INT8_QK.search(name):
             assert not _int_form_problems(body), f"{name}: {_int_form_problems(body)}"
-        else:  # fp8 scores are floats: the float form, unchanged
-            assert _count(r"fma\.rn\.sat\.f32", body) >= 64, name
+        else:  # fp8 scores are floats: the float-score form, a rounding to integer per element, no float argument
+            elements = 2 * _count(CONVERSIONS["E4M3 cast"], body)
+            assert _count(r"cvt\.rni\.s32\.f32", body) >= elements >= 64, name
+            assert not _count(r"fma\.rn\.sat\.f32", body) and not _count(CONVERSIONS["MUFU exp2"], body), name
 
 
-def test_default_build_casts_in_the_speed_kernels(tmp_path):
-    for name, body in _speed_kernel_ptx(tmp_path, "8.9", []).items():
-        assert re.search(CONVERSIONS["E4M3 cast"], body), name
-        # the float form: the integer-form check rejects it
+def test_the_integer_form_check_rejects_the_papers_encoding(tmp_path):
+    for name, body in _speed_kernel_ptx(tmp_path, "8.9", ["-DVC_EXPCAST_PAPER=1"]).items():
         assert "the float form's saturated argument (fma.rn.sat.f32)" in _int_form_problems(body), name

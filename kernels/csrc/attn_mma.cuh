@@ -10,9 +10,9 @@
 // float32 total (two-level accumulation). Row sums come from the same P through a ones column;
 // V-Smooth adds l_tile * mu_tile / v_scale, and the epilogue multiplies by v_scale / l.
 //
-// Speed path on int8 scores with VC_EXPCAST_INT=1 (head dim 64 only with VC_EXPCAST_INT_D64, as the
-// sm90 kernel): P is p_encoding.cuh's integer form, one IMAD per element on the raw int32 score from
-// per-row constants of the step's integer max, instead of the float form's conversion and FMAs.
+// Speed path: P is p_encoding.cuh's integer form (reference.expcast_bits), one integer max and one
+// IMAD per element on the raw int32 score from per-row constants of the step's integer max; FP8 QK
+// (float scores) takes its float-score form.
 //
 // Key order trick: in the QK MMA, lane rows of K are fetched so that S's accumulator layout IS the
 // A-operand layout of the PV MMA (thread (g, t) holds keys 4t..4t+3 of every 16-key group), so P
@@ -91,7 +91,10 @@ struct AttnMma {
   static constexpr int kPSteps = kStepKeys / 32;  // MMA k-steps over keys (PV) per softmax step
   using Smem = AttnSmem<D>;
   using SAcc = std::conditional_t<kQkFp8, float, int>;
-  static constexpr bool kIntEnc = VC_EXPCAST_INT && kExpCast && !kQkFp8 && (D == 128 || VC_EXPCAST_INT_D64);
+  // ExpCast on int8 scores: the integer form (p_encoding.cuh); on FP8 scores (float sums) its float-score
+  // form; the byte-code variants (VC_EXPCAST_PAPER / _ALU) keep the float argument of p_row / p_arg
+  static constexpr bool kIntEnc = kExpCast && !kQkFp8 && !VC_EXPCAST_BYTE_CODES;
+  static constexpr bool kFloatEnc = kExpCast && kQkFp8 && !VC_EXPCAST_BYTE_CODES;
 
   // per-thread state of the online softmax for rows g and g+8 of the warp
   float acc[kDimTiles][4];
@@ -246,10 +249,14 @@ struct AttnMma {
       const vc_p::ExpCastIntRow irow[2] = {vc_p::expcast_int_row(scale[0], tile_max_int[0], offset[0]),
                                            vc_p::expcast_int_row(scale[1], tile_max_int[1], offset[1])};
       encode_p_fragments_int<kMask>(s, irow, valid, key_of, p_frag);
+    } else if constexpr (kFloatEnc) {
+      const vc_p::ExpCastFloatRow frow[2] = {vc_p::expcast_float_row(scale[0], tile_max[0], offset[0]),
+                                             vc_p::expcast_float_row(scale[1], tile_max[1], offset[1])};
+      encode_p_fragments_float<kMask>(s, frow, valid, key_of, p_frag);
     } else
 #endif
     {
-      const vc_p::ExpCastRow prow[2] = {p_row(scale[0], offset[0]), p_row(scale[1], offset[1])};
+      const ArgRow prow[2] = {p_row(scale[0], offset[0]), p_row(scale[1], offset[1])};
       encode_p_fragments<kMask>(s, prow, valid, key_of, p_frag);
     }
 
@@ -295,15 +302,27 @@ struct AttnMma {
     }
   }
 
-  // The per-row constants of P's argument: exp2: arg = fmaf(raw score, scale, float32(8 - M))
-  // (reference.p_exp2_cast); ExpCast: p_encoding.cuh's saturated form of reference.p_expcast.
-  static __device__ __forceinline__ vc_p::ExpCastRow p_row(float scale, float m) {
-    return kExpCast ? vc_p::expcast_row(scale, m) : vc_p::ExpCastRow{scale, kPLog2Max - m};
+  // The per-row constants of P's float argument: exp2: arg = fmaf(raw score, scale, float32(8 - M))
+  // (reference.p_exp2_cast); the byte-code ExpCast variants: their saturated argument (p_encoding.cuh).
+  struct ArgRow {
+    float mul, add;
+  };
+  static __device__ __forceinline__ ArgRow p_row(float scale, float m) {
+#if VC_EXPCAST_BYTE_CODES
+    if constexpr (kExpCast) {
+      const vc_p::ExpCastRow r = vc_p::expcast_row(scale, m);
+      return {r.mul, r.add};
+    }
+#endif
+    return {scale, kPLog2Max - m};
   }
-  static __device__ __forceinline__ float p_arg(float raw, const vc_p::ExpCastRow& row) {
-    return kExpCast ? vc_p::expcast_arg(raw, row) : fmaf(raw, row.mul, row.add);
+  static __device__ __forceinline__ float p_arg(float raw, const ArgRow& row) {
+#if VC_EXPCAST_BYTE_CODES
+    if constexpr (kExpCast) return vc_p::expcast_arg(raw, vc_p::ExpCastRow{row.mul, row.add});
+#endif
+    return fmaf(raw, row.mul, row.add);
   }
-  static __device__ __forceinline__ float p_masked_arg() { return kExpCast ? vc_p::expcast_masked_arg() : -INFINITY; }
+  static __device__ __forceinline__ float p_masked_arg() { return kExpCast ? 0.0f : -INFINITY; }  // both: code 0
 
   // alpha = 2^d, d = M_old - M_new <= 0: the speed path stays off MUFU (vc_p::exp2_rescale)
   static __device__ __forceinline__ float rescale(float d) { return kExpCast ? vc_p::exp2_rescale(d) : fast_exp2(d); }
@@ -328,9 +347,9 @@ struct AttnMma {
     }
   }
 
-  // P from the rows' float-form constants prow (p_row): p_arg of each score, p_masked_arg for masked keys.
+  // P from the rows' float-argument constants prow (p_row): p_arg of each score, p_masked_arg for masked keys.
   template <bool kMask, int KEY_TILES, typename KeyOf>
-  static __device__ __forceinline__ void encode_p_fragments(const SAcc (&s)[KEY_TILES][4], const vc_p::ExpCastRow (&prow)[2],
+  static __device__ __forceinline__ void encode_p_fragments(const SAcc (&s)[KEY_TILES][4], const ArgRow (&prow)[2],
                                                             int valid, KeyOf key_of, uint32_t (&p_frag)[KEY_TILES / 4][4]) {
     build_p_fragments<KEY_TILES>(
         [&](int i, int e, int row) {
@@ -352,15 +371,26 @@ struct AttnMma {
         },
         [](const float (&f)[4]) { return vc_p::cast_e4m3x4(f[0], f[1], f[2], f[3]); }, p_frag);
   }
+
+  // P in the float-score form (kFloatEnc, FP8 QK) from the rows' constants of the step's float max; a
+  // masked key passes -inf (code 0).
+  template <bool kMask, int KEY_TILES, typename KeyOf>
+  static __device__ __forceinline__ void encode_p_fragments_float(const float (&s)[KEY_TILES][4], const vc_p::ExpCastFloatRow (&frow)[2],
+                                                                  int valid, KeyOf key_of, uint32_t (&p_frag)[KEY_TILES / 4][4]) {
+    build_p_fragments<KEY_TILES>(
+        [&](int i, int e, int row) {
+          return vc_p::expcast_float_acc((kMask && key_of(i, e) >= valid) ? -INFINITY : s[i][e], frow[row]);
+        },
+        [](const float (&f)[4]) { return vc_p::cast_e4m3x4(f[0], f[1], f[2], f[3]); }, p_frag);
+  }
 #endif
 
   // four arguments (p_arg, or p_masked_arg for masked keys) -> four E4M3 bytes, first in the lowest byte
   static __device__ __forceinline__ uint32_t encode_p(const float (&a)[4]) {
-    if constexpr (kExpCast) {
-      return vc_p::expcast_pack4(a[0], a[1], a[2], a[3]);
-    } else {
-      return e4m3x4(fast_exp2(a[0]), fast_exp2(a[1]), fast_exp2(a[2]), fast_exp2(a[3]));
-    }
+#if VC_EXPCAST_BYTE_CODES
+    if constexpr (kExpCast) return vc_p::expcast_pack4(a[0], a[1], a[2], a[3]);
+#endif
+    return e4m3x4(fast_exp2(a[0]), fast_exp2(a[1]), fast_exp2(a[2]), fast_exp2(a[3]));
   }
 
   __device__ __forceinline__ void store_output(const AttnParams& p, int bh, int warp_row0, int lane) const {

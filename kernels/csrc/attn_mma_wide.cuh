@@ -254,8 +254,9 @@ struct AttnMmaWide {
 
     // ---- row max -> new running offset per chain and row (max of raw scores; scale >= 0)
     float alpha[kWideChains][2];
-    vc_p::ExpCastRow prow[kWideChains][2];
+    typename Encoder::ArgRow prow[kWideChains][2];
     int chunk_max_int[kWideChains][2];  // int8 scores: the exact integer max, a0 of the integer form
+    float chunk_max[kWideChains][2];    // FP8 scores: a0 of the float-score form
 #pragma unroll
     for (int c = 0; c < kWideChains; ++c) {
       float tile_max[2];
@@ -288,6 +289,7 @@ struct AttnMmaWide {
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
+        chunk_max[c][h] = tile_max[h];
         const float offset = fmaxf(row_offset[c][h], tile_max[h] * scale[c][h]);
         alpha[c][h] = Encoder::rescale(row_offset[c][h] - offset);
         row_offset[c][h] = offset;
@@ -305,6 +307,10 @@ struct AttnMmaWide {
         const vc_p::ExpCastIntRow irow[2] = {vc_p::expcast_int_row(scale[c][0], chunk_max_int[c][0], row_offset[c][0]),
                                              vc_p::expcast_int_row(scale[c][1], chunk_max_int[c][1], row_offset[c][1])};
         Encoder::template encode_p_fragments_int<kMask>(s[c], irow, valid, key_of, p_frag[c]);
+      } else if constexpr (Encoder::kFloatEnc) {
+        const vc_p::ExpCastFloatRow frow[2] = {vc_p::expcast_float_row(scale[c][0], chunk_max[c][0], row_offset[c][0]),
+                                               vc_p::expcast_float_row(scale[c][1], chunk_max[c][1], row_offset[c][1])};
+        Encoder::template encode_p_fragments_float<kMask>(s[c], frow, valid, key_of, p_frag[c]);
       } else
 #endif
         Encoder::template encode_p_fragments<kMask>(s[c], prow[c], valid, key_of, p_frag[c]);
