@@ -20,9 +20,14 @@ set -u -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vc_out}
 mkdir -p "$OUT"
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-fi
+# .whl-peers/ (also ignored): the peers only the bench stages need (SageAttention 2.2's 22 MB wheel), so
+# that a tests-only call can leave them behind (a call carries at most 64 MiB: .whl with ComfyUI's
+# frontend wheel and .comfy/ already take ~60)
+for dir in .whl .whl-peers; do
+  if compgen -G "$dir/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$dir"/*.whl
+  fi
+done
 # the repo root is the package: a link named vc_attention makes it importable without installing
 mkdir -p /tmp/pkgs && ln -sfn "$PWD" /tmp/pkgs/vc_attention
 export PYTHONPATH=/tmp/pkgs:/tmp/site:$PWD/.whl/site
