@@ -148,7 +148,8 @@ __device__ __forceinline__ float expcast_float_acc(float acc, const ExpCastFloat
   const float d = fmaxf(__fmul_rn(__fsub_rn(acc, r.a0), r.slope), r.neg_top);  // t >= 0; -inf (masked) -> 0
   return __int_as_float(r.top + __float2int_rn(d));
 }
-// The same without the clamp: only for scores known to be >= r.lo (VC_EXPCAST_CLAMP_CHECK variant).
+// The same without the clamp: only for scores known to be >= r.lo (the sm90 kernel checks per warp and
+// tile, VC_EXPCAST_CLAMP_CHECK).
 __device__ __forceinline__ float expcast_int_float_unclamped(int s, const ExpCastIntRow& r) {
   return __uint_as_float(static_cast<uint32_t>(s) * r.mul + r.add);
 }

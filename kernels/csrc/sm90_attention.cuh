@@ -292,39 +292,39 @@ __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], const RowSc
   auto encode = [&](auto clamp_tag) {
     [[maybe_unused]] constexpr bool kClamp = decltype(clamp_tag)::value;
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
+    for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int c0 = 4 * kk + 2 * (r >> 1), row = r & 1;
-      float a[4];
+      for (int r = 0; r < 4; ++r) {
+        const int c0 = 4 * kk + 2 * (r >> 1), row = r & 1;
+        float a[4];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int chunk = c0 + (q >> 1), e = q & 1;
-        const bool masked = MASK && key_of_column(chunk, t, e) >= valid;
+        for (int q = 0; q < 4; ++q) {
+          const int chunk = c0 + (q >> 1), e = q & 1;
+          const bool masked = MASK && key_of_column(chunk, t, e) >= valid;
 #if !VC_EXPCAST_BYTE_CODES
-        if constexpr (kIntCodes) {  // one integer max + one IMAD on the raw accumulator; masked: code 0
-          if constexpr (kClamp)
-            a[q] = vc_p::expcast_int_float(masked ? INT_MIN : s[4 * chunk + 2 * row + e], irow[row]);
-          else
-            a[q] = vc_p::expcast_int_float_unclamped(s[4 * chunk + 2 * row + e], irow[row]);
-          continue;
-        }
+          if constexpr (kIntCodes) {  // one integer max + one IMAD on the raw accumulator; masked: code 0
+            if constexpr (kClamp)
+              a[q] = vc_p::expcast_int_float(masked ? INT_MIN : s[4 * chunk + 2 * row + e], irow[row]);
+            else
+              a[q] = vc_p::expcast_int_float_unclamped(s[4 * chunk + 2 * row + e], irow[row]);
+            continue;
+          }
 #endif
-        const float x = int_to_float_exact(s[4 * chunk + 2 * row + e]);
+          const float x = int_to_float_exact(s[4 * chunk + 2 * row + e]);
 #if VC_EXPCAST_BYTE_CODES
-        if constexpr (EXPCAST) {
-          a[q] = masked ? vc_p::expcast_masked_arg() : vc_p::expcast_arg(x, prow[row]);
-          continue;
-        }
+          if constexpr (EXPCAST) {
+            a[q] = masked ? vc_p::expcast_masked_arg() : vc_p::expcast_arg(x, prow[row]);
+            continue;
+          }
 #endif
-        a[q] = masked ? neg_inf() : fmaf(x, sc.r[row], base[row]);
-      }
+          a[q] = masked ? neg_inf() : fmaf(x, sc.r[row], base[row]);
+        }
 #if VC_EXPCAST_BYTE_CODES
-      pa[kk][r] = EXPCAST ? vc_p::expcast_pack4(a[0], a[1], a[2], a[3]) : encode_exp2(a[0], a[1], a[2], a[3]);
+        pa[kk][r] = EXPCAST ? vc_p::expcast_pack4(a[0], a[1], a[2], a[3]) : encode_exp2(a[0], a[1], a[2], a[3]);
 #else
-      pa[kk][r] = EXPCAST ? vc_p::cast_e4m3x4(a[0], a[1], a[2], a[3]) : encode_exp2(a[0], a[1], a[2], a[3]);
+        pa[kk][r] = EXPCAST ? vc_p::cast_e4m3x4(a[0], a[1], a[2], a[3]) : encode_exp2(a[0], a[1], a[2], a[3]);
 #endif
-    }
+      }
   };
 #if !VC_EXPCAST_BYTE_CODES
   if constexpr (kIntCodes && !MASK && VC_EXPCAST_CLAMP_CHECK) {
