@@ -75,6 +75,22 @@ constexpr bool mean_by_mma() {
 }
 constexpr int kMeanChunk = 8;  // tiles per batched mean restore = the K of one TF32 wgmma
 
+#ifndef VC_SM90_PAIR
+#define VC_SM90_PAIR 0  // head dim 128: two tiles per fresh PV accumulator, one fold per pair (variant)
+#endif
+// Pair accumulation (VC_SM90_PAIR=1, head dim 128, the single-stream loop): PV(2m) starts a fresh
+// wgmma accumulator and PV(2m+1) adds to it, after the accumulator was rescaled by alpha of tile
+// 2m+1 where that row's max moved; one fold per pair, O = alpha_a alpha_b O + PV + l_a mu_a + l_b mu_b:
+// 1.5 FFMA per O element and tile instead of 2. The row sums of the two tiles stay apart because the
+// extra B rows of a stage hold ones only in the columns of its parity (columns D + 2c + parity), and
+// stage parity is tile parity (an even number of stages). The first tile's stage is released with the
+// pair's fold (its block means are read then). The wgmma's reduced-precision accumulation runs over
+// 256 keys instead of 128 (docs/kernel-notes.md section 14).
+template <int D, bool EXPCAST, bool VSMOOTH, int STAGES>
+constexpr bool pair_accumulation() {
+  return VC_SM90_PAIR && D == 128 && STAGES % 2 == 0 && !p_through_smem<D, EXPCAST>() && !mean_by_mma<D, EXPCAST, VSMOOTH>();
+}
+
 // The batched mean restore's B operand, mu/v_scale split into TF32 hi + lo (two K-major 128x8 or 64x8
 // TF32 tiles per chunk, no swizzle): element (channel n, tile k) at 8-row group n/8 (256 bytes apart),
 // 4-column half k/4 (128 bytes apart), then row n%8 (16 bytes) and column k%4 (4 bytes).
@@ -372,6 +388,52 @@ __device__ __forceinline__ void fold_tile(float (&o)[D / 2], float (&row_sum)[2]
   for (int r = 0; r < 2; ++r) row_sum[r] = fmaf(row_sum[r], alpha[r], l_blk[r]);
 }
 
+// The fold of a pair (pair_accumulation): pv holds alpha_b PV_a + PV_b, its columns D + 2t and
+// D + 2t + 1 the row sums alpha_b l_a and l_b; O = alpha_a alpha_b O + pv + l_a mu_a + l_b mu_b.
+template <int D, bool VSMOOTH>
+__device__ __forceinline__ void fold_pair(float (&o)[D / 2], float (&row_sum)[2], const float (&pv)[D / 2 + 4],
+                                          const float (&alpha_a)[2], const float (&alpha_b)[2], const float* mu_a,
+                                          const float* mu_b, int t) {
+  const float ab[2] = {alpha_a[0] * alpha_b[0], alpha_a[1] * alpha_b[1]};
+  const float l_a[2] = {pv[D / 2], pv[D / 2 + 2]}, l_b[2] = {pv[D / 2 + 1], pv[D / 2 + 3]};
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) {
+    float2 ma = make_float2(0.f, 0.f), mb = make_float2(0.f, 0.f);
+    if constexpr (VSMOOTH) {
+      ma = *reinterpret_cast<const float2*>(mu_a + 8 * i + 2 * t);
+      mb = *reinterpret_cast<const float2*>(mu_b + 8 * i + 2 * t);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if constexpr (VSMOOTH) {
+        o[4 * i + 2 * r] = fmaf(o[4 * i + 2 * r], ab[r], fmaf(l_a[r], ma.x, fmaf(l_b[r], mb.x, pv[4 * i + 2 * r])));
+        o[4 * i + 2 * r + 1] = fmaf(o[4 * i + 2 * r + 1], ab[r], fmaf(l_a[r], ma.y, fmaf(l_b[r], mb.y, pv[4 * i + 2 * r + 1])));
+      } else {
+        o[4 * i + 2 * r] = fmaf(o[4 * i + 2 * r], ab[r], pv[4 * i + 2 * r]);
+        o[4 * i + 2 * r + 1] = fmaf(o[4 * i + 2 * r + 1], ab[r], pv[4 * i + 2 * r + 1]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) row_sum[r] = fmaf(row_sum[r], ab[r], l_a[r] + l_b[r]);
+}
+
+// Before the second PV of a pair adds to the accumulator: its rows rescaled by the second tile's alpha
+// where that row's max moved (alpha == 1 exactly where it did not: no work in the common case).
+template <int D>
+__device__ __forceinline__ void rescale_pair_accumulator(float (&pv)[D / 2 + 4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (alpha[r] != 1.f) {
+#pragma unroll
+      for (int i = 0; i < D / 8 + 1; ++i) {
+        pv[4 * i + 2 * r] *= alpha[r];
+        pv[4 * i + 2 * r + 1] *= alpha[r];
+      }
+    }
+  }
+}
+
 #ifndef VC_SM90_DESC_ADD
 #define VC_SM90_DESC_ADD 0  // 1: one shared-memory descriptor per tile and operand, k-steps by an add
 #endif
@@ -399,14 +461,15 @@ __device__ __forceinline__ void issue_qk(int32_t (&s_acc)[64], const uint8_t* q_
 }
 
 template <int D>
-__device__ __forceinline__ void issue_pv(float (&pv)[D / 2 + 4], const uint32_t (&pa)[4][4], const uint8_t* vt_tile) {
+__device__ __forceinline__ void issue_pv(float (&pv)[D / 2 + 4], const uint32_t (&pa)[4][4], const uint8_t* vt_tile,
+                                         bool accumulate = false) {
   const TileDesc<128> v(vt_tile);
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     if constexpr (D == 128)
-      wgmma_e4m3_m64n136k32(pv, pa[kk], v.k_step(kk), kk > 0);
+      wgmma_e4m3_m64n136k32(pv, pa[kk], v.k_step(kk), kk > 0 || accumulate);
     else
-      wgmma_e4m3_m64n72k32(pv, pa[kk], v.k_step(kk), kk > 0);
+      wgmma_e4m3_m64n72k32(pv, pa[kk], v.k_step(kk), kk > 0 || accumulate);
   }
 }
 
@@ -678,6 +741,75 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     } else {
       finish(pa, alpha);
     }
+  } else if constexpr (pair_accumulation<D, EXPCAST, VSMOOTH, STAGES>()) {
+    float alpha_a[2];  // alpha of the pair's first tile, for the pair's fold
+    // step j: [PV(j-1), QK(j)], then the fold (when PV(j-1) closed a pair) and the softmax of tile j
+    auto step = [&](int j, auto second_tag) {
+      constexpr bool kSecond = decltype(second_tag)::value;  // PV(j-1) is the second of its pair
+      const int sj = j % STAGES, sp = (j - 1) % STAGES;
+      mbar_wait(&bar_full[sj], (j / STAGES) & 1);
+      turn_begin();
+      reg_fence(pa);
+      reg_fence(pv);
+      reg_fence(s_acc);
+      wgmma_fence();
+      issue_pv<D>(pv, pa, vt_tile(sp), kSecond);
+      wgmma_commit();
+      issue_qk<D>(s_acc, q_tile, k_tile(sj));
+      wgmma_commit();
+      turn_end();
+      wgmma_wait<0>();
+      reg_fence(pv);
+      reg_fence(s_acc);
+      reg_fence(pa);
+      const RowScale sc = q_sc * ksc_smem[sj];
+      const int sa = (j - 2 + STAGES) % STAGES;  // the pair's first tile's stage (kSecond)
+      if constexpr (kSecond) {
+        if (has_tail && j == n_kv - 1) {
+          fold_pair<D, VSMOOTH>(o, row_sum, pv, alpha_a, alpha, mu_smem + sa * D, mu_smem + sp * D, t);
+          softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
+        } else {  // the same two calls inside each branch keep them in one basic block
+          fold_pair<D, VSMOOTH>(o, row_sum, pv, alpha_a, alpha, mu_smem + sa * D, mu_smem + sp * D, t);
+          softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa);
+        }
+        release(sa);
+        release(sp);
+      } else {
+        alpha_a[0] = alpha[0];
+        alpha_a[1] = alpha[1];
+        if (has_tail && j == n_kv - 1)
+          softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
+        else
+          softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa);
+        rescale_pair_accumulator<D>(pv, alpha);  // PV(j) adds to it next step
+      }
+    };
+    int j = 1;
+    for (; j + 1 < n_kv; j += 2) {
+      step(j, std::false_type{});
+      step(j + 1, std::true_type{});
+    }
+    if (j < n_kv) step(j, std::false_type{});
+    // the last tile's PV: the second of a pair (n_kv even) or a tile of its own
+    const int sl = (n_kv - 1) % STAGES;
+    const bool second = (n_kv - 1) % 2 == 1;
+    turn_begin();
+    reg_fence(pa);
+    reg_fence(pv);
+    wgmma_fence();
+    issue_pv<D>(pv, pa, vt_tile(sl), second);
+    wgmma_commit();
+    if (kTurns && wg == 0) named_arrive(2, 256);  // the other warpgroup's last turn
+    wgmma_wait<0>();
+    reg_fence(pv);
+    if (second) {
+      const int sa = (n_kv - 2) % STAGES;
+      fold_pair<D, VSMOOTH>(o, row_sum, pv, alpha_a, alpha, mu_smem + sa * D, mu_smem + sl * D, t);
+      release(sa);
+    } else {
+      fold_tile<D, VSMOOTH>(o, row_sum, pv, alpha, mu_smem + sl * D, t);
+    }
+    release(sl);
   } else {
     for (int j = 1; j < n_kv; ++j) {
       const int sj = j % STAGES, sp = (j - 1) % STAGES;
@@ -749,10 +881,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(&bar_empty[s], 8);  // lane 0 of each of the 8 consumer warps
     }
   }
-  // E4M3 ones in the 8 rows after V^T of every stage: written once, never overwritten by TMA
+  // E4M3 ones in the 8 rows after V^T of every stage: written once, never overwritten by TMA. With pair
+  // accumulation only the rows (= output columns D + 2c + parity) of the stage's parity hold ones.
+  constexpr bool kPairRows = pair_accumulation<D, EXPCAST, VSMOOTH, STAGES>();
   for (int i = threadIdx.x; i < STAGES * 2 * kBlockN; i += kThreads) {
-    const int s = i / (2 * kBlockN), w = i % (2 * kBlockN);
-    reinterpret_cast<uint32_t*>(smem + L::kVOff + s * L::kVBytes + L::kVLoadBytes)[w] = vc::kE4m3OnesX4;
+    const int s = i / (2 * kBlockN), w = i % (2 * kBlockN), row = w / (kBlockN / 4);
+    const bool ones = !kPairRows || (row & 1) == (s & 1);
+    reinterpret_cast<uint32_t*>(smem + L::kVOff + s * L::kVBytes + L::kVLoadBytes)[w] = ones ? vc::kE4m3OnesX4 : 0u;
   }
   if constexpr (mean_by_mma<D, EXPCAST, VSMOOTH>()) {  // a partial last chunk multiplies unwritten columns by 0: no NaN
     for (int i = threadIdx.x; i < L::kMeanTileBytes; i += kThreads)  // 4 tiles = kMeanTileBytes words
