@@ -9,8 +9,10 @@ Arithmetic conventions (every kernel reproduces them):
 - Scores are kept in log2 units: s = q.k * sm_scale * log2(e), so probabilities are exp2(s - M).
 - Row offsets are the EXACT running max: while the kernel walks key blocks of K_BLOCK in order, it
   holds M = max over seen blocks of the block row max (a float32 score, no rounding), and encodes P
-  from s and the per-row constant float32(c - M) with one multiply-add (exp2: c = 8, so the row max
-  lands exactly on 2^8 = 256; speed: c = the ExpCast row constant, row max 448). With an exact max the
+  against it: exp2 from s and the per-row constant float32(8 - M) with one multiply-add (the row max
+  lands exactly on 2^8 = 256); speed from the exact integer scores of the block in integer fixed point
+  (expcast_bits: per row and block a slope and an offset, one integer multiply-add per element; row
+  max 448). With an exact max the
   row's largest probability is always the top code, and in peaky rows that one element carries much
   of the mass (docs/fidelity-study.md: -13% rel-L2 against an integer offset). The rescale
   alpha = 2^(M_old - M_new) is then not a power of two: the kernels compute it in float32 (MUFU exp2
