@@ -145,7 +145,9 @@ __device__ __forceinline__ ExpCastFloatRow expcast_float_row(float sc, float a0,
   return {a0, slope, -static_cast<float>(top), top};
 }
 __device__ __forceinline__ float expcast_float_acc(float acc, const ExpCastFloatRow& r) {
-  const float d = fmaxf(__fmul_rn(__fsub_rn(acc, r.a0), r.slope), r.neg_top);  // t >= 0; -inf (masked) -> 0
+  // d <= 0 (a0 is the step's max); clamped at -top, so t >= 0 (top is the rint of a float32, hence
+  // exactly a float32 itself: -top is exact); a masked key (-inf) gets t = 0, code 0
+  const float d = fmaxf(__fmul_rn(__fsub_rn(acc, r.a0), r.slope), r.neg_top);
   return __int_as_float(r.top + __float2int_rn(d));
 }
 // The same without the clamp: only for scores known to be >= r.lo (the sm90 kernel checks per warp and
