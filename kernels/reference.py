@@ -192,11 +192,15 @@ def running_row_offsets(s: torch.Tensor, block: int = K_BLOCK) -> torch.Tensor:
     running max of the scores, max over blocks <= j of the block max (exact float32 values, no
     rounding). Returns (..., Nq, nb) float32.
     """
-    n = s.shape[-1]
+    return torch.cummax(_block_maxima(s, block), dim=-1).values
+
+
+def _block_maxima(x: torch.Tensor, block: int) -> torch.Tensor:
+    """(..., N) -> (..., nb): the maximum of each block of `block` columns (the last one partial)."""
+    n = x.shape[-1]
     nb = _blocks(n, block)
-    padded = torch.nn.functional.pad(s, (0, nb * block - n), value=-math.inf)
-    block_max = padded.reshape(*s.shape[:-1], nb, block).amax(dim=-1)
-    return torch.cummax(block_max, dim=-1).values
+    padded = torch.nn.functional.pad(x, (0, nb * block - n), value=-math.inf)
+    return padded.reshape(*x.shape[:-1], nb, block).amax(dim=-1)
 
 
 def row_constant(c: float, m) -> torch.Tensor:
@@ -298,10 +302,8 @@ P_ENCODERS = {"exp2": p_exp2_cast, "expcast": p_expcast, "expcast_paper": p_expc
 
 def block_row_max(x: torch.Tensor, block: int) -> torch.Tensor:
     """(..., N) -> (..., N): each key's block maximum over its row (blocks of `block` keys, the last partial)."""
-    n = x.shape[-1]
-    nb = _blocks(n, block)
-    padded = torch.nn.functional.pad(x.double(), (0, nb * block - n), value=-math.inf)
-    return padded.reshape(*x.shape[:-1], nb, block).amax(dim=-1).repeat_interleave(block, dim=-1)[..., :n].to(x.dtype)
+    # in float64: integer tensors take the -inf padding too
+    return _block_maxima(x.double(), block).repeat_interleave(block, dim=-1)[..., : x.shape[-1]].to(x.dtype)
 
 
 def quantize_p(s: torch.Tensor, config: VCConfig, offset_block: int = K_BLOCK, *, acc=None, scale=None) -> torch.Tensor:

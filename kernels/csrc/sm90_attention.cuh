@@ -625,17 +625,41 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   softmax(s_acc, q_sc * ksc_smem[0], has_tail && n_kv == 1, row_off, alpha, pa);
 
   // the last tile's PV, then its fold
-  auto finish = [&](uint32_t(&pa_x)[4][4], float(&alpha_x)[2]) {
-    const int sl = (n_kv - 1) % STAGES;
+  // the single-stream loops' batch [PV(j-1), QK(j)] and its wait (accumulate: PV(j-1) adds to the
+  // accumulator, pair accumulation's second tile)
+  auto pv_qk_batch = [&](int j, bool accumulate) {
+    const int sj = j % STAGES, sp = (j - 1) % STAGES;
+    mbar_wait(&bar_full[sj], (j / STAGES) & 1);
+    turn_begin();
+    reg_fence(pa);
+    reg_fence(pv);
+    reg_fence(s_acc);
+    wgmma_fence();
+    issue_pv<D>(pv, pa, vt_tile(sp), accumulate);
+    wgmma_commit();
+    issue_qk<D>(s_acc, q_tile, k_tile(sj));
+    wgmma_commit();
+    turn_end();
+    wgmma_wait<0>();
+    reg_fence(pv);
+    reg_fence(s_acc);
+    reg_fence(pa);
+  };
+  // the last tile's PV (accumulate: it adds to the accumulator, pair accumulation's second tile)
+  auto last_pv = [&](uint32_t(&pa_x)[4][4], bool accumulate) {
     turn_begin();
     reg_fence(pa_x);
     reg_fence(pv);
     wgmma_fence();
-    issue_pv<D>(pv, pa_x, vt_tile(sl));
+    issue_pv<D>(pv, pa_x, vt_tile((n_kv - 1) % STAGES), accumulate);
     wgmma_commit();
     if (kTurns && wg == 0) named_arrive(2, 256);  // the other warpgroup's last turn
     wgmma_wait<0>();
     reg_fence(pv);
+  };
+  auto finish = [&](uint32_t(&pa_x)[4][4], float(&alpha_x)[2]) {
+    const int sl = (n_kv - 1) % STAGES;
+    last_pv(pa_x, false);
     fold(n_kv - 1, alpha_x, sl);
     flush_means(n_kv - 1);
     release(sl);
@@ -747,21 +771,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     auto step = [&](int j, auto second_tag) {
       constexpr bool kSecond = decltype(second_tag)::value;  // PV(j-1) is the second of its pair
       const int sj = j % STAGES, sp = (j - 1) % STAGES;
-      mbar_wait(&bar_full[sj], (j / STAGES) & 1);
-      turn_begin();
-      reg_fence(pa);
-      reg_fence(pv);
-      reg_fence(s_acc);
-      wgmma_fence();
-      issue_pv<D>(pv, pa, vt_tile(sp), kSecond);
-      wgmma_commit();
-      issue_qk<D>(s_acc, q_tile, k_tile(sj));
-      wgmma_commit();
-      turn_end();
-      wgmma_wait<0>();
-      reg_fence(pv);
-      reg_fence(s_acc);
-      reg_fence(pa);
+      pv_qk_batch(j, kSecond);
       const RowScale sc = q_sc * ksc_smem[sj];
       const int sa = (j - 2 + STAGES) % STAGES;  // the pair's first tile's stage (kSecond)
       if constexpr (kSecond) {
@@ -793,15 +803,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     // the last tile's PV: the second of a pair (n_kv even) or a tile of its own
     const int sl = (n_kv - 1) % STAGES;
     const bool second = (n_kv - 1) % 2 == 1;
-    turn_begin();
-    reg_fence(pa);
-    reg_fence(pv);
-    wgmma_fence();
-    issue_pv<D>(pv, pa, vt_tile(sl), second);
-    wgmma_commit();
-    if (kTurns && wg == 0) named_arrive(2, 256);  // the other warpgroup's last turn
-    wgmma_wait<0>();
-    reg_fence(pv);
+    last_pv(pa, second);
     if (second) {
       const int sa = (n_kv - 2) % STAGES;
       fold_pair<D, VSMOOTH>(o, row_sum, pv, alpha_a, alpha, mu_smem + sa * D, mu_smem + sl * D, t);
@@ -813,21 +815,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   } else {
     for (int j = 1; j < n_kv; ++j) {
       const int sj = j % STAGES, sp = (j - 1) % STAGES;
-      mbar_wait(&bar_full[sj], (j / STAGES) & 1);
-      turn_begin();
-      reg_fence(pa);
-      reg_fence(pv);
-      reg_fence(s_acc);
-      wgmma_fence();
-      issue_pv<D>(pv, pa, vt_tile(sp));
-      wgmma_commit();
-      issue_qk<D>(s_acc, q_tile, k_tile(sj));
-      wgmma_commit();
-      turn_end();
-      wgmma_wait<0>();
-      reg_fence(pv);
-      reg_fence(s_acc);
-      reg_fence(pa);
+      pv_qk_batch(j, false);
       const RowScale sc = q_sc * ksc_smem[sj];
       if (has_tail && j == n_kv - 1) {
         fold(j - 1, alpha, sp);
