@@ -21,9 +21,11 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vc_out}
 mkdir -p "$OUT"
 # .whl-peers/ (also ignored): the peers only the bench stages need (SageAttention 2.2's 22 MB wheel), so
-# that a tests-only call can leave them behind (a call carries at most 64 MiB: .whl with ComfyUI's
-# frontend wheel and .comfy/ already take ~60)
-for dir in .whl .whl-peers; do
+# that a tests-only call can leave them behind; .whl-front/ (ignored): ComfyUI's frontend wheel (~20 MB),
+# which only the tests stage needs (the real server's workflow-template check), so that a bench call can
+# leave it behind. A call carries at most 64 MiB: carry .whl .whl-front .comfy for tests and
+# .whl .whl-peers .comfy for the bench stages.
+for dir in .whl .whl-peers .whl-front; do
   if compgen -G "$dir/*.whl" > /dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$dir"/*.whl
   fi
