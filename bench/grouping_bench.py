@@ -85,9 +85,12 @@ def _graph_median_ms(v: torch.Tensor, clusters: int, iters: int, repeats: int) -
 def labels_cache_bytes(
     layers: int, branches: int, B: int, H: int, N: int, clusters: int, D: int, centroids: bool
 ) -> int:
-    """Bytes of CompactGrouping for every layer and CFG branch (labels + counts [+ fp16 centroids])."""
-    per_head = N * grouping.label_dtype(clusters).itemsize + clusters * 4 + (clusters * D * 2 if centroids else 0)
-    return layers * branches * B * H * per_head
+    """Bytes of CompactGrouping for every layer and CFG branch as the node's cache keeps them (labels +
+    counts [+ E4M3 centroids with their scales]): nodes/cache.estimated_bytes with the batch folded in."""
+    from vc_attention.nodes.cache import estimated_bytes
+
+    return estimated_bytes(blocks=layers, branches=branches * B, heads=H, tokens=N, head_dim=D, clusters=clusters,
+                           with_centroids=centroids)
 
 
 def _onehot_cumsum_permutation(labels: torch.Tensor, clusters: int) -> torch.Tensor:
@@ -141,7 +144,7 @@ def time_grouping(
         ),
         "graph_group_ms": _graph_median_ms(v, clusters, iters, repeats),
         "cache_bytes_per_layer": previous.nbytes,
-        "cache_bytes_per_layer_no_centroids": previous.nbytes - previous.centroids.numel() * 2,
+        "cache_bytes_per_layer_no_centroids": grouping.CompactGrouping(previous.labels, previous.counts).nbytes,
     }
     if compare_permutations:
         result["argsort_int64_ms"] = _median_ms(lambda: torch.argsort(labels.long(), dim=-1, stable=True), repeats)

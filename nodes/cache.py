@@ -8,11 +8,14 @@ A key that names the wrong layer can only cost fidelity, never correctness: any 
 and V together leaves the attention output unchanged, and the key's N and B make the shape match.
 
 What is stored is kernels.grouping.CompactGrouping: labels (1 byte per token with <= 256 clusters)
-+ counts, and fp16 centroids only while the grouping window may still warm-start from them.
++ counts, and the centroids only while the grouping window may still warm-start from them, as E4M3
+codes with a float32 scale per centroid (CompactGrouping.compact_centroids: a warm start only seeds
+the next step's first assignment).
 Memory for Wan2.2-14B at 720p with CFG (40 blocks, 40 heads, N = 75,600, cond and uncond): labels
 40 * 2 * 40 * 75,600 B = 242 MB; int32 counts (64 clusters) 40 * 2 * 40 * 64 * 4 B = 0.8 MB;
-centroids while inside the window (D = 128, fp16): 40 * 2 * 40 * 64 * 128 * 2 B = 52 MB; together
-295 MB (estimated_bytes, tested), and 243 MB after the window.
+centroids while inside the window (D = 128): 40 * 2 * 40 * 64 * (128 + 4) B = 27 MB; together
+270 MB (estimated_bytes, tested), and 243 MB after the window. With the fidelity preset's 128
+clusters: 298 MB inside the window (fp16 centroids would make it 348 MB).
 (int32 permutations instead of labels would be 968 MB.) Everything is freed when the run ends.
 
 Within a run the cache holds one entry per layer and branch: a new entry replaces every entry of
@@ -53,7 +56,7 @@ class GroupingCache:
         stale = [old for old in self._entries if key.replaces(old)]
         for old in stale:
             del self._entries[old]
-        self._entries[key] = grouping
+        self._entries[key] = grouping.compact_centroids()
         return len(stale)
 
     def drop_centroids(self) -> None:
@@ -77,7 +80,8 @@ def estimated_bytes(
 ) -> int:
     """Cache size for `blocks` layers x `branches` (cond/uncond) at batch 1, as CompactGrouping stores it."""
     label_bytes = 1 if clusters <= 256 else 2
-    per_head = tokens * label_bytes + clusters * 4 + (clusters * head_dim * 2 if with_centroids else 0)
+    # centroids as the cache keeps them (CompactGrouping.compact_centroids): E4M3 codes + a float32 scale
+    per_head = tokens * label_bytes + clusters * 4 + (clusters * (head_dim + 4) if with_centroids else 0)
     return blocks * branches * heads * per_head
 
 

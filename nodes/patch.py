@@ -202,7 +202,7 @@ class VCPatch:
         cached = self.cache.get(key)
         if cached is not None and not self._phase.grouping:
             return cached.perm()
-        warm = cached if cached is not None and cached.centroids is not None else None
+        warm = cached if cached is not None and cached.has_centroids else None
         grouping = group_tokens(v_bhnd, self.settings.clusters, self.settings.kmeans_iters, warm_start=warm)
         if not self._phase.grouping:
             grouping.drop_centroids()

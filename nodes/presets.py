@@ -22,10 +22,14 @@ which are our own H200 measurements):
   grouping at every step gains only 0.5 dB PSNR, with worse SSIM/LPIPS, at +30% attention time.
 - clusters / kmeans_iters: more clusters and iterations make the 128-token blocks of the permuted V
   more homogeneous (less residual energy to quantize) at a higher grouping cost, which is paid only
-  inside the grouping window. Every preset uses kernels/grouping.py's DEFAULT_CLUSTERS (chosen by
-  the grouping sweep, docs/grouping.md), which keeps the per-layer cache of Wan2.2-14B 720p + CFG
-  under 300 MB (nodes/cache.py); fidelity doubles DEFAULT_ITERS, which costs time only; speed runs one
-  iteration (emulated: +1.0% rel-L2 against two, docs/fidelity-study.md) for about half the k-means time.
+  inside the grouping window. Balanced uses kernels/grouping.py's defaults (64 x 2, the grouping
+  sweep of docs/grouping.md); speed runs one iteration (+0.4-0.8% rel-L2 on the H200, about 2/3 of the
+  grouping time); fidelity runs 128 clusters x 1 iteration, which on the H200 is both more faithful and faster
+  than the 64 x 4 it replaced: rel-L2 0.726x / 0.753x SageAttention 2.2's at 32,760 / 75,600 tokens
+  against 0.737x / 0.769x, grouping 6.5 ms against 8.1 ms at Wan2.2-14B 720p
+  (bench/results/nvidia-h200-preset-groupings.json, `python3 bench/grouping_fidelity_gpu.py`). Every
+  preset keeps the per-layer cache of Wan2.2-14B 720p + CFG under 300 MB (nodes/cache.py: 298 MB at
+  128 clusters, whose warm-start centroids the cache keeps as E4M3 codes).
 """
 from __future__ import annotations
 
@@ -48,8 +52,8 @@ PRESETS: dict[str, dict[str, object]] = {
         "v_smooth": True,
         "expcast": False,
         "grouping_window": 0.25,
-        "clusters": DEFAULT_CLUSTERS,
-        "kmeans_iters": 2 * DEFAULT_ITERS,
+        "clusters": 2 * DEFAULT_CLUSTERS,
+        "kmeans_iters": max(1, DEFAULT_ITERS // 2),
     },
     "balanced": {
         "precision": "int8-qk/fp8-pv",

@@ -166,6 +166,28 @@ def test_warm_start_uses_previous_centroids():
     assert torch.equal(zero.labels.long(), ref.kmeans_assign(v1, first.centroids.float()))
 
 
+def test_compact_centroids_keep_e4m3_codes_and_warm_start_from_their_decoded_values():
+    v0 = clustered_v(h=2, n=500, seed=0)
+    v1 = v0 + 0.1 * torch.randn(v0.shape, generator=torch.Generator().manual_seed(9))
+    first = grouping.group_tokens(v0, 12, 4)
+    full = first.centroids.float()
+    labels_bytes = first.labels.numel() + first.counts.numel() * 4
+    assert first.compact_centroids() is first and first.compact_centroids() is first  # idempotent
+    assert first.centroids.dtype == torch.float8_e4m3fn and first.centroid_scale.shape == (1, 2, 12, 1)
+    assert first.nbytes == labels_bytes + 1 * 2 * 12 * (32 + 4)
+    decoded = first.warm_centroids()
+    # per centroid: its largest coordinate is 448 * scale exactly, every coordinate within half an E4M3
+    # step (2^-4 relative) of the fp16 value, or within the subnormal spacing of the scale
+    amax = full.abs().amax(-1, keepdim=True)
+    torch.testing.assert_close(decoded.abs().amax(-1, keepdim=True), amax, rtol=1e-6, atol=0)
+    assert ((decoded - full).abs() <= full.abs() / 16 + first.centroid_scale * 2.0 ** -9).all()
+    assert not torch.equal(decoded, full)  # the rounding is real: the test below would see a no-op
+    zero = grouping.group_tokens(v1, 12, 0, warm_start=first, order_clusters=False)
+    assert torch.equal(zero.labels.long(), ref.kmeans_assign(v1, decoded))
+    assert first.drop_centroids().centroid_scale is None and first.warm_centroids() is None
+    assert first.nbytes == labels_bytes
+
+
 def test_warm_start_shape_mismatch_is_a_value_error():
     first = grouping.group_tokens(clustered_v(h=2, n=200), 8, 1)
     with pytest.raises(ValueError, match="warm start"):
