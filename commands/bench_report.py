@@ -130,7 +130,10 @@ def _comfyui_table(rows: list[dict]) -> list[str]:
            "|---|---|---|---|---|---|"]
     for r in rows:
         calls = ", ".join(f"{k} {v}" for k, v in sorted((r.get("backend_calls") or {}).items())) or "-"
-        out.append(f"| {COMFY_NAMES.get(r['mode'], r['mode'])} | {r['seconds']:.2f} | {r['x_default']:.2f} | "
+        name = COMFY_NAMES.get(r['mode'], r['mode'])
+        if r.get("preset"):  # rows saved since the worker records the preset's values as they ran
+            name += f" (grouping {r['preset']['clusters']} x {r['preset']['kmeans_iters']})"
+        out.append(f"| {name} | {r['seconds']:.2f} | {r['x_default']:.2f} | "
                    f"{_num(r['x_sage'], '.2f')} | {r['rel_l2_vs_default']:.4f} | {calls} |")
     return out
 

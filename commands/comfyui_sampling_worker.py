@@ -116,7 +116,18 @@ def main(comfy_path: str, mode: str, out_dir: str, steps: int, size: str = "wan1
         "mode": mode, "seconds": seconds, "steps": steps, "layers": widths["num_layers"],
         "tokens": latent_shape[2] * (latent_shape[3] // 2) * (latent_shape[4] // 2),
         "finite": bool(torch.isfinite(out).all()), "stats": stats[-1] if stats else None,
+        # the preset's widget values as they ran (a later preset change must not relabel this row)
+        "preset": _preset_values(mode),
     }, default=str))
+
+
+def _preset_values(mode: str):
+    """The node's widget values for a preset mode (None for ComfyUI's own attention modes)."""
+    if mode not in PRESETS:
+        return None
+    from vc_attention.nodes.presets import PRESETS as VALUES
+
+    return dict(VALUES[mode])
 
 
 if __name__ == "__main__":

@@ -39,7 +39,9 @@ def _doc():
         dict(comfy, mode="default", seconds=12.0, x_default=1.0, x_sage=0.6, rel_l2_vs_default=0.0, backend_calls=None),
         dict(comfy, mode="sage", seconds=7.2, x_default=1.67, x_sage=1.0, rel_l2_vs_default=0.028, backend_calls=None),
         dict(comfy, mode="speed", seconds=6.0, x_default=2.0, x_sage=1.2, rel_l2_vs_default=0.013,
-             backend_calls={"sm90": 480})])
+             backend_calls={"sm90": 480}),
+        dict(comfy, mode="fidelity", seconds=6.5, x_default=1.85, x_sage=1.1, rel_l2_vs_default=0.012,
+             backend_calls={"sm90": 480}, preset={"clusters": 128, "kmeans_iters": 1})])
     return doc
 
 
@@ -58,6 +60,8 @@ def test_every_section_renders_and_figures_follow_the_rows():
     assert "| VC-Attention **speed** (V-Smooth + ExpCast) | sm90 | 120.00 | 8 | 0.4 | 1.67 | 1.17 | 0.0012 |" in text
     assert "| VC-Attention **speed** (V-Smooth + ExpCast) | mma | 250.00 | 0.80 | 1.20 | 0.0025 |" in text
     assert "| VC-Attention node, speed | 6.00 | 2.00 | 1.20 | 0.0130 | sm90 480 |" in text
+    # a row that recorded its preset's values names its grouping
+    assert "| VC-Attention node, fidelity (grouping 128 x 1) | 6.50 | 1.85 | 1.10 | 0.0120 | sm90 480 |" in text
     assert "| vc-balanced | 2 | 5200 | 1.85 | 1.27 | 0.0110 |" in text
     changed = _doc()
     changed["sections"]["attention"]["rows"][3]["ms"] = 121.0

@@ -24,6 +24,10 @@ def test_every_mode_samples_and_reports():
     presets = [r for r in rows if r["mode"] in ("fidelity", "balanced", "speed")]
     for row in rows:
         assert row["finite"] and row["seconds"] > 0 and row["tokens"] == 4 * 8 * 8
+    # each preset row records the widget values it ran with (the report names its grouping from them)
+    from vc_attention.nodes.presets import PRESETS
+    assert all(row["preset"] == PRESETS[row["mode"]] for row in presets)
+    assert all(row["preset"] is None for row in rows if row not in presets)
     if gpu:
         for row in presets:
             assert sum((row["backend_calls"] or {}).get(name, 0) for name in ("sm90", "mma")) > 0, row
