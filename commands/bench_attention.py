@@ -5,7 +5,8 @@ Attention: per shape, every method of commands/bench_peers.py on the same random
 included, grouping excluded (a sampling run groups only inside its grouping window). Ratios are
 against cuDNN SDPA, SageAttention 2.2's `sageattn` and its portable kernel (fp32+fp16) of the same
 run. Fidelity: relative L2 against float64 exact attention on video-like data of a real token
-count (21 x 30 x 52 = 32,760 tokens, 2 heads, 1,024 sampled query rows), per head dim.
+count (21 x 30 x 52 = 32,760 tokens, 2 heads, 1,024 sampled query rows), per head dim, each mode with
+its preset's V-Smooth grouping (fidelity_grouping).
 
 Grouping: k-means (default clusters and iterations) + cluster ordering + permutation per shape,
 with its share of the speed-mode call measured in the same run.
@@ -22,6 +23,19 @@ def _ratio(base: float | None, ms: float) -> float | None:
     return None if base is None else base / ms
 
 
+def fidelity_grouping(method_name: str) -> tuple[int, int]:
+    """(clusters, iterations) of the V-Smooth grouping a method's rel-L2 is measured with: the preset a
+    user picks for that kernel mode (vc-fidelity: the fidelity preset; vc-speed: balanced, the default
+    preset that runs ExpCast; plain 8-bit and peers: kernels/grouping.py's defaults, which peers ignore)."""
+    from ..kernels import grouping
+    from ..nodes.presets import PRESETS
+
+    preset = {"vc-fidelity": "fidelity", "vc-speed": "balanced"}.get(method_name)
+    if preset is None:
+        return grouping.DEFAULT_CLUSTERS, grouping.DEFAULT_ITERS
+    return PRESETS[preset]["clusters"], PRESETS[preset]["kmeans_iters"]
+
+
 def _fidelity(methods, head_dim: int) -> dict[str, float]:
     """rel-L2 per method name (ours keyed 'name[backend]') on video-like data against float64."""
     import torch
@@ -31,13 +45,17 @@ def _fidelity(methods, head_dim: int) -> dict[str, float]:
 
     q, k, v = video_like_qkv(B=1, H=FIDELITY_HEADS, T=FIDELITY_GRID[0], Hgrid=FIDELITY_GRID[1],
                              Wgrid=FIDELITY_GRID[2], D=head_dim, dtype=torch.bfloat16, device="cuda")
-    perm = grouping.group_tokens(v, grouping.DEFAULT_CLUSTERS, grouping.DEFAULT_ITERS).perm()
+    perms = {}  # one grouping per (clusters, iterations) that some method uses
+    for m in methods:
+        g = fidelity_grouping(m.name)
+        if g not in perms:
+            perms[g] = grouping.group_tokens(v, *g).perm()
     rows = torch.randperm(q.shape[2], generator=torch.Generator().manual_seed(0))[:FIDELITY_ROWS].to("cuda")
     qd, kd, vd = q[:, :, rows].double(), k.double(), v.double()
     exact = torch.softmax(qd @ kd.transpose(-1, -2) / head_dim ** 0.5, dim=-1) @ vd
     out = {}
     for m in methods:
-        got = m.fn(q, k, v, perm)[:, :, rows].double()
+        got = m.fn(q, k, v, perms[fidelity_grouping(m.name)])[:, :, rows].double()
         out[_key(m)] = float((got - exact).norm() / exact.norm())
     return out
 
@@ -85,6 +103,8 @@ def attention_rows(shapes: dict, backend: str, reps: int, portable_shapes: set[s
                 x_cudnn=_ratio(times.get(CUDNN), ms), x_sageattn=_ratio(times.get(SAGE), ms),
                 x_sageattn_portable=_ratio(times.get(SAGE_PORTABLE), ms),
                 rel_l2_video_like=errors.get(d, {}).get(_key(m)),
+                # the V-Smooth grouping of that rel-L2 (our rows; peers take no permutation)
+                rel_l2_grouping=None if m.backend is None else "{} x {}".format(*fidelity_grouping(m.name)),
             ))
         speed_ms = times[f"vc-speed[{chosen}]"]
         groupings.append(dict(shape=name, B=b, H=h, N=n, D=d, clusters=grouping.DEFAULT_CLUSTERS,

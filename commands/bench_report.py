@@ -90,6 +90,15 @@ def _attention_tables(rows: list[dict], portable: bool) -> list[str]:
     return out
 
 
+def _fidelity_grouping_note(rows: list[dict]) -> list[str]:
+    """Which V-Smooth grouping each of our modes' rel-L2 was measured with (rows saved since it is recorded)."""
+    seen = dict.fromkeys((r["method"], r["rel_l2_grouping"]) for r in rows if r.get("rel_l2_grouping"))
+    if not seen:
+        return []
+    return ["", "rel-L2 grouping (k-means clusters x iterations, each mode's preset): " +
+            ", ".join(f"{_name(method)} {g}" for method, g in seen) + "."]
+
+
 def _grouping_table(rows: list[dict]) -> list[str]:
     out = ["| shape | clusters x iterations | grouping ms | speed-mode call ms | share of the call |", "|---|---|---|---|---|"]
     return out + [f"| {r['shape']} (B{r['B']} H{r['H']} N{r['N']:,} D{r['D']}) | {r['clusters']} x {r['iters']} | "
@@ -155,7 +164,7 @@ def render_benchmarks(docs: dict[str, dict]) -> str:
         sections, gpu = doc["sections"], next(iter(doc["sections"].values()))["env"]["gpu"]
         if "attention" in sections:
             rows = sections["attention"]["rows"]
-            lines += ["", f"## Attention kernels on {gpu}"] + _attention_tables(rows, portable=False)
+            lines += ["", f"## Attention kernels on {gpu}"] + _fidelity_grouping_note(rows) + _attention_tables(rows, portable=False)
             if any(r["portable"] for r in rows):
                 lines += ["", f"## Portable kernels (the RTX 40/50 path), measured on {gpu} as a proxy",
                           "", "Our `mma` backend and SageAttention 2.2's sm89 kernel, both built for this GPU."]

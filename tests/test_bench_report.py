@@ -20,7 +20,9 @@ def _doc():
     doc = bench_results.empty()
     rows = [_attention_row("sdpa-cudnn", 200.0), _attention_row("sageattn-2.2", 140.0),
             _attention_row("sageattn-2.2-portable-fp16acc", 300.0, portable=True),
-            _attention_row("vc-speed", 120.0, backend="sm90"), _attention_row("vc-speed", 250.0, backend="mma", portable=True)]
+            _attention_row("vc-speed", 120.0, backend="sm90"), _attention_row("vc-speed", 250.0, backend="mma", portable=True),
+            dict(_attention_row("vc-fidelity", 130.0, backend="sm90"), rel_l2_grouping="128 x 1")]
+    rows[3]["rel_l2_grouping"] = rows[4]["rel_l2_grouping"] = "64 x 2"
     bench_results.merge(doc, "attention", ENV, rows)
     bench_results.merge(doc, "grouping", ENV, [dict(shape="wan22-14b-720p", B=1, H=40, N=75600, D=128, clusters=64,
                                                     iters=2, ms=6.0, speed_call_ms=120.0, share_of_speed_call=0.05)])
@@ -60,6 +62,9 @@ def test_every_section_renders_and_figures_follow_the_rows():
     assert "| VC-Attention **speed** (V-Smooth + ExpCast) | sm90 | 120.00 | 8 | 0.4 | 1.67 | 1.17 | 0.0012 |" in text
     assert "| VC-Attention **speed** (V-Smooth + ExpCast) | mma | 250.00 | 0.80 | 1.20 | 0.0025 |" in text
     assert "| VC-Attention node, speed | 6.00 | 2.00 | 1.20 | 0.0130 | sm90 480 |" in text
+    # rows that recorded the grouping of their rel-L2 say it, once per mode
+    assert ("rel-L2 grouping (k-means clusters x iterations, each mode's preset): VC-Attention **speed** (V-Smooth + "
+            "ExpCast) 64 x 2, VC-Attention **fidelity** (V-Smooth) 128 x 1.") in text
     # a row that recorded its preset's values names its grouping
     assert "| VC-Attention node, fidelity (grouping 128 x 1) | 6.50 | 1.85 | 1.10 | 0.0120 | sm90 480 |" in text
     assert "| vc-balanced | 2 | 5200 | 1.85 | 1.27 | 0.0110 |" in text
@@ -133,3 +138,15 @@ def test_multi_gpu_needs_that_many_gpus(monkeypatch):
     assert cli.main(["bench", "--e2e", "--gpus", "2"]) == 2
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["bench", "--gpus", "x"])
+
+
+def test_each_mode_is_measured_with_its_presets_grouping():
+    from vc_attention.commands.bench_attention import fidelity_grouping
+    from vc_attention.kernels import grouping
+    from vc_attention.nodes.presets import PRESETS
+
+    assert fidelity_grouping("vc-fidelity") == (PRESETS["fidelity"]["clusters"], PRESETS["fidelity"]["kmeans_iters"])
+    assert fidelity_grouping("vc-speed") == (PRESETS["balanced"]["clusters"], PRESETS["balanced"]["kmeans_iters"])
+    assert fidelity_grouping("vc-plain8") == fidelity_grouping("sageattn-2.2") == (grouping.DEFAULT_CLUSTERS,
+                                                                                    grouping.DEFAULT_ITERS)
+    assert fidelity_grouping("vc-fidelity") != fidelity_grouping("vc-speed")  # the presets do differ today
