@@ -38,6 +38,21 @@ TINY_WAN = dict(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=
                 qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=64)
 
 
+def _give_cp_logger_warning_once() -> None:
+    """diffusers 0.42's context-parallel hook warns through `logger.warning_once` when an input has
+    other dims than its plan expects (Wan's plan expects a 2-D per-token timestep; Wan 2.1 passes a 1-D
+    one). Only transformers defines that method (on logging.Logger, when imported); without it the
+    warning raises AttributeError inside the forward. This worker is its own process, so it gives that
+    one logger the method instead of importing transformers."""
+    import functools
+
+    from diffusers.hooks import context_parallel
+
+    log = context_parallel.logger
+    if not hasattr(log, "warning_once"):
+        log.warning_once = functools.lru_cache(maxsize=None)(log.warning)
+
+
 def _build(model: str, layers: int, device: str, dtype: torch.dtype):
     if model == "wan14b":
         from .bench_e2e import build_model
@@ -126,6 +141,7 @@ def main(argv=None) -> None:
 
     from diffusers import ContextParallelConfig
 
+    _give_cp_logger_warning_once()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if args.device == "cuda":
         torch.cuda.set_device(rank)

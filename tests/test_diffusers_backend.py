@@ -22,6 +22,7 @@ from vc_attention.integrations.diffusers_config import VCDiffusersConfig  # noqa
 from vc_attention.kernels import backends  # noqa: E402
 from vc_attention.kernels.api import BACKEND_CALLS  # noqa: E402
 from vc_attention.nodes.cache import LayerKey  # noqa: E402
+from vc_attention.nodes.presets import PRESETS  # noqa: E402
 
 GATE = 1e-3
 
@@ -161,7 +162,15 @@ def test_the_enum_extension_is_idempotent_on_a_fresh_enum():
 
 
 def test_config_presets_and_validation():
-    assert VCDiffusersConfig(mode="fidelity").iters == 2 * VCDiffusersConfig(mode="balanced").iters
+    # Each mode takes its grouping from the node's preset table (one source for both hosts) ...
+    for mode in ("fidelity", "balanced", "speed"):
+        config = VCDiffusersConfig(mode=mode)
+        assert (config.num_clusters, config.iters) == (PRESETS[mode]["clusters"], PRESETS[mode]["kmeans_iters"])
+        assert config.window == PRESETS[mode]["grouping_window"]
+    # ... fidelity groups finer than speed, and an explicit value overrides the preset.
+    assert VCDiffusersConfig(mode="fidelity").num_clusters > VCDiffusersConfig(mode="speed").num_clusters
+    assert VCDiffusersConfig(mode="fidelity", clusters=16, kmeans_iters=3).num_clusters == 16
+    assert VCDiffusersConfig(mode="fidelity", clusters=16, kmeans_iters=3).iters == 3
     assert VCDiffusersConfig(mode="speed").kernel_config.p == "expcast"
     assert VCDiffusersConfig(grouping_window=0.5).window == 0.5
     with pytest.raises(ValueError, match="mode must be one of"):
