@@ -24,6 +24,10 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     # wide + the V-Smooth mean restore once per 128-key tile instead of per 64-key chunk
     "wide-restoretile": ("-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1"),
     "wide-pvf16mma-restoretile": ("-DVC_MMA_WIDE=1", "-DVC_MMA_PV_F16=2", "-DVC_MMA_RESTORE_PER_TILE=1"),
+    # the cp.async copies with lanes along the rows (whole 32-byte sectors per warp instruction)
+    "wide-coalesced": ("-DVC_MMA_WIDE=1", "-DVC_MMA_COALESCED_COPY=1"),
+    "wide-pvf16mma-restoretile-coalesced": ("-DVC_MMA_WIDE=1", "-DVC_MMA_PV_F16=2", "-DVC_MMA_RESTORE_PER_TILE=1",
+                                            "-DVC_MMA_COALESCED_COPY=1"),
 }
 
 

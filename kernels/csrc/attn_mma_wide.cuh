@@ -82,16 +82,39 @@ struct WideSmem {
 // memory. Each thread copies a run of consecutive 16-byte chunks of ONE row, so its addresses are
 // one global pointer and one shared offset plus immediates: the loop-invariant per-copy 64-bit
 // addresses of load_tile_async's strided split cost registers the wide kernel does not have.
+//
+// VC_MMA_COALESCED_COPY=1 maps the lanes along the rows instead: copy c of thread t is chunk
+// t % kChunksPerRow of row c * kRowsPerCopy + t / kChunksPerRow, so one warp instruction reads whole
+// rows (4 rows of 128 B, or 8 of 64 B: full 32-byte sectors). The run mapping above makes each
+// instruction read half of 32 sectors (the two 16-byte halves of a sector belong to different
+// copies), i.e. every sector is requested from L2 twice. The swizzle only uses row bits below
+// kRowsPerCopy, so the shared offsets stay one register plus immediates; the global offset of copy
+// c is c * kRowsPerCopy * src_stride (an immediate for K and Q, one add per copy for V).
+#ifndef VC_MMA_COALESCED_COPY
+#define VC_MMA_COALESCED_COPY 0
+#endif
 template <int kRowBytes, int kRows, bool kKeyRows = false>
 __device__ __forceinline__ void load_rows_async(uint32_t dst, const uint8_t* src, int64_t src_stride) {
   constexpr int kChunksPerRow = kRowBytes / 16;
   constexpr int kRun = kRows * kChunksPerRow / kAttnThreads;  // chunks per thread
   static_assert(kRun >= 1 && kChunksPerRow % kRun == 0, "each thread copies whole runs within one row");
-  constexpr int kThreadsPerRow = kChunksPerRow / kRun;
-  const int row = threadIdx.x / kThreadsPerRow, first = (threadIdx.x % kThreadsPerRow) * kRun;
-  const uint8_t* row_src = src + row * src_stride + first * 16;
+  if constexpr (VC_MMA_COALESCED_COPY) {
+    constexpr int kRowsPerCopy = kAttnThreads / kChunksPerRow;  // 16 rows of 128 B, 32 of 64 B
+    // swizzled() mixes row bits 0-3 at most: rows r and r + kRowsPerCopy share a pattern
+    static_assert(kRowsPerCopy % 16 == 0, "the swizzle must repeat every kRowsPerCopy rows");
+    const int row = threadIdx.x / kChunksPerRow, chunk = threadIdx.x % kChunksPerRow;
+    const uint32_t dst0 = dst + swizzled<kRowBytes, kKeyRows>(row, chunk);
+    const uint8_t* src0 = src + row * src_stride + chunk * 16;
 #pragma unroll
-  for (int c = 0; c < kRun; ++c) cp_async_16(dst + swizzled<kRowBytes, kKeyRows>(row, first + c), row_src + c * 16);
+    for (int c = 0; c < kRun; ++c)
+      cp_async_16(dst0 + c * kRowsPerCopy * kRowBytes, src0 + int64_t(c) * kRowsPerCopy * src_stride);
+  } else {
+    constexpr int kThreadsPerRow = kChunksPerRow / kRun;
+    const int row = threadIdx.x / kThreadsPerRow, first = (threadIdx.x % kThreadsPerRow) * kRun;
+    const uint8_t* row_src = src + row * src_stride + first * 16;
+#pragma unroll
+    for (int c = 0; c < kRun; ++c) cp_async_16(dst + swizzled<kRowBytes, kKeyRows>(row, first + c), row_src + c * 16);
+  }
 }
 
 template <int D, bool kQkFp8, bool kExpCast, bool kVSmooth>
