@@ -1,0 +1,168 @@
+"""ncu side by side: our attention kernels against SageAttention 2.2's, one launch each, same inputs.
+
+Time alone says who is faster; this says why (issue slots, stall reasons, occupancy, L2 traffic).
+It re-runs itself under Nsight Compute, launches exactly one attention kernel per target inside the
+profiled process, and turns ncu's CSV into one table (rows = metrics, columns = targets):
+
+  python3 bench/kernel_profile.py --shape wan21-1.3b-480p \\
+      --targets sa-portable,mma:wide:plain8,mma:wide:speed,mma:wide-coalesced:speed,sa-sm90,sm90:speed
+
+Targets: `sa-portable` (SageAttention 2.2's mma.sync kernel, fp32+fp16, what RTX 40/50 users run),
+`sa-sm90` (its Hopper kernel: `sageattn`), `mma:<variant>:<mode>` (our portable kernel, a build of
+kernels/mma_variants.py), `sm90:<mode>` (our Hopper kernel); modes fidelity, speed, plain8. Only the
+attention kernels are profiled (the kernel-name filter below): quantization and prepare are not.
+Writes kernel_profile.json and the raw ncu CSV under --out (default $OUT or bench/results). GPU only;
+needs `ncu` on PATH and, for the sa-* targets, `sageattention` importable.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+SHAPES = {"wan21-1.3b-480p": (1, 12, 32760, 128), "wan22-14b-720p": (1, 40, 75600, 128), "d64": (1, 32, 32768, 64),
+          "ltx-video": (1, 32, 6144, 64)}
+# the attention kernels only: ours (portable 16-row and wide, Hopper) and SageAttention 2.2's
+KERNELS = "regex:attn_mma_kernel|attn_mma_wide_kernel|vc_attention_sm90_kernel|qk_int_sv_f8_attn_kernel|qk_int8_sv_f8_attn_kernel"
+SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "SchedulerStats", "WarpStateStats", "ComputeWorkloadAnalysis",
+            "MemoryWorkloadAnalysis", "InstructionStats")
+# metric names as ncu's details page prints them (a name ncu does not print is left blank in the table)
+TABLE = ("Duration", "Registers Per Thread", "Achieved Occupancy", "Executed Instructions", "Issue Slots Busy",
+         "Issued Warp Per Scheduler", "Eligible Warps Per Scheduler", "Active Warps Per Scheduler",
+         "Warp Cycles Per Issued Instruction", "Compute (SM) Throughput", "Memory Throughput", "L2 Hit Rate",
+         "L1/TEX Hit Rate", "Executed Ipc Active")
+MODES = ("fidelity", "speed", "plain8")
+
+
+def parse_target(text: str) -> tuple[str, str, str]:
+    """'mma:wide:speed' -> ('mma', 'wide', 'speed'); 'sm90:speed' -> ('sm90', '', 'speed'); 'sa-portable' -> ('sa-portable', '', '')."""
+    parts = text.split(":")
+    if parts[0] in ("sa-portable", "sa-sm90") and len(parts) == 1:
+        return parts[0], "", ""
+    if parts[0] == "mma" and len(parts) == 3 and parts[2] in MODES:
+        from vc_attention.kernels import mma_variants
+
+        mma_variants.flags(parts[1])  # ValueError names the known variants
+        return "mma", parts[1], parts[2]
+    if parts[0] == "sm90" and len(parts) == 2 and parts[1] in MODES:
+        return "sm90", "", parts[1]
+    raise ValueError(f"unknown target {text!r}: sa-portable, sa-sm90, mma:<variant>:<mode> or sm90:<mode> "
+                     f"(modes {', '.join(MODES)})")
+
+
+def launch_targets(shape: tuple[int, int, int, int], targets: list[str]) -> None:
+    """In the profiled process: build everything first, then one attention launch per target, in order."""
+    import torch
+
+    from vc_attention.kernels import backend_mma, backend_sm90, mma_variants
+    from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED
+    from vc_attention.kernels.prepare_cuda import prepare_cuda
+
+    configs = {"fidelity": FIDELITY, "speed": SPEED, "plain8": PLAIN_8BIT}
+    b, h, n, d = shape
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v = (torch.randn(shape, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(3))
+    perm = torch.argsort(torch.rand(b, h, n, device="cuda", generator=gen), dim=-1).to(torch.int32)
+    calls = []
+    for text in targets:
+        kind, variant, mode = parse_target(text)
+        if kind.startswith("sa-"):
+            import sageattention
+            from sageattention.core import sageattn_qk_int8_pv_fp8_cuda
+
+            fn = ((lambda: sageattn_qk_int8_pv_fp8_cuda(q, k, v, tensor_layout="HND", pv_accum_dtype="fp32+fp16"))
+                  if kind == "sa-portable" else (lambda: sageattention.sageattn(q, k, v, tensor_layout="HND")))
+        else:
+            config = configs[mode]
+            ops = prepare_cuda(q, k, v, perm if config.v == "vsmooth" else None, config)
+            out = torch.empty_like(q)
+            if kind == "mma":
+                flags = mma_variants.flags(variant)
+                backend_mma.extension(flags)  # the JIT build happens here, not inside the profiled launch
+
+                def fn(ops=ops, config=config, out=out, flags=flags):
+                    backend_mma.attention_from_operands(ops, config, out, "bhnd", variant_flags=flags)
+            else:
+                backend_sm90.extension()
+
+                def fn(ops=ops, config=config, out=out):
+                    backend_sm90.attention_from_operands(ops, config, out, "bhnd")
+        calls.append(fn)
+    torch.cuda.synchronize()
+    for fn in calls:  # one attention kernel each: ncu numbers its results in this order
+        fn()
+    torch.cuda.synchronize()
+
+
+def parse_ncu_csv(text: str) -> list[dict[str, str]]:
+    """ncu --csv --page details output -> one {metric name: 'value unit'} dict per profiled launch (in order)."""
+    start = text.find('"ID"')
+    if start < 0:
+        return []
+    launches: dict[str, dict[str, str]] = {}
+    for row in csv.DictReader(io.StringIO(text[start:])):
+        if not row.get("ID", "").isdigit() or row.get("Metric Name") is None:
+            continue  # a line the profiled process printed between ncu's rows
+        launch = launches.setdefault(row["ID"], {"Kernel Name": row.get("Kernel Name", "")})
+        unit = row.get("Metric Unit") or ""
+        launch[row["Metric Name"]] = f"{row['Metric Value']} {unit}".strip()
+    return [launches[key] for key in sorted(launches, key=int)]
+
+
+def profile(args) -> int:
+    ncu = shutil.which("ncu")
+    if ncu is None:
+        raise SystemExit("ncu (Nsight Compute) is not on PATH")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [ncu, "--csv", "--page", "details", "--kernel-name", KERNELS, "--launch-count", str(len(args.targets)),
+           *[x for s in SECTIONS for x in ("--section", s)],
+           sys.executable, __file__, "--launch", "--shape", args.shape, "--targets", ",".join(args.targets)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ), check=False)
+    (out_dir / "kernel_profile_ncu.csv").write_text(done.stdout)
+    (out_dir / "kernel_profile_ncu.log").write_text(done.stderr)
+    launches = parse_ncu_csv(done.stdout)
+    if done.returncode != 0 or len(launches) != len(args.targets):
+        print(done.stderr[-3000:])
+        raise SystemExit(f"ncu exit {done.returncode}, {len(launches)} kernels profiled for {len(args.targets)} targets "
+                         f"(raw output in {out_dir})")
+    result = dict(shape=args.shape, dims=SHAPES[args.shape], command=" ".join(sys.argv), sections=list(SECTIONS),
+                  targets={t: m for t, m in zip(args.targets, launches)})
+    (out_dir / "kernel_profile.json").write_text(json.dumps(result, indent=1))
+    width = max(12, *(len(t) for t in args.targets))
+    print(f"{args.shape} {SHAPES[args.shape]}")
+    print(f"{'metric':36s} " + " ".join(f"{t:>{width}s}" for t in args.targets))
+    for name in TABLE:
+        print(f"{name:36s} " + " ".join(f"{m.get(name, ''):>{width}s}" for m in launches))
+    print("kernels: " + "; ".join(f"{t} = {m['Kernel Name'][:60]}" for t, m in zip(args.targets, launches)))
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="wan21-1.3b-480p", choices=sorted(SHAPES))
+    parser.add_argument("--targets", default="sa-portable,mma:wide:plain8,mma:wide:speed,sa-sm90,sm90:speed",
+                        help="comma-separated: sa-portable, sa-sm90, mma:<variant>:<mode>, sm90:<mode>")
+    parser.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
+    parser.add_argument("--launch", action="store_true", help=argparse.SUPPRESS)  # the process ncu profiles
+    args = parser.parse_args(argv)
+    args.targets = [t for t in args.targets.split(",") if t]
+    for target in args.targets:
+        try:
+            parse_target(target)
+        except ValueError as err:
+            parser.error(str(err))
+    if args.launch:
+        launch_targets(SHAPES[args.shape], args.targets)
+        return 0
+    return profile(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,54 @@
+"""bench/kernel_profile.py without a GPU: its target names and the parsing of ncu's CSV.
+
+The profile itself runs on the GPU machine (docs/kernel-notes.md section 16); what can go wrong
+off it is a target list that names a variant that does not exist, or ncu rows read into the wrong
+column or the wrong launch, which would put one kernel's figures under another's name.
+"""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+PATH = Path(__file__).resolve().parent.parent / "bench" / "kernel_profile.py"
+
+
+@pytest.fixture(scope="module")
+def kp():
+    spec = importlib.util.spec_from_file_location("kernel_profile", PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_targets(kp):
+    assert kp.parse_target("sa-portable") == ("sa-portable", "", "")
+    assert kp.parse_target("mma:wide-coalesced:speed") == ("mma", "wide-coalesced", "speed")
+    assert kp.parse_target("sm90:fidelity") == ("sm90", "", "fidelity")
+    for bad in ("mma:nosuch:speed", "mma:wide:fast", "sm90", "sa-sm90:speed", "cudnn"):
+        with pytest.raises(ValueError):
+            kp.parse_target(bad)
+
+
+def test_a_bad_target_is_a_usage_error(kp, capsys):
+    with pytest.raises(SystemExit):
+        kp.main(["--targets", "mma:nosuch:speed"])
+    assert "unknown" in capsys.readouterr().err
+
+
+HEADER = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Section Name","Metric Name","Metric Unit","Metric Value"\n'
+
+
+def _row(launch, kernel, metric, unit, value):
+    return f'"{launch}","1","python3","h","{kernel}","1","7","S","{metric}","{unit}","{value}"\n'
+
+
+def test_ncu_csv_is_grouped_per_launch_in_launch_order(kp):
+    text = ("==PROF== Connected to process 1\nsomething the process printed\n" + HEADER
+            + _row(1, "attn_mma_wide_kernel", "Duration", "ms", "24.1") + _row(0, "qk_int_sv_f8_attn_kernel", "Duration", "ms", "18.3")
+            + _row(0, "qk_int_sv_f8_attn_kernel", "Issue Slots Busy", "%", "61.2") + "==PROF== Disconnected\n"
+            + _row(1, "attn_mma_wide_kernel", "Registers Per Thread", "register/thread", "255"))
+    launches = kp.parse_ncu_csv(text)
+    assert [m["Kernel Name"] for m in launches] == ["qk_int_sv_f8_attn_kernel", "attn_mma_wide_kernel"]
+    assert launches[0] == {"Kernel Name": "qk_int_sv_f8_attn_kernel", "Duration": "18.3 ms", "Issue Slots Busy": "61.2 %"}
+    assert launches[1]["Registers Per Thread"] == "255 register/thread" and launches[1]["Duration"] == "24.1 ms"
+    assert kp.parse_ncu_csv("==PROF== no kernels were profiled\n") == []
