@@ -28,6 +28,11 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "wide-coalesced": ("-DVC_MMA_WIDE=1", "-DVC_MMA_COALESCED_COPY=1"),
     "wide-pvf16mma-restoretile-coalesced": ("-DVC_MMA_WIDE=1", "-DVC_MMA_PV_F16=2", "-DVC_MMA_RESTORE_PER_TILE=1",
                                             "-DVC_MMA_COALESCED_COPY=1"),
+    # FP8 mma.sync as two chained f16 MMAs (sm_90a / sm_100a have no FP8 mma.sync: ptxas's own
+    # lowering adds each MMA's incoming accumulator with separate FADDs); slower where QMMA is native
+    "wide-viaf16": ("-DVC_MMA_WIDE=1", "-DVC_MMA_E4M3_VIA_F16=1"),
+    "wide-restoretile-coalesced-viaf16": ("-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1", "-DVC_MMA_COALESCED_COPY=1",
+                                          "-DVC_MMA_E4M3_VIA_F16=1"),
 }
 
 

@@ -21,8 +21,11 @@ SOURCES = sorted(p for p in jit.CSRC_DIR.glob("*.cu") if not p.name.startswith("
 ATTN_SOURCES = ("attn_mma_d64.cu", "attn_mma_d128.cu")
 # the PV-accumulation variants (issue 12) target the GeForce parts too: sm_89, sm_120a and the H200 proxy
 PV_ARCHS = ("8.9", "9.0a", "12.0a")
+# the FP8-MMA-through-f16 variants are for the archs without FP8 mma.sync: the H200 proxy and the B200
+VIA_F16_ARCHS = ("9.0a", "10.0a")
 VARIANT_BUILDS = [(name, arch) for name in mma_variants.VARIANTS if name != "rows16"
-                  for arch in (ARCHS if name == "wide" else PV_ARCHS if "pv" in name or "restore" in name else ("9.0a",))]
+                  for arch in (ARCHS if name == "wide" else VIA_F16_ARCHS if "viaf16" in name
+                               else PV_ARCHS if "pv" in name or "restore" in name else ("9.0a",))]
 # ptxas spill stores per int8-QK kernel of a wide build (bytes): D=128 sits at the 255-register cap
 # and ptxas spills a few L1-resident words there (docs/kernel-notes.md sec. 10 and 13); a variant
 # above this has moved the working set into local memory and would not be worth timing. The exact

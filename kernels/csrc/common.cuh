@@ -117,13 +117,52 @@ __device__ __forceinline__ void mma_s8(int (&d)[4], const uint32_t (&a)[4], uint
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// VC_MMA_E4M3_VIA_F16=1: mma_e4m3 as two m16n8k16 f16 MMAs on unpacked operands, the fp32 accumulator
+// chained through both. sm_90a and sm_100a have no FP8 mma.sync: ptxas lowers each one to the same
+// unpacks and two HMMA.16816.F32, but starts the HMMAs from zero and adds the incoming C with four FADD
+// (docs/kernel-notes.md sec. 16: ~270 of the ~1400 instructions of a wide D=128 chunk at sm_90a).
+// Every E4M3 value is exact in fp16, so only the accumulation's rounding differs (the tensor core's
+// fp32 accumulate instead of one IEEE add per MMA). On sm_89 / sm_120a (native QMMA) it is slower.
+#ifndef VC_MMA_E4M3_VIA_F16
+#define VC_MMA_E4M3_VIA_F16 0
+#endif
+
+// The two bytes pairs of an e4m3x4 register as two f16x2: lo = bytes 0,1 (byte 0 in the low half), hi = bytes 2,3.
+__device__ __forceinline__ void e4m3x4_to_f16x2x2(uint32_t x, uint32_t& lo, uint32_t& hi) {
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(x));
+}
+
+// D = A(16x16 f16, row) * B(16x8 f16, col) + C, float accumulate
+__device__ __forceinline__ void mma_f16_k16_f32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 // D = A(16x32 e4m3, row) * B(32x8 e4m3, col) + C, float accumulate
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  if constexpr (VC_MMA_E4M3_VIA_F16) {
+    // The 8-bit fragment gives thread t the keys 4t..4t+3 (+16 in a[2], a[3], b1); the f16 one the
+    // slots 2t, 2t+1 (registers 0, 1) and 2t+8, 2t+9 (2, 3). Keys 4t, 4t+1 go to the first slot pair and
+    // 4t+2, 4t+3 to the second, in A and B alike: every key meets its own B row, so the sum is the same.
+    uint32_t a_lo[4], a_hi[4], b0_lo, b0_hi, b1_lo, b1_hi;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) e4m3x4_to_f16x2x2(a[i], a_lo[i], a_hi[i]);
+    e4m3x4_to_f16x2x2(b0, b0_lo, b0_hi);
+    e4m3x4_to_f16x2x2(b1, b1_lo, b1_hi);
+    mma_f16_k16_f32(d, a_lo[0], a_lo[1], a_hi[0], a_hi[1], b0_lo, b0_hi);  // keys 0..15
+    mma_f16_k16_f32(d, a_lo[2], a_lo[3], a_hi[2], a_hi[3], b1_lo, b1_hi);  // keys 16..31
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
 }
 
 // D = A(16x32 e4m3, row) * B(32x8 e4m3, col) + C, fp16 accumulate (PTX: sm_89+). d[0] holds row g,
