@@ -8,6 +8,10 @@
 #         grouping bench/grouping_bench.py: the torch k-means path vs the fused kernels, share of a speed call
 #         comfyui `vc-attention bench --comfyui PATH --save`: sampling in real ComfyUI, default attention vs
 #                 `--use-sage-attention` vs our node's presets
+#         variants (not in the default list) the portable kernel's build-time variants side by side with
+#                 SageAttention 2.2's portable kernel (bench/mma_variants.py; $MMA_VARIANTS), then one ncu
+#                 launch per kernel of $PROFILE_TARGETS (bench/kernel_profile.py; ncu on PATH): the JSON
+#                 files come back in $OUT, the raw ncu CSV in logs.tgz
 # Each --save rewrites its sections of bench/results/<gpu>.json, then BENCHMARKS.md and the README
 # headline (`vc-attention bench --all --save` does bench + e2e + comfyui in one process).
 # Run from the repo root on the GPU machine. Peers and optional packages travel in .whl/ (ignored by
@@ -57,12 +61,17 @@ for stage in $stages; do
     comfyui)
       if [ -n "${COMFYUI_PATH:-}" ]; then step comfyui 300 python3 -m vc_attention.cli bench --comfyui "$COMFYUI_PATH" --save
       else echo "[comfyui] skipped: no ComfyUI checkout (.comfy/ or COMFYUI_PATH)" | tee -a "$OUT/steps.txt"; fi ;;
-    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui)"; exit 2 ;;
+    variants)
+      step mma_variants 420 python3 bench/mma_variants.py --reps 3 --out "$OUT" \
+        --variants "${MMA_VARIANTS:-rows16,wide,wide-coalesced,wide-viaf16,wide-restoretile-coalesced-viaf16,wide-pvf16mma-restoretile-coalesced}"
+      step kernel_profile 240 python3 bench/kernel_profile.py --shape wan21-1.3b-480p --out "$OUT" \
+        --targets "${PROFILE_TARGETS:-sa-portable,mma:wide:plain8,mma:wide-viaf16:plain8,mma:wide-viaf16:speed,sa-sm90,sm90:speed,sm90:fidelity}" ;;
+    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants)"; exit 2 ;;
   esac
 done
 tail -n 4 "$OUT"/*.log
 # at most 8 files come back from a device call: the results, the two rendered docs, one log archive
 GPU_RESULTS=$(python3 -c "from vc_attention.commands.bench_results import results_path; import torch; print(results_path(torch.cuda.get_device_name()))")
 cp "$GPU_RESULTS" BENCHMARKS.md README.md "$OUT/" 2>/dev/null
-(cd "$OUT" && tar czf logs.tgz ./*.log ./*.xml env.txt 2>/dev/null && rm -f ./*.log ./*.xml env.txt)
+(cd "$OUT" && shopt -s nullglob && files=(./*.log ./*.xml ./*.csv env.txt) && tar czf logs.tgz "${files[@]}" && rm -f "${files[@]}")
 cat "$OUT/steps.txt"

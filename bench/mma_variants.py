@@ -13,6 +13,7 @@ fast time. Writes mma_variants.json to --out (default $OUT or bench/results) and
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 from pathlib import Path
@@ -84,8 +85,10 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
-    for variant in variants:
-        backend_mma.extension(mma_variants.flags(variant))  # build all first: the timing loop never compiles
+    # build all first, side by side (each JIT build has its own directory and lock): the timing loop never compiles
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(variants)) as pool:
+        for build in [pool.submit(backend_mma.extension, mma_variants.flags(v)) for v in variants]:
+            build.result()
     sage = sage_portable()
     rows: list[dict] = []
     for shape in args.shapes.split(","):
