@@ -6,6 +6,7 @@ max), plus the previous spec (Q per 64 rows, integer running offset M = ceil(max
 - Q scale per 64 rows, per 16 rows and per thread group (rows g and g+8 of each 16-row MMA tile);
 - K scale per 32 keys;
 - V residual scale per 128-key block and channel instead of per channel over all tokens;
+- V-Smooth block means per 64 or 32 rows instead of per 128 (residual scale per channel as the spec);
 - P range: the other row max (448 for exp2 + cast, 256 for the ExpCast chord);
 - integer running row offset (ceil of the running max) instead of the exact max.
 Data: video-like Q/K/V (study/videodata.py) and random Gaussian Q/K/V (V with channel offsets),
@@ -56,7 +57,7 @@ class Knobs:
     p: str = "exp2"
     q_groups: str = "1"  # rows per scale ("1": the spec), or "thread" (rows g, g+8 of each 16)
     k_block: int = 128
-    v_scale: str = "channel"  # or "block" (per 128-key block and channel)
+    v_scale: str = "channel"  # or "block" (per 128-key block and channel), "mean64" / "mean32" (V-Smooth means per 64 / 32 rows)
     p_max: int = 0  # 0: the spec's row max of the encoding (SPEC_P_MAX)
     offset: str = "exact"  # or "integer" (ceil of the running max: the previous spec)
     label: str = field(default="", compare=False)
@@ -75,6 +76,8 @@ def knob_rows(p: str) -> list[Knobs]:
     rows.append(Knobs(p=p, offset="integer", label=f"{p}: integer running offset (ceil)"))
     rows.append(Knobs(p=p, k_block=32, label=f"{p}: K scale per 32 keys"))
     rows.append(Knobs(p=p, v_scale="block", label=f"{p}: V residual scale per block x channel"))
+    for rows_per_mean in (64, 32):
+        rows.append(Knobs(p=p, v_scale=f"mean{rows_per_mean}", label=f"{p}: V-Smooth means per {rows_per_mean} rows"))
     other = 448 if SPEC_P_MAX[p] == 256 else 256
     rows.append(Knobs(p=p, p_max=other, label=f"{p}: row max at {other}"))
     return rows
@@ -114,6 +117,14 @@ def v_hat_block_scale(v_perm: torch.Tensor) -> torch.Tensor:
     scale = ref.expand_rows(amax / ref.E4M3_MAX, ref.V_BLOCK, n)
     inv = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
     return ref.fp8_e4m3(resid * inv) * scale + mean
+
+
+def v_hat_mean_rows(v_perm: torch.Tensor, rows: int) -> torch.Tensor:
+    """V-Smooth with the block means over `rows` rows instead of V_BLOCK (fp16 means, residual scale
+    per channel, as reference.quantize_v_vsmooth otherwise)."""
+    mean = ref.expand_rows(ref.block_means_fp16(v_perm, rows).float(), rows, v_perm.shape[-2])
+    r_q, r_scale = ref.quantize_fp8_per_channel(v_perm.float() - mean)
+    return r_q * r_scale + mean
 
 
 def quantized_p(s: torch.Tensor, knobs: Knobs) -> torch.Tensor:
@@ -204,7 +215,8 @@ def make_case(kind: str, n: int, heads: int, rows: int, seed: int, grouping: Gro
     idx = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:rows].sort().values
     logits = q[:, :, idx].double() @ kp.double().transpose(-1, -2) / math.sqrt(q.shape[-1])
     p_exact = torch.softmax(logits, dim=-1)
-    v_hat = {"channel": ref.dequantized_v(vp, ref.VCConfig()).float(), "block": v_hat_block_scale(vp).float()}
+    v_hat = {"channel": ref.dequantized_v(vp, ref.VCConfig()).float(), "block": v_hat_block_scale(vp).float(),
+             "mean64": v_hat_mean_rows(vp, 64).float(), "mean32": v_hat_mean_rows(vp, 32).float()}
     return Case(q, kp, vp, idx, p_exact @ vp.double(), p_exact, v_hat)
 
 
@@ -244,6 +256,8 @@ def main(argv=None) -> None:
                         f"WITHIN one of {', '.join(within_cluster_order.ORDERS)})")
     parser.add_argument("--v-block-scale", type=parse_grouping, nargs="*", default=[],
                         help="groupings that also get a row with the V residual scale per block x channel")
+    parser.add_argument("--v-mean-rows", type=parse_grouping, nargs="*", default=[],
+                        help="groupings that also get rows with the V-Smooth means per 64 and per 32 rows")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     if args.grouping_sweep:
@@ -283,6 +297,9 @@ def grouping_sweep(args) -> None:
     for g in args.v_block_scale:
         variants_of.setdefault(g, [Knobs(p=m) for m in modes])
         variants_of[g] = variants_of[g] + [Knobs(p=m, v_scale="block") for m in modes]
+    for g in args.v_mean_rows:
+        variants_of.setdefault(g, [Knobs(p=m) for m in modes])
+        variants_of[g] = variants_of[g] + [Knobs(p=m, v_scale=f"mean{r}") for m in modes for r in (64, 32)]
     results: dict = {}
     floors: dict = {}
     for kind in args.data:
@@ -311,7 +328,8 @@ def grouping_sweep(args) -> None:
                     mean = {m: sum(results[kind, n, s, g, knobs][m] for s in args.seeds) / len(args.seeds)
                             for m in ("rel_l2", "qk_term", "v_term")}
                     cells.append(f"{mean['rel_l2']:.5f} | {mean['qk_term']:.5f} | {mean['v_term']:.5f}")
-                extra = ", V scale per block x channel" if knobs.v_scale == "block" else ""
+                extra = {"block": ", V scale per block x channel", "mean64": ", V-Smooth means per 64 rows",
+                         "mean32": ", V-Smooth means per 32 rows"}.get(knobs.v_scale, "")
                 print(f"| {mode} | {g.label}{extra} | " + " | ".join(cells) + " |")
 
 
