@@ -30,6 +30,8 @@ declare -A FLAGS=(
   [d64noov]="-DVC_SM90_D64_OVERLAP=0"
   [noclampcheck]="-DVC_EXPCAST_CLAMP_CHECK=0"
   [pair]="-DVC_SM90_PAIR=1"
+  [c3]="-DVC_SM90_CONSUMERS=3"
+  [serial]="-DVC_SM90_SERIAL=1"
   [d64noov_nomean]="-DVC_SM90_D64_OVERLAP=0 -DVC_SM90_MEAN_MMA=0"
   [mean]="-DVC_SM90_MEAN_MMA=1"
   [psmem]="-DVC_SM90_P_SMEM=1"

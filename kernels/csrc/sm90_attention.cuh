@@ -17,16 +17,33 @@
 
 namespace vc_sm90 {
 
-constexpr int kBlockM = 128;  // query rows per CTA: two consumer warpgroups of 64 rows
+#ifndef VC_SM90_CONSUMERS
+// consumer warpgroups per CTA (64 query rows each). 3 (a variant): three softmax streams per scheduler
+// instead of two, at 160 registers per consumer thread, which only the serial loop (VC_SM90_SERIAL) fits:
+// both kernels were found latency-bound, not issue- or tensor-bound (docs/kernel-notes.md section 16)
+#define VC_SM90_CONSUMERS 2
+#endif
+constexpr int kConsumers = VC_SM90_CONSUMERS;
+static_assert(kConsumers == 2 || kConsumers == 3, "VC_SM90_CONSUMERS must be 2 or 3");
+constexpr int kBlockM = 64 * kConsumers;  // query rows per CTA: one consumer warpgroup per 64 rows
 constexpr int kBlockN = vc::kKBlock;  // keys per KV tile = K scale block = V-Smooth block
-constexpr int kThreads = 384;  // warpgroup 0: producer (one active warp); 1 and 2: consumers
+constexpr int kThreads = 128 * (kConsumers + 1);  // warpgroup 0: producer (one active warp); then the consumers
 #ifndef VC_SM90_CONSUMER_REGS
-#define VC_SM90_CONSUMER_REGS 240
+#define VC_SM90_CONSUMER_REGS (kConsumers == 2 ? 240 : 160)
 #endif
 constexpr int kConsumerRegs = VC_SM90_CONSUMER_REGS;
-constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;  // 168: the per-thread pool at launch
-constexpr int kProducerRegs = (kLaunchRegs * kThreads - 256 * kConsumerRegs) / 128 / 8 * 8;  // the rest
+constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;  // 168 (2 consumers) or 128 (3): the per-thread pool at launch
+constexpr int kProducerRegs = (kLaunchRegs * kThreads - 128 * kConsumers * kConsumerRegs) / 128 / 8 * 8;  // the rest
 static_assert(kProducerRegs >= 24, "setmaxnreg needs at least 24 registers per producer thread");
+
+#ifndef VC_SM90_SERIAL
+// The serial consumer loop (SageAttention's shape): QK(j), softmax(j), PV(j), fold(j), one wgmma batch in
+// flight per warpgroup, so the PV accumulator can live in the registers of the dead scores. Default: with
+// three consumers only.
+#define VC_SM90_SERIAL (kConsumers == 3)
+#endif
+constexpr bool kSerial = VC_SM90_SERIAL;
+static_assert(kSerial || kConsumers == 2, "three consumer warpgroups need the serial loop (VC_SM90_SERIAL=1)");
 
 struct Params {
   const float* q_scale;  // (BH, n_pad): one scale per query row, sm_scale*log2(e) folded in
@@ -242,6 +259,8 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUt
 // dim 64 (every P mode) and for per-channel V the free-running warpgroups were 2-4% faster.
 template <int D, bool VSMOOTH>
 constexpr bool take_turns() {
+  // the turns are a two-party protocol (named barriers 1 and 2) around the overlapped loops' batches
+  if (kConsumers != 2 || kSerial) return false;
   return VC_SM90_PINGPONG == 2 ? (D == 128 && VSMOOTH) : VC_SM90_PINGPONG != 0;
 }
 
@@ -533,8 +552,10 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   const int bh = blockIdx.y;
   const int n_kv = p.n_pad / kBlockN;
   // the scales of this thread's rows g and g+8 (rows < n_pad always: padded rows have scale 0)
-  const float* q_sc_rows = p.q_scale + static_cast<int64_t>(bh) * p.n_pad + blockIdx.x * kBlockM + wg * 64 + warp * 16 + g;
-  const RowScale q_sc = {{q_sc_rows[0], q_sc_rows[8]}};
+  // (a 192-row CTA overhangs n_pad: rows past it get scale 0 and are never stored)
+  const int q_row = blockIdx.x * kBlockM + wg * 64 + warp * 16 + g;
+  const float* q_sc_rows = p.q_scale + static_cast<int64_t>(bh) * p.n_pad + q_row;
+  const RowScale q_sc = {{q_row < p.n_pad ? q_sc_rows[0] : 0.f, q_row + 8 < p.n_pad ? q_sc_rows[8] : 0.f}};
   const int valid_last = p.n - (n_kv - 1) * kBlockN;  // keys in the last tile, 1..128
   const uint8_t* q_tile = smem + L::kQOff + wg * 64 * D;
   const float* mu_smem = reinterpret_cast<const float*>(smem + L::kMuOff);
@@ -665,7 +686,38 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     release(sl);
   };
 
-  if constexpr (kPSmem) {
+  if constexpr (kSerial) {
+    // One batch in flight: PV(j) after the softmax of tile j, then the fold, then QK(j+1). The scores
+    // are dead once P is encoded, so the PV accumulator can take their registers: ~150 live instead of
+    // ~215 (the price: this warpgroup's softmax never overlaps its own wgmmas; the other consumer
+    // warpgroups' do).
+    static_assert(!kPSmem, "P through shared memory belongs to the overlapped loop, not the serial one");
+    for (int j = 0; j < n_kv; ++j) {
+      const int sj = j % STAGES;
+      reg_fence(pa);
+      reg_fence(pv);
+      wgmma_fence();
+      issue_pv<D>(pv, pa, vt_tile(sj));
+      wgmma_commit();
+      wgmma_wait<0>();
+      reg_fence(pv);
+      reg_fence(pa);
+      fold(j, alpha, sj);
+      flush_means(j);
+      release(sj);
+      if (j + 1 < n_kv) {
+        const int sn = (j + 1) % STAGES;
+        mbar_wait(&bar_full[sn], ((j + 1) / STAGES) & 1);
+        reg_fence(s_acc);
+        wgmma_fence();
+        issue_qk<D>(s_acc, q_tile, k_tile(sn));
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(s_acc);
+        softmax(s_acc, q_sc * ksc_smem[sn], has_tail && j + 1 == n_kv - 1, row_off, alpha, pa);
+      }
+    }
+  } else if constexpr (kPSmem) {
     // Batch [QK(j), PV(j-1)] with P(j-1) read from shared memory: the softmax of tile j overlaps
     // this warpgroup's own PV(j-1) without a second P register set. Two P tiles per warpgroup: the
     // softmax of tile j writes one while PV(j-1) reads the other. Before a PV is issued every thread
@@ -866,7 +918,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_init(bar_q, 1);
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(&bar_full[s], 1);
-      mbar_init(&bar_empty[s], 8);  // lane 0 of each of the 8 consumer warps
+      mbar_init(&bar_empty[s], 4 * kConsumers);  // lane 0 of each consumer warp
     }
   }
   // E4M3 ones in the 8 rows after V^T of every stage: written once, never overwritten by TMA. With pair

@@ -70,7 +70,7 @@ int launch(const void* q_q, const void* k_q, const void* v_t, const Params& p, i
   auto kernel = vc_attention_sm90_kernel<D, EXPCAST, VSMOOTH, OutT, STAGES>;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kAlloc) != cudaSuccess)
     return fail("cudaFuncSetAttribute(max dynamic shared memory) failed");
-  const dim3 grid(p.n_pad / kBlockM, bh);
+  const dim3 grid((p.n_pad + kBlockM - 1) / kBlockM, bh);  // 192-row CTAs (3 consumers) overhang n_pad
   kernel<<<grid, kThreads, L::kAlloc, stream>>>(tm_q, tm_k, tm_vt, p);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return fail(cudaGetErrorString(err));
