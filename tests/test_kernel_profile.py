@@ -4,20 +4,14 @@ The profile itself runs on the GPU machine (docs/kernel-notes.md section 16); wh
 off it is a target list that names a variant that does not exist, or ncu rows read into the wrong
 column or the wrong launch, which would put one kernel's figures under another's name.
 """
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-PATH = Path(__file__).resolve().parent.parent / "bench" / "kernel_profile.py"
+from vc_attention.bench import kernel_profile
 
 
 @pytest.fixture(scope="module")
 def kp():
-    spec = importlib.util.spec_from_file_location("kernel_profile", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return kernel_profile
 
 
 def test_targets(kp):
