@@ -551,8 +551,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int bh = blockIdx.y;
   const int n_kv = p.n_pad / kBlockN;
-  // the scales of this thread's rows g and g+8 (rows < n_pad always: padded rows have scale 0)
-  // (a 192-row CTA overhangs n_pad: rows past it get scale 0 and are never stored)
+  // the scales of this thread's rows g and g+8 (padded rows have scale 0; a 192-row CTA overhangs
+  // n_pad: rows past it get scale 0 too and are never stored)
   const int q_row = blockIdx.x * kBlockM + wg * 64 + warp * 16 + g;
   const float* q_sc_rows = p.q_scale + static_cast<int64_t>(bh) * p.n_pad + q_row;
   const RowScale q_sc = {{q_row < p.n_pad ? q_sc_rows[0] : 0.f, q_row + 8 < p.n_pad ? q_sc_rows[8] : 0.f}};
