@@ -121,7 +121,9 @@ def profile(args) -> int:
         raise SystemExit("ncu (Nsight Compute) is not on PATH")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [ncu, "--csv", "--page", "details", "--kernel-name", KERNELS, "--launch-count", str(len(args.targets)),
+    # application-only: the JIT builds in the profiled process start nvcc and ninja, which ncu need not follow
+    cmd = [ncu, "--csv", "--page", "details", "--target-processes", "application-only", "--kernel-name", KERNELS,
+           "--launch-count", str(len(args.targets)),
            *[x for s in SECTIONS for x in ("--section", s)],
            sys.executable, __file__, "--launch", "--shape", args.shape, "--targets", ",".join(args.targets)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ), check=False)
