@@ -86,3 +86,7 @@ def test_variant_compiles_cleanly(name, tmp_path):
     assert "warning" not in report.lower(), report  # C7510-C7515 serialization, C7508 setmaxnreg ignored
     frames = re.findall(r"(\d+) bytes stack frame", report)
     assert max(int(f) for f in frames) <= MAX_VARIANT_STACK_BYTES, report
+    # the launch-time register pool shows the CTA size the variant builds: 65,536 / 512 threads for three
+    # consumer warpgroups + the producer, 65,536 / 384 (168) otherwise
+    registers = {int(r) for r in re.findall(r"Used (\d+) registers", report)}
+    assert registers == ({128} if "-DVC_SM90_CONSUMERS=3" in VARIANTS[name] else {168}), registers
