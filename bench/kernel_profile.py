@@ -26,8 +26,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-SHAPES = {"wan21-1.3b-480p": (1, 12, 32760, 128), "wan22-14b-720p": (1, 40, 75600, 128), "d64": (1, 32, 32768, 64),
-          "ltx-video": (1, 32, 6144, 64)}
+from vc_attention.commands.bench import SHAPES  # `vc-attention bench`'s shapes, by the same names
+
 # the attention kernels only: ours (portable 16-row and wide, Hopper) and SageAttention 2.2's
 KERNELS = "regex:attn_mma_kernel|attn_mma_wide_kernel|vc_attention_sm90_kernel|qk_int_sv_f8_attn_kernel|qk_int8_sv_f8_attn_kernel"
 SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "SchedulerStats", "WarpStateStats", "ComputeWorkloadAnalysis",
@@ -37,7 +37,7 @@ TABLE = ("Duration", "Registers Per Thread", "Achieved Occupancy", "Executed Ins
          "Issued Warp Per Scheduler", "Eligible Warps Per Scheduler", "Active Warps Per Scheduler",
          "Warp Cycles Per Issued Instruction", "Compute (SM) Throughput", "Memory Throughput", "L2 Hit Rate",
          "L1/TEX Hit Rate", "Executed Ipc Active")
-MODES = ("fidelity", "speed", "plain8")
+MODES = ("fidelity", "speed", "plain8")  # bench/mma_variants.py's mode names (MODES there: name -> VCConfig)
 
 
 def parse_target(text: str) -> tuple[str, str, str]:
@@ -60,11 +60,10 @@ def launch_targets(shape: tuple[int, int, int, int], targets: list[str]) -> None
     """In the profiled process: build everything first, then one attention launch per target, in order."""
     import torch
 
+    from vc_attention.bench.mma_variants import MODES as configs
     from vc_attention.kernels import backend_mma, backend_sm90, mma_variants
-    from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED
     from vc_attention.kernels.prepare_cuda import prepare_cuda
 
-    configs = {"fidelity": FIDELITY, "speed": SPEED, "plain8": PLAIN_8BIT}
     b, h, n, d = shape
     gen = torch.Generator(device="cuda").manual_seed(1)
     q, k, v = (torch.randn(shape, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(3))
