@@ -31,6 +31,7 @@ declare -A FLAGS=(
   [noclampcheck]="-DVC_EXPCAST_CLAMP_CHECK=0"
   [pair]="-DVC_SM90_PAIR=1"
   [c3]="-DVC_SM90_CONSUMERS=3"
+  [split]="-DVC_SM90_SPLIT=1"
   [serial]="-DVC_SM90_SERIAL=1"
   [d64noov_nomean]="-DVC_SM90_D64_OVERLAP=0 -DVC_SM90_MEAN_MMA=0"
   [mean]="-DVC_SM90_MEAN_MMA=1"
@@ -57,10 +58,12 @@ build() {  # name: one nvcc process per variant (16 kernel instantiations each)
   # SM90_REUSE_BUILD=1: keep a library built by an earlier SM90_BUILD_ONLY call of the same tree
   [[ -n "${SM90_REUSE_BUILD:-}" && -f "$BUILD/sm90_$name.so" ]] && return 0
   rm -f "$BUILD/sm90_$name.so"  # a stale library must not pass for a fresh build
+  # the product library (split): the three-consumer file links beside the two-consumer one
+  local sources=""; [[ "${FLAGS[$name]}" == *VC_SM90_SPLIT=1* ]] && sources=kernels/csrc/sm90_launch_c3.cu
   # shellcheck disable=SC2086
   "$NVCC" -shared -Xcompiler -fPIC -std=c++17 -O3 --expt-relaxed-constexpr -lineinfo -DNDEBUG \
     -gencode=arch=compute_90a,code=sm_90a -Ikernels/csrc $CONSTANTS ${FLAGS[$name]} -Xptxas=-v \
-    -o "$BUILD/sm90_$name.so" kernels/csrc/sm90_launch.cu >"$OUT/build_$name.log" 2>&1
+    -o "$BUILD/sm90_$name.so" kernels/csrc/sm90_launch.cu $sources >"$OUT/build_$name.log" 2>&1
 }
 
 start=$(date +%s)

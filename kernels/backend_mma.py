@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from . import jit, mma_pv_f16
+from . import jit, mma_pv_f16, mma_variants
 from .backends import Backend, Constraints, register
 from .config import KERNEL_P_ENCODINGS, VCConfig
 from .layout import to_bhnd
@@ -28,19 +28,33 @@ CONSTRAINTS = Constraints(
 )
 
 
-@functools.cache
-def extension(variant_flags: tuple[str, ...] = ()):
+# keys per online-softmax step of the default (wide) build (kChunkKeys in attn_mma_wide.cuh): its exact
+# emulation is reference.vc_attention_reference(..., offset_block=SOFTMAX_STEP_KEYS)
+SOFTMAX_STEP_KEYS = 64
+
+
+def default_flags() -> tuple[str, ...]:
+    """The -D flags of the build the backend runs on this machine's target arch (mma_variants.default_variant)."""
+    return mma_variants.flags(mma_variants.default_variant(jit.target_arch()))
+
+
+def extension(variant_flags: Optional[tuple[str, ...]] = None):
     """The compiled module (built once per process, cached on disk across processes).
 
-    variant_flags: extra -D flags of a build-time kernel variant (bench/gpu_check.py times them,
-    e.g. ("-DVC_MMA_STEP_KEYS=64",)); the default build is what the backend runs.
+    variant_flags: the -D flags of a build-time kernel variant (kernels/mma_variants.py; bench/mma_variants.py
+    times them side by side); None: the build the backend runs (default_flags()).
     """
+    return _extension(default_flags() if variant_flags is None else tuple(variant_flags))
+
+
+@functools.cache
+def _extension(variant_flags: tuple[str, ...]):
     name = EXTENSION_NAME + ("_" + "_".join(f.lstrip("-D").replace("=", "").lower() for f in variant_flags) if variant_flags else "")
     return jit.load_extension(name, SOURCES, extra_cuda_cflags=variant_flags)
 
 
 def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.Tensor, layout: str,
-                            lse: Optional[torch.Tensor] = None, variant_flags: tuple[str, ...] = ()) -> torch.Tensor:
+                            lse: Optional[torch.Tensor] = None, variant_flags: Optional[tuple[str, ...]] = None) -> torch.Tensor:
     """Run the attention kernel on prepared operands into `out` (q's shape in `layout`).
 
     lse (B,H,N) float32, if given, receives each row's natural-log log-sum-exp of the scores the
@@ -49,6 +63,8 @@ def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.
     The fp16-partial variant runs on V codes shifted by 2^-8 (kernels/mma_pv_f16.py): shifted here,
     so its time includes that pass.
     """
+    if variant_flags is None:
+        variant_flags = default_flags()
     if mma_pv_f16.uses_shifted_v(variant_flags):
         ops = mma_pv_f16.shifted_v_operands(ops)
     extension(variant_flags).attention(
@@ -59,4 +75,5 @@ def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.
     return out
 
 
-register(Backend(name="mma", priority=50, constraints=CONSTRAINTS, attend=attention_from_operands))
+register(Backend(name="mma", priority=50, constraints=CONSTRAINTS, attend=attention_from_operands,
+                 softmax_step_keys=SOFTMAX_STEP_KEYS))

@@ -14,11 +14,16 @@ import torch
 from . import jit
 from .backends import Backend, Constraints, register
 from .config import KERNEL_P_ENCODINGS, VCConfig
+from .constants import K_BLOCK
 from .layout import to_bhnd
 from .operands import PreparedOperands
 
 EXTENSION_NAME = "vc_attention_sm90"
-SOURCES = ("sm90_binding.cpp", "sm90_launch.cu")
+# sm90_launch.cu (two consumer warpgroups per CTA) and sm90_launch_c3.cu (three) split the kernels
+# between them by head dim and mode (split_consumers in sm90_launch.cu; docs/kernel-notes.md section 17)
+SOURCES = ("sm90_binding.cpp", "sm90_launch.cu", "sm90_launch_c3.cu")
+CUDA_FLAGS = ("-DVC_SM90_SPLIT=1",)
+SOFTMAX_STEP_KEYS = K_BLOCK  # one online-softmax step per 128-key tile (kBlockN in sm90_attention.cuh)
 ARCH = "9.0a"  # wgmma and setmaxnreg exist only in the arch-specific Hopper target
 CONSTRAINTS = Constraints(
     min_capability=(9, 0),
@@ -36,7 +41,7 @@ CONSTRAINTS = Constraints(
 @functools.cache
 def extension():
     """The compiled module (built once per process, cached on disk across processes)."""
-    return jit.load_extension(EXTENSION_NAME, SOURCES, arch=ARCH)
+    return jit.load_extension(EXTENSION_NAME, SOURCES, extra_cuda_cflags=CUDA_FLAGS, arch=ARCH)
 
 
 def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.Tensor, layout: str) -> torch.Tensor:
@@ -48,4 +53,5 @@ def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.
     return out
 
 
-register(Backend(name="sm90", priority=60, constraints=CONSTRAINTS, attend=attention_from_operands))
+register(Backend(name="sm90", priority=60, constraints=CONSTRAINTS, attend=attention_from_operands,
+                 softmax_step_keys=SOFTMAX_STEP_KEYS))

@@ -18,6 +18,7 @@ import torch
 
 from . import jit
 from .config import LAYOUTS, P_ENCODINGS, QK_FORMATS, V_FORMATS, VCConfig
+from .constants import K_BLOCK
 from .operands import rows_aligned
 from .prepared_run import AttendFn, prepared_run
 
@@ -114,6 +115,9 @@ class Backend:
     attend: Optional[AttendFn] = None
     run: Optional[RunFn] = None
     slow: bool = False  # the emulation: never chosen silently in place of a fast path
+    # keys per online-softmax step: where the kernel's running max (and so the P quantization) can
+    # move; its exact emulation is reference.vc_attention_reference(..., offset_block=softmax_step_keys)
+    softmax_step_keys: int = K_BLOCK
     # availability (toolkit, GPU arch) cannot change within a process, and checking it can spawn
     # `nvcc --version` (milliseconds): it is asked once, not on every attention call
     _availability: tuple[Optional[str]] | None = field(default=None, init=False, repr=False)

@@ -501,12 +501,14 @@ def vc_attention_reference(
     sm_scale: float | None = None,
     query_chunk: int = 1024,
     parts: bool = False,
+    offset_block: int = K_BLOCK,
 ):
     """Emulate one VC-Attention call exactly (quantizers bit-exact, sums in float64).
 
     perm (B,H,N) permutes K and V together (V-Smooth grouping); Q and O are never permuted.
     Returns the output in q's dtype and `layout`, or ReferenceParts (float64, bhnd) if parts=True.
-    Query rows are processed in chunks so memory is O(query_chunk * N).
+    Query rows are processed in chunks so memory is O(query_chunk * N). offset_block: keys per
+    online-softmax step of the kernel being emulated (Backend.softmax_step_keys).
     """
     check_inputs(q, k, v)
     qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))
@@ -523,7 +525,7 @@ def vc_attention_reference(
         q_blk = q_q[:, :, start:stop]
         acc, sc = score_parts(q_blk, q_sc[:, :, start:stop], k_q, k_sc, n_k)
         s = acc * sc
-        p = quantize_p(s, config, acc=acc, scale=sc)
+        p = quantize_p(s, config, offset_block, acc=acc, scale=sc)
         denom = p.sum(-1, keepdim=True)
         outs.append(p @ v_hat / denom)
         if parts:

@@ -64,10 +64,12 @@ def _perm(q, layout, config):
     return torch.argsort(torch.rand(b, h, n, device="cuda"), dim=-1) if config.v == "vsmooth" else None
 
 
-def _emulation(q, k, v, perm, config, layout):
-    """The float64 emulation (B,H,N,D), on contiguous copies (block_absmax views its input)."""
+def _emulation(name, q, k, v, perm, config, layout):
+    """The float64 emulation (B,H,N,D) of backend `name` (its online-softmax step), on contiguous copies
+    (block_absmax views its input)."""
     qb, kb, vb = (to_bhnd(t, layout).contiguous() for t in (q, k, v))
-    return reference.vc_attention_reference(qb, kb, vb, config, perm=perm, parts=True).out
+    step = backends.get(name).softmax_step_keys
+    return reference.vc_attention_reference(qb, kb, vb, config, perm=perm, parts=True, offset_block=step).out
 
 
 def _poisoned_run(name, q, k, v, perm, config, layout):
@@ -107,7 +109,7 @@ def test_random_data_matches_the_emulation(name, cfg, n, layout, d, dtype):
     q, k, v = _random_qkv(2, 2, n, d, dtype, layout, seed=n + d)
     perm = _perm(q, layout, config)
     out = _poisoned_run(name, q, k, v, perm, config, layout)
-    ref64 = _emulation(q, k, v, perm, config, layout)
+    ref64 = _emulation(name, q, k, v, perm, config, layout)
     _check(out, ref64, layout)
     # and the total error stays that of the emulation (fp64 exact attention, chunked)
     qb, kb, vb = (to_bhnd(t, layout).double() for t in (q, k, v))
@@ -128,7 +130,7 @@ def test_video_like_data_with_grouping_matches_the_emulation(name, cfg, n, layou
     perm = grouping_permutation(v, 64, 8) if config.v == "vsmooth" else None
     q, k, v = (from_bhnd(t, layout).contiguous() for t in (q, k, v))
     out = _poisoned_run(name, q, k, v, perm, config, layout)
-    _check(out, _emulation(q, k, v, perm, config, layout), layout)
+    _check(out, _emulation(name, q, k, v, perm, config, layout), layout)
 
 
 def _rising_max_qkv(d, dtype, device, n=640, rise=0.37):
@@ -146,12 +148,12 @@ def _rising_max_qkv(d, dtype, device, n=640, rise=0.37):
     return tuple(t.to(device=device, dtype=dtype) for t in (q, k, v))
 
 
-def _integer_offset_emulation(q, k, v, config, monkeypatch):
+def _integer_offset_emulation(name, q, k, v, config, monkeypatch):
     """The previous spec (running offset M = ceil of the running max), for contrast."""
     exact_max = reference.running_row_offsets
     with monkeypatch.context() as m:
         m.setattr(reference, "running_row_offsets", lambda s, block=reference.K_BLOCK: torch.ceil(exact_max(s, block)))
-        return _emulation(q, k, v, None, config, "bhnd")
+        return _emulation(name, q, k, v, None, config, "bhnd")
 
 
 def _rising_max_cases():
@@ -178,9 +180,9 @@ def test_a_running_max_that_rises_by_a_fraction_matches_the_emulation(name, cfg,
     config = CONFIGS[cfg]
     q, k, v = _rising_max_qkv(d, dtype, "cuda", n)
     out = _poisoned_run(name, q, k, v, None, config, layout)
-    ref64 = _emulation(q, k, v, None, config, layout)
+    ref64 = _emulation(name, q, k, v, None, config, layout)
     _check(out, ref64, layout)
-    old = _integer_offset_emulation(q, k, v, config, monkeypatch)
+    old = _integer_offset_emulation(name, q, k, v, config, monkeypatch)
     floor = _rel_l2(ref64.to(out.dtype), ref64)
     assert _rel_l2(old, ref64) > 5 * (floor + GATE)
     assert _rel_l2(out, old) > floor + GATE
@@ -200,7 +202,7 @@ def test_speed_encoding_on_tiles_wider_than_its_clamp_free_range(name, cfg, n, l
     tiles = torch.nn.functional.pad(s, (0, -n % reference.K_BLOCK), value=float("nan")).unflatten(-1, (-1, reference.K_BLOCK))
     spread = tiles.nan_to_num(float("-inf")).amax(-1) - tiles.nan_to_num(float("inf")).amin(-1)
     assert (spread > 120).float().mean() > 0.2  # the clamped scores exist (most warps take the clamping path)
-    _check(_poisoned_run(name, q, k, v, None, config, layout), _emulation(q, k, v, None, config, layout), layout)
+    _check(_poisoned_run(name, q, k, v, None, config, layout), _emulation(name, q, k, v, None, config, layout), layout)
 
 
 @pytest.mark.parametrize("name,cfg,n,layout,d,dtype", _cases(["speed", "fidelity"], [75600], ["bnhd"], [(128, torch.bfloat16)]))
@@ -208,7 +210,7 @@ def test_wan_length_sequence(name, cfg, n, layout, d, dtype):
     config = CONFIGS[cfg]
     q, k, v = _random_qkv(1, 2, n, d, dtype, layout, seed=1)
     perm = _perm(q, layout, config)
-    _check(_poisoned_run(name, q, k, v, perm, config, layout), _emulation(q, k, v, perm, config, layout), layout)
+    _check(_poisoned_run(name, q, k, v, perm, config, layout), _emulation(name, q, k, v, perm, config, layout), layout)
 
 
 def _error_vs_exact(name, config, n, rows=256, seed=3):
@@ -238,7 +240,7 @@ def test_64bit_offsets(name):
     q, k, v = _random_qkv(b, h, n, d, torch.bfloat16, "bnhd", seed=2)
     out = _poisoned_run(name, q, k, v, None, PLAIN_8BIT, "bnhd")
     last = slice(h - 1, h)
-    _check(out[:, :, last], _emulation(q[:, :, last], k[:, :, last], v[:, :, last], None, PLAIN_8BIT, "bnhd"), "bnhd")
+    _check(out[:, :, last], _emulation(name, q[:, :, last], k[:, :, last], v[:, :, last], None, PLAIN_8BIT, "bnhd"), "bnhd")
 
 
 @pytest.mark.parametrize("name", CUDA_BACKENDS)
@@ -246,14 +248,14 @@ def test_a_wrong_result_fails_the_gate(name):
     q, k, v = _random_qkv(1, 2, 500, 128, torch.float16, "bhnd", seed=3)
     out = _poisoned_run(name, q, k, v, None, FIDELITY, "bhnd")
     with pytest.raises(AssertionError):
-        _check(out, _emulation(q, k, v, None, FIDELITY, "bhnd") * 1.01, "bhnd")
+        _check(out, _emulation(name, q, k, v, None, FIDELITY, "bhnd") * 1.01, "bhnd")
 
 
 @pytest.mark.parametrize("name", CUDA_BACKENDS)
 def test_public_op_runs_the_named_backend(name, no_emulation):
     q, k, v = _random_qkv(2, 3, 300, 128, torch.bfloat16, "bnhd", seed=7)
     perm = _perm(q, "bnhd", SPEED)
-    ref64 = _emulation(q, k, v, perm, SPEED, "bnhd")
+    ref64 = _emulation(name, q, k, v, perm, SPEED, "bnhd")
     _backend(name)
     no_emulation()
     before = api.BACKEND_CALLS.copy()
@@ -267,7 +269,7 @@ def test_auto_runs_the_fastest_available_backend(no_emulation):
     available = [b for b in backends.backends() if b.constraints.device_type == "cuda" and not b.why_not(q, SPEED, "bhnd", k, v)]
     if not available:
         pytest.skip("no CUDA backend runs on this GPU: " + "; ".join(f"{n}: {r}" for n, r in backends.describe(q, SPEED)))
-    ref64 = _emulation(q, k, v, None, SPEED, "bhnd")
+    ref64 = _emulation(available[0].name, q, k, v, None, SPEED, "bhnd")
     no_emulation()
     before = api.BACKEND_CALLS.copy()
     out = api.vc_attention(q, k, v, config=SPEED)
@@ -375,3 +377,26 @@ def test_bench_runs_every_method(portable):
     assert all(r["ms"] > 0 and 0 < r["rel_l2_video_like"] < 0.05 for r in ours)
     assert "reference" not in api.BACKEND_CALLS - before
     assert groupings[0]["share_of_speed_call"] > 0
+
+
+@pytest.mark.parametrize("cfg,d", [("speed", 128), ("fidelity", 128), ("plain8", 128), ("fidelity", 64), ("speed", 64)])
+def test_sm90_runs_each_case_on_the_cta_shape_its_split_names(cfg, d):
+    """The Hopper library links a two- and a three-consumer build (backend_sm90.SOURCES): the kernel that
+    runs (read from the profiler's kernel names) is the one `consumers()` names, three warpgroups
+    everywhere but head dim 128 with exp2 P and V-Smooth (the fidelity mode), and it matches the emulation."""
+    from vc_attention.kernels import backend_sm90
+
+    backend = _backend("sm90")
+    config = CONFIGS[cfg]
+    q, k, v = _random_qkv(1, 2, 1000, d, torch.bfloat16, "bhnd", seed=9)
+    perm = _perm(q, "bhnd", config)
+    ops = prepare_cuda(q, k, v, perm, config, "bhnd")
+    expected = backend_sm90.extension().consumers(d, config.p == "expcast", config.v == "vsmooth")
+    assert expected == (2 if (d, cfg) == (128, "fidelity") else 3)
+    out = torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        backend.attend(ops, config, out, "bhnd")
+        torch.cuda.synchronize()
+    ran = {e.name for e in prof.events() if "vc_attention_sm90_kernel" in e.name}
+    assert ran and all(f"consumers{expected}" in name for name in ran), ran
+    _check(out, _emulation("sm90", q, k, v, perm, config, "bhnd"), "bhnd")

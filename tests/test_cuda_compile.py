@@ -22,7 +22,7 @@ ATTN_SOURCES = ("attn_mma_d64.cu", "attn_mma_d128.cu")
 # the PV-accumulation variants (issue 12) target the GeForce parts too: sm_89, sm_120a and the H200 proxy
 PV_ARCHS = ("8.9", "9.0a", "12.0a")
 # the FP8-MMA-through-f16 variants are for the archs without FP8 mma.sync: the H200 proxy and the B200
-VIA_F16_ARCHS = ("9.0a", "10.0a")
+VIA_F16_ARCHS = mma_variants.VIA_F16_ARCHS
 VARIANT_BUILDS = [(name, arch) for name in mma_variants.VARIANTS if name != "rows16"
                   for arch in (ARCHS if name == "wide" else VIA_F16_ARCHS if "viaf16" in name
                                else PV_ARCHS if "pv" in name or "restore" in name else ("9.0a",))]
@@ -51,6 +51,15 @@ def compiled(tmp_path_factory):
         futures = {(s.name, a, None): pool.submit(build, s, a) for s in SOURCES for a in ARCHS}
         futures.update({(src, a, v): pool.submit(build, jit.CSRC_DIR / src, a, v) for v, a in VARIANT_BUILDS for src in ATTN_SOURCES})
         return {key: fut.result() for key, fut in futures.items()}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_each_archs_default_build_is_compiled(compiled, arch):
+    """The build the backend runs on each arch (mma_variants.default_variant) is among the compiled ones."""
+    variant = mma_variants.default_variant(arch)
+    for source in ATTN_SOURCES:
+        result = compiled[(source, arch, variant)]
+        assert result.returncode == 0, f"nvcc failed for {source} {variant} sm_{jit.arch_code(arch)}:\n{result.stderr}"
 
 
 def test_sources_found():

@@ -1,7 +1,8 @@
 """GPU tier: every build-time variant of the portable kernel (kernels/mma_variants.py) against the
 emulation (skips without a GPU).
 
-The default build is covered by tests/test_kernels_gpu.py; here each non-default variant is built
+The backend's build (mma_variants.default_variant) also runs the whole suite of tests/test_backends_gpu.py;
+here every variant is built
 (`extension(flags)`), checked to be the layout it claims (`cta_rows`), and compared with
 reference.py at odd N (tail chunks in either half of a 128-key tile), both head dims, both layouts,
 fp16/bf16 and video-like data. The wide layout's online softmax steps by 64 keys, so its exact
@@ -10,13 +11,12 @@ emulation is reference.quantize_p with offset_block=64 (patched in); the gate is
 variants (kernels/mma_pv_f16.py) run on V codes shifted by 2^-8: their emulation also has the V
 quantizer patched to the shifted one; the fp16 rounding of the partials is left to the gate.
 """
-import functools
 import math
 
 import pytest
 import torch
 
-from vc_attention.kernels import backend_mma, mma_pv_f16, mma_variants, reference
+from vc_attention.kernels import backend_mma, jit, mma_pv_f16, mma_variants, reference
 from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED, VCConfig
 from vc_attention.kernels.prepare_cuda import prepare_cuda
 
@@ -30,7 +30,7 @@ CONFIGS = {"fidelity": FIDELITY, "speed": SPEED, "plain8": PLAIN_8BIT, "fp8qk": 
 WIDE = [name for name, flags in mma_variants.VARIANTS.items() if "-DVC_MMA_WIDE=1" in flags]
 PV_F16 = [name for name in WIDE if mma_pv_f16.uses_shifted_v(mma_variants.flags(name))]
 GATE = 1e-3
-WIDE_STEP_KEYS = 64  # the wide layout's online-softmax step (kChunkKeys in attn_mma_wide.cuh)
+WIDE_STEP_KEYS = backend_mma.SOFTMAX_STEP_KEYS  # the wide layout's online-softmax step (kChunkKeys in attn_mma_wide.cuh)
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def emulate_steps(monkeypatch):
     original = reference.quantize_p
 
     def use(keys, variant=None):
-        monkeypatch.setattr(reference, "quantize_p", functools.partial(original, offset_block=keys))
+        monkeypatch.setattr(reference, "quantize_p", lambda s, config, offset_block=None, **kw: original(s, config, keys, **kw))
         if variant in PV_F16:
             monkeypatch.setattr(reference, "quantize_fp8_per_channel", mma_pv_f16.quantize_fp8_per_channel_shifted)
     return use
@@ -72,11 +72,19 @@ def _check(variant, q, k, v, perm, config, layout):
     return err
 
 
-@pytest.mark.parametrize("variant", [v for v in mma_variants.VARIANTS if v != "rows16"])
+@pytest.mark.parametrize("variant", list(mma_variants.VARIANTS))
 def test_variant_builds_the_layout_it_names(variant):
     ext = backend_mma.extension(mma_variants.flags(variant))
     assert ext.cta_rows() == (128 if variant in WIDE else 64)
-    assert backend_mma.extension().cta_rows() == 64  # the default build keeps the 16-row layout
+
+
+def test_the_backend_runs_its_arch_default_build():
+    """The backend's build is the arch's default variant (the wide layout), not the flag-less 16-row one."""
+    default = mma_variants.default_variant(jit.target_arch())
+    assert default in WIDE and backend_mma.default_flags() == mma_variants.flags(default)
+    assert backend_mma.extension() is backend_mma.extension(mma_variants.flags(default))
+    assert backend_mma.extension().cta_rows() == 128
+    assert ("-DVC_MMA_E4M3_VIA_F16=1" in backend_mma.default_flags()) == (jit.target_arch() in mma_variants.VIA_F16_ARCHS)
 
 
 @pytest.mark.parametrize("variant", WIDE)
@@ -107,14 +115,14 @@ def test_wide_video_like(variant, name, emulate_steps):
 
 @pytest.mark.parametrize("variant", WIDE)
 def test_wide_lse_matches_default_build(variant):
-    """The LSE output of the wide layout equals the default build's (same scores, same offsets'
-    meaning), and its output is within the gate of the default build's at N = 32760."""
+    """The LSE output of the wide layout equals the 16-row build's (same scores, same offsets'
+    meaning), and its output is within the gate of the 16-row build's at N = 32760."""
     config = SPEED
     q, k, v = _qkv(1, 2, 32760, 128, torch.bfloat16, "bhnd", seed=5)
     perm = torch.argsort(torch.rand(1, 2, 32760, device="cuda"), dim=-1)
     ops = prepare_cuda(q, k, v, perm, config)
     outs, lses = [], []
-    for flags in ((), mma_variants.flags(variant)):
+    for flags in (mma_variants.flags("rows16"), mma_variants.flags(variant)):
         out = torch.empty_like(q)
         lse = torch.empty(1, 2, 32760, device="cuda")
         backend_mma.attention_from_operands(ops, config, out, "bhnd", lse=lse, variant_flags=flags)

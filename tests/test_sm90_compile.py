@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from vc_attention.kernels import jit
+from vc_attention.kernels import backend_sm90, jit
 
 pytestmark = [
     pytest.mark.slow,
@@ -19,6 +19,8 @@ pytestmark = [
 ]
 
 LAUNCHER = jit.CSRC_DIR / "sm90_launch.cu"
+LAUNCHER_C3 = jit.CSRC_DIR / "sm90_launch_c3.cu"
+KERNEL_ENTRY = r"Compiling entry function '(\w*vc_attention_sm90_kernel\w*)'"
 VARIANTS_SCRIPT = jit.CSRC_DIR.parent.parent / "bench" / "sm90_variants.sh"
 
 
@@ -76,7 +78,7 @@ def test_variant_list_is_read():
     assert {"mean", "psmem", "psmem_mean"} <= set(VARIANTS)
 
 
-@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.parametrize("name", sorted(n for n, flags in VARIANTS.items() if "-DVC_SM90_SPLIT=1" not in flags))
 def test_variant_compiles_cleanly(name, tmp_path):
     cmd = jit.nvcc_compile_only_command(LAUNCHER, "9.0a", tmp_path / f"{name}.cubin") + ["-Xptxas=-v", *VARIANTS[name]]
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -90,3 +92,31 @@ def test_variant_compiles_cleanly(name, tmp_path):
     # consumer warpgroups + the producer, 65,536 / 384 (168) otherwise
     registers = {int(r) for r in re.findall(r"Used (\d+) registers", report)}
     assert registers == ({128} if "-DVC_SM90_CONSUMERS=3" in VARIANTS[name] else {168}), registers
+
+
+def _product_report(source, tmp_path):
+    flags = ["-Xptxas=-v", *backend_sm90.CUDA_FLAGS]
+    cmd = jit.nvcc_compile_only_command(source, "9.0a", tmp_path / f"{source.stem}.cubin", extra_flags=flags)
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, f"nvcc failed for {source.name} (product flags):\n{result.stderr}"
+    return result.stderr
+
+
+def test_product_library_splits_the_kernels_between_two_cta_shapes(tmp_path):
+    """The product build (backend_sm90.SOURCES with its CUDA_FLAGS): the two-consumer file instantiates only
+    head dim 128 with exp2 P and V-Smooth, the three-consumer file the other 14 kernels, each kernel
+    exactly once between them, with the register pool of its CTA size (168 for 384 threads, 128 for 512)."""
+    assert backend_sm90.SOURCES[1:] == (LAUNCHER.name, LAUNCHER_C3.name)
+    two, three = (_product_report(src, tmp_path) for src in (LAUNCHER, LAUNCHER_C3))
+    # template arguments: <head dim, ExpCast, V-Smooth, output type, stages>, under the consumer namespace
+    args = lambda report, ns: {re.search(r"ILi(\d+)ELb(\d)ELb(\d)E(\w+?)Li", k).groups()
+                               for k in re.findall(KERNEL_ENTRY, report) if f"consumers{ns}" in k}
+    two_args, three_args = args(two, 2), args(three, 3)
+    assert {(d, e, v) for d, e, v, _ in two_args} == {("128", "0", "1")}
+    assert len(two_args) == 2 and len(three_args) == 14 and not two_args & three_args
+    assert {int(r) for r in re.findall(r"Used (\d+) registers", two)} == {168}
+    assert {int(r) for r in re.findall(r"Used (\d+) registers", three)} == {128}
+    for report in (two, three):
+        assert "warning" not in report.lower() and "C7519" not in report, report
+    assert max(int(f) for f in re.findall(r"(\d+) bytes stack frame", two)) <= MAX_STACK_BYTES, two
+    assert max(int(f) for f in re.findall(r"(\d+) bytes stack frame", three)) <= MAX_VARIANT_STACK_BYTES, three

@@ -15,14 +15,23 @@
 #include "vc_constants.h"
 #include "sm90_wgmma.cuh"
 
-namespace vc_sm90 {
-
 #ifndef VC_SM90_CONSUMERS
-// consumer warpgroups per CTA (64 query rows each). 3 (a variant): three softmax streams per scheduler
-// instead of two, at 160 registers per consumer thread, which only the serial loop (VC_SM90_SERIAL) fits:
-// both kernels were found latency-bound, not issue- or tensor-bound (docs/kernel-notes.md section 16)
+// consumer warpgroups per CTA (64 query rows each). 3: three softmax streams per scheduler instead of
+// two, at 160 registers per consumer thread, which only the serial loop (VC_SM90_SERIAL) fits: both
+// kernels were found latency-bound, not issue- or tensor-bound (docs/kernel-notes.md sections 16-17).
+// The product library links both counts (VC_SM90_SPLIT in sm90_launch.cu)
 #define VC_SM90_CONSUMERS 2
 #endif
+
+namespace vc_sm90 {
+// The kernels' symbols carry the consumer count, so that the two- and the three-consumer builds link
+// into one library without one template instantiation replacing the other.
+#if VC_SM90_CONSUMERS == 3
+inline namespace consumers3 {
+#else
+inline namespace consumers2 {
+#endif
+
 constexpr int kConsumers = VC_SM90_CONSUMERS;
 static_assert(kConsumers == 2 || kConsumers == 3, "VC_SM90_CONSUMERS must be 2 or 3");
 constexpr int kBlockM = 64 * kConsumers;  // query rows per CTA: one consumer warpgroup per 64 rows
@@ -945,4 +954,5 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+}  // inline namespace consumers2 / consumers3
 }  // namespace vc_sm90

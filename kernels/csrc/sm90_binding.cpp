@@ -8,6 +8,7 @@ extern "C" int vc_sm90_forward(const void* q_q, const float* q_scale, const void
                                long long out_stride_h, long long out_stride_n, int expcast, int vsmooth, int out_bf16,
                                void* stream);
 extern "C" const char* vc_sm90_last_error();
+extern "C" int vc_sm90_consumers(int head_dim, int expcast, int vsmooth);
 
 namespace {
 
@@ -48,4 +49,7 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention", &attention, "VC-Attention forward on prepared operands (Hopper wgmma kernel)");
+  m.def("consumers", [](int64_t head_dim, bool expcast, bool vsmooth) {
+    return vc_sm90_consumers(static_cast<int>(head_dim), expcast, vsmooth);
+  }, "consumer warpgroups per CTA (64 query rows each) of the kernel that runs this case");
 }

@@ -9,6 +9,29 @@
 
 #include "sm90_attention.cuh"
 
+// VC_SM90_SPLIT=1 (the product library, kernels/backend_sm90.py): this file is compiled twice, as itself
+// (two consumer warpgroups per CTA) and through sm90_launch_c3.cu (three), each build instantiating only
+// the kernels that split_consumers gives it; vc_sm90_forward of the two-consumer build sends each call
+// on. Without it (bench/sm90_variants.sh's single-file variants) one build serves every kernel.
+#ifndef VC_SM90_SPLIT
+#define VC_SM90_SPLIT 0
+#endif
+#if VC_SM90_SPLIT && VC_SM90_CONSUMERS == 3
+#define VC_SM90_EXPORT(name) name##_c3  // the three-consumer build's entry points, called by the other build
+#else
+#define VC_SM90_EXPORT(name) name
+#endif
+
+namespace vc_sm90 {
+// Which consumer count runs a (head dim, P mode, V mode) in the split build, from the side-by-side run on
+// the H200 (docs/kernel-notes.md section 17): three warpgroups won every case (Wan2.2-14B speed 124.6 vs
+// 131.5 ms, plain 8-bit 128.9 vs 138.4, head dim 64 exp2 V-Smooth 15.5 vs 19.4) except head dim 128 with
+// exact exp2 P and V-Smooth (fidelity: 147.0 vs 144.7 ms), where the serial loop spills.
+constexpr int split_consumers(int head_dim, bool expcast, bool vsmooth) {
+  return head_dim == 128 && !expcast && vsmooth ? 2 : 3;
+}
+}  // namespace vc_sm90
+
 namespace vc_sm90 {
 namespace {
 
@@ -88,8 +111,12 @@ template <int D, bool EXPCAST, bool VSMOOTH>
 int launch_out(const void* q_q, const void* k_q, const void* v_t, const Params& p, int bh, bool out_bf16,
                cudaStream_t stream) {
   constexpr int kStages = D == 128 ? VC_SM90_STAGES_D128 : VC_SM90_STAGES_D64;
-  return out_bf16 ? launch<D, EXPCAST, VSMOOTH, __nv_bfloat16, kStages>(q_q, k_q, v_t, p, bh, stream)
-                  : launch<D, EXPCAST, VSMOOTH, __half, kStages>(q_q, k_q, v_t, p, bh, stream);
+  if constexpr (VC_SM90_SPLIT && split_consumers(D, EXPCAST, VSMOOTH) != kConsumers) {
+    return fail("internal: this kernel lives in the other consumer build");  // never instantiated here
+  } else {
+    return out_bf16 ? launch<D, EXPCAST, VSMOOTH, __nv_bfloat16, kStages>(q_q, k_q, v_t, p, bh, stream)
+                    : launch<D, EXPCAST, VSMOOTH, __half, kStages>(q_q, k_q, v_t, p, bh, stream);
+  }
 }
 
 template <int D>
@@ -107,12 +134,34 @@ int launch_d(const void* q_q, const void* k_q, const void* v_t, const Params& p,
 
 extern "C" {
 
+#if VC_SM90_SPLIT && VC_SM90_CONSUMERS == 2
+int vc_sm90_forward_c3(const void* q_q, const float* q_scale, const void* k_q, const float* k_scale, const void* v_t,
+                       const float* v_scale, const void* v_mean, void* out, int batch, int heads, int n, int n_pad,
+                       int head_dim, long long out_stride_b, long long out_stride_h, long long out_stride_n,
+                       int expcast, int vsmooth, int out_bf16, void* stream);
+const char* vc_sm90_last_error_c3();
+#endif
+
+// The consumer warpgroups per CTA of the kernel that runs (head_dim, expcast, vsmooth) in this library.
+int VC_SM90_EXPORT(vc_sm90_consumers)(int head_dim, int expcast, int vsmooth) {
+  return VC_SM90_SPLIT ? vc_sm90::split_consumers(head_dim, expcast != 0, vsmooth != 0) : vc_sm90::kConsumers;
+}
+
 // Returns 0 on success, else non-zero with vc_sm90_last_error() describing the failure.
-int vc_sm90_forward(const void* q_q, const float* q_scale, const void* k_q, const float* k_scale, const void* v_t,
-                    const float* v_scale, const void* v_mean, void* out, int batch, int heads, int n, int n_pad,
-                    int head_dim, long long out_stride_b, long long out_stride_h, long long out_stride_n,
-                    int expcast, int vsmooth, int out_bf16, void* stream) {
+int VC_SM90_EXPORT(vc_sm90_forward)(const void* q_q, const float* q_scale, const void* k_q, const float* k_scale,
+                                    const void* v_t, const float* v_scale, const void* v_mean, void* out, int batch,
+                                    int heads, int n, int n_pad, int head_dim, long long out_stride_b,
+                                    long long out_stride_h, long long out_stride_n, int expcast, int vsmooth,
+                                    int out_bf16, void* stream) {
   using namespace vc_sm90;
+#if VC_SM90_SPLIT && VC_SM90_CONSUMERS == 2
+  if (split_consumers(head_dim, expcast != 0, vsmooth != 0) == 3) {
+    const int rc = vc_sm90_forward_c3(q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, out, batch, heads, n, n_pad,
+                                      head_dim, out_stride_b, out_stride_h, out_stride_n, expcast, vsmooth, out_bf16,
+                                      stream);
+    return rc == 0 ? 0 : fail(vc_sm90_last_error_c3());
+  }
+#endif
   if (n < 1 || n_pad % kBlockN != 0 || n_pad < n || n_pad - n >= kBlockN) return fail("bad sequence length / padding");
   vc_sm90::Params p;
   p.q_scale = q_scale;
@@ -133,6 +182,6 @@ int vc_sm90_forward(const void* q_q, const float* q_scale, const void* k_q, cons
   return fail("head_dim must be 64 or 128");
 }
 
-const char* vc_sm90_last_error() { return vc_sm90::g_error; }
+const char* VC_SM90_EXPORT(vc_sm90_last_error)() { return vc_sm90::g_error; }
 
 }  // extern "C"
