@@ -8,8 +8,9 @@ run. Fidelity: relative L2 against float64 exact attention on video-like data of
 count (21 x 30 x 52 = 32,760 tokens, 2 heads, 1,024 sampled query rows), per head dim, each mode with
 its preset's V-Smooth grouping (fidelity_grouping).
 
-Grouping: k-means (default clusters and iterations) + cluster ordering + permutation per shape,
-with its share of the speed-mode call measured in the same run.
+Grouping: k-means with the speed preset's clusters and iterations (the grouping a speed-mode run
+computes) + cluster ordering + permutation per shape, with its share of the speed-mode call measured
+in the same run.
 """
 from __future__ import annotations
 
@@ -71,6 +72,7 @@ def attention_rows(shapes: dict, backend: str, reps: int, portable_shapes: set[s
 
     from ..kernels import backends, grouping
     from ..kernels.config import SPEED
+    from ..nodes.presets import PRESETS
     from .bench import cuda_time_ms
     from .bench_peers import CUDNN, SAGE, SAGE_PORTABLE, peer_methods, vc_methods
 
@@ -83,8 +85,10 @@ def attention_rows(shapes: dict, backend: str, reps: int, portable_shapes: set[s
         portable = name in portable_shapes
         methods = [m for m in peer_methods() if portable or not m.portable] + vc_methods(chosen, portable)
 
+        clusters, iters = PRESETS["speed"]["clusters"], PRESETS["speed"]["kmeans_iters"]
+
         def group():
-            return grouping.group_tokens(v, grouping.DEFAULT_CLUSTERS, grouping.DEFAULT_ITERS).perm()
+            return grouping.group_tokens(v, clusters, iters).perm()
 
         group_ms = cuda_time_ms(group, reps)
         perm = group()
@@ -107,8 +111,7 @@ def attention_rows(shapes: dict, backend: str, reps: int, portable_shapes: set[s
                 rel_l2_grouping=None if m.backend is None else "{} x {}".format(*fidelity_grouping(m.name)),
             ))
         speed_ms = times[f"vc-speed[{chosen}]"]
-        groupings.append(dict(shape=name, B=b, H=h, N=n, D=d, clusters=grouping.DEFAULT_CLUSTERS,
-                              iters=grouping.DEFAULT_ITERS, ms=group_ms, speed_call_ms=speed_ms,
+        groupings.append(dict(shape=name, B=b, H=h, N=n, D=d, clusters=clusters, iters=iters, ms=group_ms, speed_call_ms=speed_ms,
                               share_of_speed_call=group_ms / speed_ms, backend=chosen))
         del q, k, v, perm
         torch.cuda.empty_cache()
