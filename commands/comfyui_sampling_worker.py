@@ -14,7 +14,9 @@ model, so our per-run costs (grouping steps, stats baseline) are inside the time
 pack's V3 node class executed as ComfyUI's executor does (PREPARE_CLASS_CLONE + execute); ComfyUI's
 HTTP server is not started: a stand-in `server` module records the node's stats events. Loading the
 pack through ComfyUI's own custom-node loader is the real-host test tier's job
-(tests/test_real_comfyui.py).
+(tests/test_real_comfyui.py). Where PyAV is not installed (the GPU machine), ComfyUI's module-level
+`import av` gets named placeholders that raise on any use (commands/comfyui_av_placeholder.py;
+"pyav_placeholder" in the result).
 SIZE `tiny` (2 blocks, 2 heads of 64, 4 x 8 x 8 latent, on the CPU) and `tiny-gpu` (the same on the
 GPU) are the real-host test tier's checks of the harness and of the node on the GPU. Writes OUT_DIR/MODE.json (seconds, event counts) and OUT_DIR/MODE.pt (the final latent).
 """
@@ -55,6 +57,11 @@ def main(comfy_path: str, mode: str, out_dir: str, steps: int, size: str = "wan1
     sys.argv = ["main.py"] + (["--use-sage-attention"] if mode == "sage" else []) + (["--cpu"] if device == "cpu" else [])
     sys.path.insert(0, comfy_path)
     import types
+
+    # imported beside this script, not through the pack: the pack's __init__ already imports comfy_api
+    from comfyui_av_placeholder import install_if_missing
+
+    av_placeholder = install_if_missing()  # video I/O only; recorded in the result
 
     import comfy.options
 
@@ -118,6 +125,7 @@ def main(comfy_path: str, mode: str, out_dir: str, steps: int, size: str = "wan1
         "finite": bool(torch.isfinite(out).all()), "stats": stats[-1] if stats else None,
         # the preset's widget values as they ran (a later preset change must not relabel this row)
         "preset": _preset_values(mode),
+        "pyav_placeholder": av_placeholder,
     }, default=str))
 
 
