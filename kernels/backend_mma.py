@@ -33,8 +33,10 @@ CONSTRAINTS = Constraints(
 SOFTMAX_STEP_KEYS = 64
 
 
+@functools.cache
 def default_flags() -> tuple[str, ...]:
-    """The -D flags of the build the backend runs on this machine's target arch (mma_variants.default_variant)."""
+    """The -D flags of the build the backend runs on this machine's target arch (mma_variants.default_variant).
+    Asked once per process (the arch cannot change within one): every attention call goes through it."""
     return mma_variants.flags(mma_variants.default_variant(jit.target_arch()))
 
 

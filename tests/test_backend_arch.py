@@ -60,3 +60,19 @@ def test_b200_runs_mma_built_for_sm100a(gpu_of):
 def test_below_ada_has_no_cuda_backend(gpu_of):
     gpu_of((8, 6))
     assert "sm_89" in dict(backends.describe())["mma"]
+
+
+@pytest.mark.parametrize("capability", [c for c, (backend, _) in FAMILIES.items() if backend == "mma" or c == (9, 0)])
+def test_mma_runs_the_wide_build_with_fp8_through_f16_only_where_fp8_mma_sync_is_missing(gpu_of, capability):
+    """The `mma` backend's build per family: the wide layout with whole-sector copies everywhere, the FP8
+    MMA as two f16 MMAs only on sm_90a / sm_100a (no native FP8 mma.sync there; RTX keeps its QMMA)."""
+    gpu_of(capability)
+    backend_mma.default_flags.cache_clear()
+    try:
+        flags = backend_mma.default_flags()
+    finally:
+        backend_mma.default_flags.cache_clear()  # the arch is mocked: forget it
+    assert {"-DVC_MMA_WIDE=1", "-DVC_MMA_COALESCED_COPY=1", "-DVC_MMA_RESTORE_PER_TILE=1"} <= set(flags)
+    assert ("-DVC_MMA_E4M3_VIA_F16=1" in flags) == (FAMILIES[capability][1] in ("9.0a", "10.0a"))
+    spec = jit.make_spec(backend_mma.EXTENSION_NAME, backend_mma.SOURCES, flags)
+    assert all(flag in spec.cuda_flags for flag in flags)
