@@ -111,8 +111,8 @@ def attention_rows(shapes: dict, backend: str, reps: int, portable_shapes: set[s
                 rel_l2_grouping=None if m.backend is None else "{} x {}".format(*fidelity_grouping(m.name)),
             ))
         speed_ms = times[f"vc-speed[{chosen}]"]
-        groupings.append(dict(shape=name, B=b, H=h, N=n, D=d, clusters=clusters, iters=iters, ms=group_ms, speed_call_ms=speed_ms,
-                              share_of_speed_call=group_ms / speed_ms, backend=chosen))
+        groupings.append(dict(shape=name, B=b, H=h, N=n, D=d, clusters=clusters, iters=iters, ms=group_ms,
+                              speed_call_ms=speed_ms, share_of_speed_call=group_ms / speed_ms, backend=chosen))
         del q, k, v, perm
         torch.cuda.empty_cache()
     return attention, groupings

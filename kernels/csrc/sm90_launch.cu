@@ -30,9 +30,7 @@ namespace vc_sm90 {
 constexpr int split_consumers(int head_dim, bool expcast, bool vsmooth) {
   return head_dim == 128 && !expcast && vsmooth ? 2 : 3;
 }
-}  // namespace vc_sm90
 
-namespace vc_sm90 {
 namespace {
 
 char g_error[512] = "";
