@@ -28,6 +28,7 @@ OPS = ("MUFU.EX2", "F2I", "F2I.U32", "F2FP")
 # kernel name -> (short name, its bool template parameters in order)
 KERNELS = {
     "attn_mma_kernel": ("mma", ("qk_fp8", "expcast", "vsmooth")),
+    "attn_mma_wide_kernel": ("mma", ("qk_fp8", "expcast", "vsmooth")),  # the backend's default layout
     "vc_attention_sm90_kernel": ("sm90", ("expcast", "vsmooth")),
 }
 

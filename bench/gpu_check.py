@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from vc_attention.commands.bench import cuda_time_ms
-from vc_attention.kernels import backend_mma
+from vc_attention.kernels import backend_mma, mma_variants
 from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED
 from vc_attention.kernels.layout import shape_in
 from vc_attention.kernels.prepare_cuda import prepare_cuda
@@ -27,7 +27,7 @@ from vc_attention.kernels.prepare_cuda import prepare_cuda
 CONFIGS = {"fidelity": FIDELITY, "speed": SPEED, "plain8": PLAIN_8BIT}
 SHAPES = {"wan22-14b-720p": (1, 40, 75600, 128), "wan21-1.3b-480p": (1, 12, 32760, 128), "d64": (1, 32, 32768, 64)}
 # build-time kernel variants timed next to the default build: (shape, config) -> flag sets
-VARIANTS = {("wan22-14b-720p", "speed"): [("-DVC_MMA_MIN_BLOCKS=3",)]}
+VARIANTS = {("wan22-14b-720p", "speed"): [mma_variants.flags("rows16")]}  # the first, 16-row layout
 
 
 def random_qkv(b, h, n, d, dtype, layout, seed):

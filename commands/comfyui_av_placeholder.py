@@ -77,11 +77,13 @@ class PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def install_if_missing() -> bool:
-    """Make `import av` work with placeholders when PyAV is not installed; True if it did."""
+    """Make `import av` work with placeholders when PyAV is not installed; True if the placeholders are
+    what `import av` gives (installed now or by an earlier call)."""
+    if any(isinstance(f, PlaceholderFinder) for f in sys.meta_path):
+        return True
     try:
         import av  # noqa: F401
     except ImportError:
-        if not any(isinstance(f, PlaceholderFinder) for f in sys.meta_path):
-            sys.meta_path.append(PlaceholderFinder())
+        sys.meta_path.append(PlaceholderFinder())
         return True
     return False

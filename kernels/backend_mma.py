@@ -6,6 +6,7 @@ so `vc-attention doctor` and the registry stay cheap.
 from __future__ import annotations
 
 import functools
+import hashlib
 from typing import Optional
 
 import torch
@@ -33,10 +34,9 @@ CONSTRAINTS = Constraints(
 SOFTMAX_STEP_KEYS = 64
 
 
-@functools.cache
 def default_flags() -> tuple[str, ...]:
-    """The -D flags of the build the backend runs on this machine's target arch (mma_variants.default_variant).
-    Asked once per process (the arch cannot change within one): every attention call goes through it."""
+    """The -D flags of the build the backend runs for the target arch (mma_variants.default_variant):
+    VC_ATTENTION_ARCH if set, else the current GPU's (jit.target_arch)."""
     return mma_variants.flags(mma_variants.default_variant(jit.target_arch()))
 
 
@@ -49,10 +49,17 @@ def extension(variant_flags: Optional[tuple[str, ...]] = None):
     return _extension(default_flags() if variant_flags is None else tuple(variant_flags))
 
 
+def extension_name(variant_flags: tuple[str, ...]) -> str:
+    """The module name of a build: the flags enter as a short hash (the cache directory's name repeats the
+    module name, and spelled-out flags took the default build's path past Windows' 260 characters)."""
+    if not variant_flags:
+        return EXTENSION_NAME
+    return f"{EXTENSION_NAME}_{hashlib.sha1(' '.join(variant_flags).encode()).hexdigest()[:10]}"
+
+
 @functools.cache
 def _extension(variant_flags: tuple[str, ...]):
-    name = EXTENSION_NAME + ("_" + "_".join(f.lstrip("-D").replace("=", "").lower() for f in variant_flags) if variant_flags else "")
-    return jit.load_extension(name, SOURCES, extra_cuda_cflags=variant_flags)
+    return jit.load_extension(extension_name(variant_flags), SOURCES, extra_cuda_cflags=variant_flags)
 
 
 def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.Tensor, layout: str,

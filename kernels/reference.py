@@ -313,8 +313,8 @@ def quantize_p(s: torch.Tensor, config: VCConfig, offset_block: int = K_BLOCK, *
     exact running max), then rescaled by 2^(M_running - M_final) in float64 - what the online
     softmax's alpha factors do to the accumulator and the row sum (the kernels' float32 alpha is
     within 3e-7 of it). The codes are those the kernel writes, subnormal and underflow tail included.
-    offset_block: keys per online-softmax step of the kernel being emulated (K_BLOCK for the sm90
-    and default mma kernels; the wide mma kernel steps by 64 or 32 keys).
+    offset_block: keys per online-softmax step of the kernel being emulated (Backend.softmax_step_keys:
+    K_BLOCK for sm90 and the 16-row mma layout, 64 for the wide mma layout the backend runs).
     acc, scale (score_parts): the exact scores behind s; the speed encoding works on them (p_expcast).
     """
     run = running_row_offsets(s, offset_block)

@@ -85,3 +85,25 @@ def test_fidelity_json_keys_all_have_a_legend_in_help_and_readme(capsys):
     parser = cli.build_parser()
     help_text = parser._subparsers._group_actions[0].choices["fidelity"].format_help()
     assert "--json keys" in help_text and "v_share" in help_text
+
+
+def test_build_reports_every_failed_extension_and_exits_1(monkeypatch, capsys):
+    """`vc-attention build` builds the extensions side by side; a failure does not hide the others."""
+    from vc_attention.commands import build
+    from vc_attention.kernels import backend_mma, grouping_fused, jit, prepare_cuda
+
+    def broken(what):
+        def fail():
+            raise jit.JitError(f"nvcc failed for {what}")
+        return fail
+
+    monkeypatch.setenv(jit.ENV_PREFIX + "ARCH", "8.9")  # no GPU needed to name the target
+    monkeypatch.setattr(prepare_cuda, "extension", lambda: None)
+    monkeypatch.setattr(backend_mma, "extension", broken("mma"))
+    monkeypatch.setattr(grouping_fused, "extension", broken("grouping"))
+    args = cli.build_parser().parse_args(["build"])
+    assert build.run(args) == 1
+    out = capsys.readouterr().out
+    assert "prepare kernels ready for sm_89" in out
+    assert "nvcc failed for mma" in out and "nvcc failed for grouping" in out
+    assert "2 of 3 extensions failed (grouping, mma)" in out

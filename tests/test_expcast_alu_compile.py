@@ -1,6 +1,6 @@
 """The speed path's encodings (kernels/csrc/p_encoding.cuh) take the form they claim in the PTX of the
 portable kernel, per kernel function (nvcc -ptx for sm_89 and sm_120a):
-- the default build encodes the int8-QK speed kernels straight from the int32 scores (the spec's
+- without the ExpCast build flags, both layouts encode the int8-QK speed kernels straight from the int32 scores (the spec's
   integer form, reference.expcast_bits): one integer multiply-add per element, no int-to-float
   conversion per element, no saturated FMA, no MUFU; the fp8-QK speed kernels (float scores) take the
   float-score form, one float-to-int conversion per element. Both layouts, both head dims.

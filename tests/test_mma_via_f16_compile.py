@@ -1,7 +1,7 @@
 """The portable kernel's VC_MMA_E4M3_VIA_F16 build takes the form it claims in the PTX (nvcc -ptx,
 sm_90a: the H200 proxy; sm_100a lowers FP8 mma.sync the same way): every FP8 MMA becomes two f16
-m16n8k16 MMAs on cvt-unpacked operands, and no FP8 mma.sync is left, while the default build keeps
-its FP8 mma.sync and has no f16 MMA. A build where the flag did not take effect fails here (the GPU
+m16n8k16 MMAs on cvt-unpacked operands, and no FP8 mma.sync is left, while the same layout without
+the flag (`wide`, what sm_89 / sm_120a run) keeps its FP8 mma.sync and has no f16 MMA. A build where the flag did not take effect fails here (the GPU
 tests cannot tell: both forms give the same numbers within the gate)."""
 import os
 import re
@@ -36,9 +36,9 @@ def _count(pattern: str, text: str) -> int:
 
 
 def test_via_f16_build_has_no_fp8_mma_sync(tmp_path):
-    default, via = _ptx(tmp_path, "wide"), _ptx(tmp_path, "wide-viaf16")
-    assert _count(FP8_MMA, default) > 0 and _count(F16_MMA, default) == 0
+    native, via = _ptx(tmp_path, "wide"), _ptx(tmp_path, "wide-viaf16")
+    assert _count(FP8_MMA, native) > 0 and _count(F16_MMA, native) == 0
     assert _count(FP8_MMA, via) == 0
-    # two f16 MMAs per FP8 MMA of the default build, each on unpacked operands
-    assert _count(F16_MMA, via) == 2 * _count(FP8_MMA, default)
+    # two f16 MMAs per FP8 MMA of the build without the flag, each on unpacked operands
+    assert _count(F16_MMA, via) == 2 * _count(FP8_MMA, native)
     assert _count(UNPACK, via) >= _count(F16_MMA, via)

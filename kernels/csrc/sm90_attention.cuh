@@ -1,5 +1,6 @@
-// VC-Attention forward for Hopper (sm_90a): TMA + mbarrier pipeline, one producer warp, two
-// consumer warpgroups of 64 query rows, wgmma INT8 QK^T and FP8 PV with P from registers.
+// VC-Attention forward for Hopper (sm_90a): TMA + mbarrier pipeline, one producer warp, two (ping-pong)
+// or three (serial loop) consumer warpgroups of 64 query rows, wgmma INT8 QK^T and FP8 PV with P from
+// registers.
 // Torch-free. Numerics follow kernels/reference.py exactly (see the comments at each step).
 #pragma once
 #include <cuda.h>

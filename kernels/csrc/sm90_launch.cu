@@ -141,7 +141,9 @@ const char* vc_sm90_last_error_c3();
 #endif
 
 // The consumer warpgroups per CTA of the kernel that runs (head_dim, expcast, vsmooth) in this library.
+// 0: no kernel for that head dim.
 int VC_SM90_EXPORT(vc_sm90_consumers)(int head_dim, int expcast, int vsmooth) {
+  if (head_dim != 64 && head_dim != 128) return 0;
   return VC_SM90_SPLIT ? vc_sm90::split_consumers(head_dim, expcast != 0, vsmooth != 0) : vc_sm90::kConsumers;
 }
 
