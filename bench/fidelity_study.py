@@ -67,6 +67,11 @@ class Knobs:
         return self.p_max or SPEC_P_MAX[self.p]
 
 
+# the V-quantization knobs other than the spec's ("channel"): label suffix of each
+V_SCALE_LABELS = {"block": "V residual scale per block x channel", "mean64": "V-Smooth means per 64 rows",
+                  "mean32": "V-Smooth means per 32 rows"}
+
+
 def knob_rows(p: str) -> list[Knobs]:
     """The spec (baseline), the previous spec, and one knob at a time from the spec."""
     rows = [Knobs(p=p, label=f"{p}: spec (Q per row, exact running max, row max {SPEC_P_MAX[p]})"),
@@ -75,9 +80,8 @@ def knob_rows(p: str) -> list[Knobs]:
         rows.append(Knobs(p=p, q_groups=g, label=f"{p}: Q scale per " + (f"{g} rows" if g != "thread" else "thread group (2 rows)")))
     rows.append(Knobs(p=p, offset="integer", label=f"{p}: integer running offset (ceil)"))
     rows.append(Knobs(p=p, k_block=32, label=f"{p}: K scale per 32 keys"))
-    rows.append(Knobs(p=p, v_scale="block", label=f"{p}: V residual scale per block x channel"))
-    for rows_per_mean in (64, 32):
-        rows.append(Knobs(p=p, v_scale=f"mean{rows_per_mean}", label=f"{p}: V-Smooth means per {rows_per_mean} rows"))
+    for v_scale, label in V_SCALE_LABELS.items():
+        rows.append(Knobs(p=p, v_scale=v_scale, label=f"{p}: {label}"))
     other = 448 if SPEC_P_MAX[p] == 256 else 256
     rows.append(Knobs(p=p, p_max=other, label=f"{p}: row max at {other}"))
     return rows
@@ -294,12 +298,10 @@ def grouping_sweep(args) -> None:
     """rel-L2, QK term and V term per grouping candidate and mode (each mode's spec quantizers)."""
     modes = [m for m in args.modes if m != "expcast_paper"] or ["exp2"]
     variants_of = {g: [Knobs(p=m) for m in modes] for g in args.groupings}
-    for g in args.v_block_scale:
-        variants_of.setdefault(g, [Knobs(p=m) for m in modes])
-        variants_of[g] = variants_of[g] + [Knobs(p=m, v_scale="block") for m in modes]
-    for g in args.v_mean_rows:
-        variants_of.setdefault(g, [Knobs(p=m) for m in modes])
-        variants_of[g] = variants_of[g] + [Knobs(p=m, v_scale=f"mean{r}") for m in modes for r in (64, 32)]
+    for groupings, v_scales in ((args.v_block_scale, ["block"]), (args.v_mean_rows, ["mean64", "mean32"])):
+        for g in groupings:
+            variants_of.setdefault(g, [Knobs(p=m) for m in modes])
+            variants_of[g] = variants_of[g] + [Knobs(p=m, v_scale=s) for m in modes for s in v_scales]
     results: dict = {}
     floors: dict = {}
     for kind in args.data:
@@ -328,8 +330,7 @@ def grouping_sweep(args) -> None:
                     mean = {m: sum(results[kind, n, s, g, knobs][m] for s in args.seeds) / len(args.seeds)
                             for m in ("rel_l2", "qk_term", "v_term")}
                     cells.append(f"{mean['rel_l2']:.5f} | {mean['qk_term']:.5f} | {mean['v_term']:.5f}")
-                extra = {"block": ", V scale per block x channel", "mean64": ", V-Smooth means per 64 rows",
-                         "mean32": ", V-Smooth means per 32 rows"}.get(knobs.v_scale, "")
+                extra = f", {V_SCALE_LABELS[knobs.v_scale]}" if knobs.v_scale in V_SCALE_LABELS else ""
                 print(f"| {mode} | {g.label}{extra} | " + " | ".join(cells) + " |")
 
 

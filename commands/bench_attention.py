@@ -76,6 +76,8 @@ def attention_rows(shapes: dict, backend: str, reps: int, portable_shapes: set[s
     from .bench import cuda_time_ms
     from .bench_peers import CUDNN, SAGE, SAGE_PORTABLE, peer_methods, vc_methods
 
+    # the grouping a speed-mode run computes (its share of the speed-mode call is reported)
+    clusters, iters = PRESETS["speed"]["clusters"], PRESETS["speed"]["kmeans_iters"]
     attention, groupings, errors = [], [], {}
     for name, (b, h, n, d) in shapes.items():
         flops = 4.0 * b * h * n * n * d
@@ -84,8 +86,6 @@ def attention_rows(shapes: dict, backend: str, reps: int, portable_shapes: set[s
         chosen = backends.select(q, SPEED, "bhnd", backend, allow_slow=False).name
         portable = name in portable_shapes
         methods = [m for m in peer_methods() if portable or not m.portable] + vc_methods(chosen, portable)
-
-        clusters, iters = PRESETS["speed"]["clusters"], PRESETS["speed"]["kmeans_iters"]
 
         def group():
             return grouping.group_tokens(v, clusters, iters).perm()

@@ -30,17 +30,21 @@ def variant_flags() -> dict[str, list[str]]:
     return {name: flags.split() for name, flags in found if flags}
 
 
-@pytest.fixture(scope="module")
-def ptxas_report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("sm90") / "sm90_launch.cubin"
-    cmd = jit.nvcc_compile_only_command(LAUNCHER, "9.0a", out) + ["-Xptxas=-v"]
+def _ptxas_report(source, out, flags=(), what="") -> str:
+    """nvcc -cubin for sm_90a with the JIT's flags plus `flags`; ptxas -v's report (stderr)."""
+    cmd = jit.nvcc_compile_only_command(source, "9.0a", out, extra_flags=["-Xptxas=-v", *flags])
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    assert result.returncode == 0, f"nvcc failed for {LAUNCHER.name} sm_90a:\n{result.stderr}"
+    assert result.returncode == 0, f"nvcc failed for {source.name} sm_90a {what}:\n{result.stderr}"
     return result.stderr
 
 
+@pytest.fixture(scope="module")
+def ptxas_report(tmp_path_factory):
+    return _ptxas_report(LAUNCHER, tmp_path_factory.mktemp("sm90") / "sm90_launch.cubin")
+
+
 def test_every_kernel_instantiation_is_compiled(ptxas_report):
-    kernels = re.findall(r"Compiling entry function '(\w*vc_attention_sm90_kernel\w*)'", ptxas_report)
+    kernels = re.findall(KERNEL_ENTRY, ptxas_report)
     # head dim {64, 128} x {exp2, ExpCast} x {V-Smooth, per-channel} x {fp16, bf16}
     assert len(set(kernels)) == 16
 
@@ -80,11 +84,8 @@ def test_variant_list_is_read():
 
 @pytest.mark.parametrize("name", sorted(n for n, flags in VARIANTS.items() if "-DVC_SM90_SPLIT=1" not in flags))
 def test_variant_compiles_cleanly(name, tmp_path):
-    cmd = jit.nvcc_compile_only_command(LAUNCHER, "9.0a", tmp_path / f"{name}.cubin") + ["-Xptxas=-v", *VARIANTS[name]]
-    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    assert result.returncode == 0, f"nvcc failed for variant {name}:\n{result.stderr}"
-    report = result.stderr
-    assert len(set(re.findall(r"Compiling entry function '(\w*vc_attention_sm90_kernel\w*)'", report))) == 16
+    report = _ptxas_report(LAUNCHER, tmp_path / f"{name}.cubin", VARIANTS[name], f"(variant {name})")
+    assert len(set(re.findall(KERNEL_ENTRY, report))) == 16
     assert "warning" not in report.lower(), report  # C7510-C7515 serialization, C7508 setmaxnreg ignored
     frames = re.findall(r"(\d+) bytes stack frame", report)
     assert max(int(f) for f in frames) <= MAX_VARIANT_STACK_BYTES, report
@@ -94,20 +95,13 @@ def test_variant_compiles_cleanly(name, tmp_path):
     assert registers == ({128} if "-DVC_SM90_CONSUMERS=3" in VARIANTS[name] else {168}), registers
 
 
-def _product_report(source, tmp_path):
-    flags = ["-Xptxas=-v", *backend_sm90.CUDA_FLAGS]
-    cmd = jit.nvcc_compile_only_command(source, "9.0a", tmp_path / f"{source.stem}.cubin", extra_flags=flags)
-    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    assert result.returncode == 0, f"nvcc failed for {source.name} (product flags):\n{result.stderr}"
-    return result.stderr
-
-
 def test_product_library_splits_the_kernels_between_two_cta_shapes(tmp_path):
     """The product build (backend_sm90.SOURCES with its CUDA_FLAGS): the two-consumer file instantiates only
     head dim 128 with exp2 P and V-Smooth, the three-consumer file the other 14 kernels, each kernel
     exactly once between them, with the register pool of its CTA size (168 for 384 threads, 128 for 512)."""
     assert backend_sm90.SOURCES[1:] == (LAUNCHER.name, LAUNCHER_C3.name)
-    two, three = (_product_report(src, tmp_path) for src in (LAUNCHER, LAUNCHER_C3))
+    two, three = (_ptxas_report(src, tmp_path / f"{src.stem}.cubin", backend_sm90.CUDA_FLAGS, "(product flags)")
+                  for src in (LAUNCHER, LAUNCHER_C3))
     # template arguments: <head dim, ExpCast, V-Smooth, output type, stages>, under the consumer namespace
     args = lambda report, ns: {re.search(r"ILi(\d+)ELb(\d)ELb(\d)E(\w+?)Li", k).groups()
                                for k in re.findall(KERNEL_ENTRY, report) if f"consumers{ns}" in k}
