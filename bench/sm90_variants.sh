@@ -31,7 +31,14 @@ declare -A FLAGS=(
   [noclampcheck]="-DVC_EXPCAST_CLAMP_CHECK=0"
   [pair]="-DVC_SM90_PAIR=1"
   [c3]="-DVC_SM90_CONSUMERS=3"
-  [split]="-DVC_SM90_SPLIT=1"
+  [c3s5]="-DVC_SM90_CONSUMERS=3 -DVC_SM90_STAGES_D128=5"
+  [c3s6]="-DVC_SM90_CONSUMERS=3 -DVC_SM90_STAGES_D128=6"
+  [c3desc]="-DVC_SM90_CONSUMERS=3 -DVC_SM90_DESC_ADD=1"
+  [s256]="-DVC_SM90_STEP256=1 -DVC_SM90_STEP256_TURNS=1"
+  [s256nt]="-DVC_SM90_STEP256=1 -DVC_SM90_STEP256_TURNS=0"
+  [s256nt6]="-DVC_SM90_STEP256=1 -DVC_SM90_STEP256_TURNS=0 -DVC_SM90_STAGES_D128=6"
+  [s256desc]="-DVC_SM90_STEP256=1 -DVC_SM90_STEP256_TURNS=1 -DVC_SM90_DESC_ADD=1"
+  [split]="-DVC_SM90_SPLIT=1 -DVC_SM90_STEP256=1"  # the product library (backend_sm90.CUDA_FLAGS)
   [c3poly1]="-DVC_SM90_CONSUMERS=3 -DVC_SM90_EXP2_POLY=1"
   [c3poly2]="-DVC_SM90_CONSUMERS=3 -DVC_SM90_EXP2_POLY=2"
   [serial]="-DVC_SM90_SERIAL=1"
@@ -93,7 +100,9 @@ done
 # corrupts its CUDA context cannot take the others down; only passing variants are timed
 for name in $NAMES; do
   [[ -f "$BUILD/sm90_$name.so" ]] || continue
-  timeout -k 10 300 python3 bench/sm90_check.py --lib "$BUILD/sm90_$name.so" --skip-timing --out "$OUT/check_$name" \
+  # the 256-key step variants are emulated with their own online-softmax step at head dim 128
+  step=128; [[ "${FLAGS[$name]}" == *VC_SM90_STEP256=1* ]] && step=256
+  SM90_STEP_D128=$step timeout -k 10 300 python3 bench/sm90_check.py --lib "$BUILD/sm90_$name.so" --skip-timing --out "$OUT/check_$name" \
     >"$OUT/check_$name.log" 2>&1 &
 done
 wait || true

@@ -22,8 +22,8 @@ EXTENSION_NAME = "vc_attention_sm90"
 # sm90_launch.cu (two consumer warpgroups per CTA) and sm90_launch_c3.cu (three) split the kernels
 # between them by head dim and mode (split_consumers in sm90_launch.cu; docs/kernel-notes.md section 17)
 SOURCES = ("sm90_binding.cpp", "sm90_launch.cu", "sm90_launch_c3.cu")
-CUDA_FLAGS = ("-DVC_SM90_SPLIT=1",)
-SOFTMAX_STEP_KEYS = K_BLOCK  # one online-softmax step per 128-key tile (kBlockN in sm90_attention.cuh)
+# VC_SM90_STEP256: the two-consumer build (head dim 128 fidelity) steps its online softmax by 256 keys
+CUDA_FLAGS = ("-DVC_SM90_SPLIT=1", "-DVC_SM90_STEP256=1")
 ARCH = "9.0a"  # wgmma and setmaxnreg exist only in the arch-specific Hopper target
 CONSTRAINTS = Constraints(
     min_capability=(9, 0),
@@ -36,6 +36,14 @@ CONSTRAINTS = Constraints(
     jit_arch=ARCH,
     needs_jit=True,
 )
+
+
+def softmax_step_keys(head_dim: int, config: VCConfig) -> int:
+    """Keys per online-softmax step of the kernel that runs (head_dim, config), its emulation's
+    offset_block: 256 for head dim 128 with exp2 P and V-Smooth (fidelity: the two-consumer build's
+    256-key loop), else one 128-key tile (kBlockN). The rule of vc_sm90_step_keys (sm90_launch.cu), asked
+    without building the extension; tests/test_backends_gpu.py checks that the two agree."""
+    return 2 * K_BLOCK if head_dim == 128 and config.p != "expcast" and config.v == "vsmooth" else K_BLOCK
 
 
 @functools.cache
@@ -54,4 +62,4 @@ def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.
 
 
 register(Backend(name="sm90", priority=60, constraints=CONSTRAINTS, attend=attention_from_operands,
-                 softmax_step_keys=SOFTMAX_STEP_KEYS))
+                 softmax_step_keys=softmax_step_keys))

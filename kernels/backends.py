@@ -116,8 +116,9 @@ class Backend:
     run: Optional[RunFn] = None
     slow: bool = False  # the emulation: never chosen silently in place of a fast path
     # keys per online-softmax step: where the kernel's running max (and so the P quantization) can
-    # move; its exact emulation is reference.vc_attention_reference(..., offset_block=softmax_step_keys)
-    softmax_step_keys: int = K_BLOCK
+    # move; its exact emulation is reference.vc_attention_reference(..., offset_block=softmax_step(...)).
+    # An int, or (head_dim, config) -> int where the step differs by case (sm90's 256-key loop)
+    softmax_step_keys: int | Callable[[int, VCConfig], int] = K_BLOCK
     # availability (toolkit, GPU arch) cannot change within a process, and checking it can spawn
     # `nvcc --version` (milliseconds): it is asked once, not on every attention call
     _availability: tuple[Optional[str]] | None = field(default=None, init=False, repr=False)
@@ -127,6 +128,11 @@ class Backend:
             raise ValueError(f"backend {self.name!r} needs exactly one of attend (over prepared operands) or run.")
         if self.attend is not None:
             self.run = prepared_run(self.attend)
+
+    def softmax_step(self, head_dim: int, config: VCConfig) -> int:
+        """Keys per online-softmax step of the kernel this backend runs for (head_dim, config)."""
+        step = self.softmax_step_keys
+        return step(head_dim, config) if callable(step) else step
 
     def availability(self) -> Optional[str]:
         """Why this backend cannot run in this process at all (None: it can), computed once."""

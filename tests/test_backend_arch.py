@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from vc_attention.kernels import backend_mma, backends, jit
+from vc_attention.kernels.config import SPEED
 
 from .test_cuda_compile import ARCHS as COMPILED_ARCHS
 
@@ -81,6 +82,6 @@ def test_mma_runs_the_wide_build_with_fp8_through_f16_only_where_fp8_mma_sync_is
     assert {"-DVC_MMA_WIDE=1", "-DVC_MMA_COALESCED_COPY=1", "-DVC_MMA_RESTORE_PER_TILE=1"} <= set(flags)
     assert ("-DVC_MMA_E4M3_VIA_F16=1" in flags) == (FAMILIES[capability][1] in ("9.0a", "10.0a"))
     # the wide layout steps its online softmax by 64 keys: the emulation the GPU suites use for it
-    assert backends.get("mma").softmax_step_keys == 64
+    assert backends.get("mma").softmax_step(128, SPEED) == 64
     # module names stay short (the JIT cache path repeats them; Windows allows 260 characters)
     assert len(name) <= len(backend_mma.EXTENSION_NAME) + 11 and name != backend_mma.extension_name(())

@@ -54,7 +54,7 @@ def test_a_dispatcher_call_runs_a_cuda_kernel_within_the_gate(monkeypatch):
     ran = [name for name in FAST if BACKEND_CALLS[name] == before[name] + 1]
     assert len(ran) == 1 and vc.stats.kernel_calls == {ran[0]: 1} and not vc.stats.fallbacks
     qb, kb, vb = (t.transpose(1, 2).contiguous() for t in (q, k, v))
-    step = backends.get(ran[0]).softmax_step_keys  # the kernel that ran: its online-softmax step
+    step = backends.get(ran[0]).softmax_step(qb.shape[-1], vc.kernel_config)  # the kernel that ran: its step
     ref64 = reference.vc_attention_reference(qb, kb, vb, vc.kernel_config, perm=perms[0], parts=True,
                                              offset_block=step).out
     rounding = _rel_l2(ref64.to(torch.bfloat16), ref64)

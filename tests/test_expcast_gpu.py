@@ -45,6 +45,9 @@ def _random_qkv(n, d, dtype, seed):
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
+BACKEND_NAMES = {backend_mma: "mma", backend_sm90: "sm90"}
+
+
 def _run(kernel, q, k, v, perm, config=SPEED):
     ops = prepare_cuda(q, k, v, perm, config, "bhnd")
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")
@@ -52,9 +55,9 @@ def _run(kernel, q, k, v, perm, config=SPEED):
 
 
 def _emulation(kernel, q, k, v, perm, config):
-    """The float64 emulation of `kernel` (its online-softmax step)."""
-    return reference.vc_attention_reference(q, k, v, config, perm=perm, parts=True,
-                                            offset_block=kernel.SOFTMAX_STEP_KEYS).out
+    """The float64 emulation of `kernel` (its online-softmax step for this head dim and mode)."""
+    step = backends.get(BACKEND_NAMES[kernel]).softmax_step(q.shape[-1], config)
+    return reference.vc_attention_reference(q, k, v, config, perm=perm, parts=True, offset_block=step).out
 
 
 def _check(out, ref64):

@@ -100,6 +100,7 @@ def test_product_library_splits_the_kernels_between_two_cta_shapes(tmp_path):
     head dim 128 with exp2 P and V-Smooth, the three-consumer file the other 14 kernels, each kernel
     exactly once between them, with the register pool of its CTA size (168 for 384 threads, 128 for 512)."""
     assert backend_sm90.SOURCES[1:] == (LAUNCHER.name, LAUNCHER_C3.name)
+    assert VARIANTS["split"] == list(backend_sm90.CUDA_FLAGS)  # the benchmark's `split` is the product build
     two, three = (_ptxas_report(src, tmp_path / f"{src.stem}.cubin", backend_sm90.CUDA_FLAGS, "(product flags)")
                   for src in (LAUNCHER, LAUNCHER_C3))
     # template arguments: <head dim, ExpCast, V-Smooth, output type, stages>, under the consumer namespace

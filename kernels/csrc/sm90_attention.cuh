@@ -118,6 +118,27 @@ constexpr bool pair_accumulation() {
   return VC_SM90_PAIR && D == 128 && STAGES % 2 == 0 && !p_through_smem<D, EXPCAST>() && !mean_by_mma<D, EXPCAST, VSMOOTH>();
 }
 
+#ifndef VC_SM90_STEP256
+#define VC_SM90_STEP256 0  // head dim 128, two consumer warpgroups: online-softmax steps of 256 keys (variant)
+#endif
+#ifndef VC_SM90_STEP256_TURNS
+#define VC_SM90_STEP256_TURNS 0  // 1: the 256-key loop's two warpgroups take turns issuing their wgmma batches
+#endif
+// 256-key steps (VC_SM90_STEP256=1, head dim 128, two consumer warpgroups at 240 registers): one loop
+// trip = QK of two 128-key tiles (two stages, one commit group), one online-softmax step over their 256
+// scores (one running-max update, one alpha, one quad reduction per tile pair), PV of both tiles into
+// one fresh accumulator, one fold restoring both tiles' V-Smooth means (fold_pair with alpha_b = 1; the
+// two row sums stay apart through the stage-parity ones rows of pair accumulation). Per 128 keys that
+// halves the per-step work that does not scale with the keys: the fold (2 -> 1.5 FFMA per O element
+// with V-Smooth, 1 -> 0.5 without), the row max / alpha / row constants, the barrier and descriptor
+// overhead. The loop is serial (the 128 score registers leave no room for an overlapped PV); the two
+// warpgroups run free (VC_SM90_STEP256_TURNS=1: they take turns, measured slower in exp2 mode). The
+// wgmma's reduced-precision accumulation runs over 256 keys before the float32 fold (as pair
+// accumulation). Its exact emulation: reference offset_block = 256 (Backend.softmax_step_keys).
+constexpr bool step256(int head_dim, int consumers, int stages) {
+  return VC_SM90_STEP256 && head_dim == 128 && consumers == 2 && stages % 2 == 0;
+}
+
 // The batched mean restore's B operand, mu/v_scale split into TF32 hi + lo (two K-major 128x8 or 64x8
 // TF32 tiles per chunk, no swizzle): element (channel n, tile k) at 8-row group n/8 (256 bytes apart),
 // 4-column half k/4 (128 bytes apart), then row n%8 (16 bytes) and column k%4 (4 bytes).
@@ -281,55 +302,77 @@ struct RowScale {
 };
 __device__ __forceinline__ RowScale operator*(const RowScale& q_sc, float k_sc) { return {{q_sc.r[0] * k_sc, q_sc.r[1] * k_sc}}; }
 
-// One 64x128 score tile -> quantized P as FP8 A fragments. Updates the running offset M (the exact
-// running max of the scaled scores, reference.running_row_offsets) and returns the rescale factor
-// alpha = 2^(M_old - M_new) of each of the thread's two rows.
-// MASK: only the first `valid` keys of the tile exist (the tail tile).
-template <bool EXPCAST, bool MASK>
-__device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], const RowScale& sc, int valid, int t,
-                                             float (&row_off)[2], float (&alpha)[2], uint32_t (&pa)[4][4]) {
+// One online-softmax step over H 128-key tiles (H = 1; H = 2: the 256-key steps of VC_SM90_STEP256)
+// -> quantized P as FP8 A fragments (k-steps 4h..4h+3 from tile h). Updates the running offset M (the
+// exact running max of the scaled scores over the step's keys, reference.running_row_offsets with
+// offset_block = 128 H) and returns the rescale factor alpha = 2^(M_old - M_new) of each of the
+// thread's two rows. Tile h's scores s[64h..64h+63] carry their own K scale (sc[h]); the speed
+// encoding's block max a0 is the largest integer score of the whole step (reference.block_row_max
+// over 128 H keys), each tile's row constants built from it with that tile's scale.
+// MASK: only the first `valid` keys of the step's last tile exist (the tail tile).
+template <bool EXPCAST, bool MASK, int H>
+__device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const RowScale (&sc)[H], int valid, int t,
+                                             float (&row_off)[2], float (&alpha)[2], uint32_t (&pa)[4 * H][4]) {
+  static_assert(H == 1 || H == 2, "one or two tiles per online-softmax step");
   // the speed encoding works on the integer scores (p_encoding.cuh) unless a byte-code variant is built
   [[maybe_unused]] constexpr bool kIntCodes = EXPCAST && !VC_EXPCAST_BYTE_CODES;
+  static_assert(H == 1 || !VC_EXPCAST_BYTE_CODES, "the byte-code ExpCast variants take one tile per step");
+  // whether key column (c, e) of tile h is past the valid keys (only the step's last tile is partial)
+  auto masked = [&](int h, int c, int e) { return MASK && h == H - 1 && key_of_column(c, t, e) >= valid; };
   // row max on the exact integers: float(acc) * sc is monotone in acc (sc >= 0), so the float max is
   // float(max acc) * sc, rounded exactly as the reference rounds it
   // independent partial maxima per row: a shallow tree instead of one 32-deep dependency chain. Four
   // in the speed path; two in fidelity mode, whose head-dim-128 V-Smooth kernel otherwise spills (its
   // two per-row score scales and two row constants are live through the encoding)
   constexpr int kParts = EXPCAST ? 4 : 2;
-  int part[2][kParts];
+  int mx[H][2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r)
+  for (int h = 0; h < H; ++h) {
+    int part[2][kParts];
 #pragma unroll
-    for (int q = 0; q < kParts; ++q) part[r][q] = INT_MIN;
+    for (int r = 0; r < 2; ++r)
 #pragma unroll
-  for (int c = 0; c < 16; ++c)
+      for (int q = 0; q < kParts; ++q) part[r][q] = INT_MIN;
 #pragma unroll
-    for (int e = 0; e < 2; ++e)
-      if (!MASK || key_of_column(c, t, e) < valid) {
-        part[0][(2 * c + e) % kParts] = max(part[0][(2 * c + e) % kParts], s[4 * c + e]);
-        part[1][(2 * c + e) % kParts] = max(part[1][(2 * c + e) % kParts], s[4 * c + 2 + e]);
-      }
-  int mx[2];
+    for (int c = 0; c < 16; ++c)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (!masked(h, c, e)) {
+          part[0][(2 * c + e) % kParts] = max(part[0][(2 * c + e) % kParts], s[64 * h + 4 * c + e]);
+          part[1][(2 * c + e) % kParts] = max(part[1][(2 * c + e) % kParts], s[64 * h + 4 * c + 2 + e]);
+        }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[h][r] = max(part[r][0], part[r][1]);
+      if constexpr (kParts == 4) mx[h][r] = max(mx[h][r], max(part[r][2], part[r][3]));
+      mx[h][r] = max(mx[h][r], __shfl_xor_sync(0xffffffff, mx[h][r], 1));
+      mx[h][r] = max(mx[h][r], __shfl_xor_sync(0xffffffff, mx[h][r], 2));
+    }
+  }
   float base[2];
 #if VC_EXPCAST_BYTE_CODES
   vc_p::ExpCastRow prow[2];
 #else
-  vc_p::ExpCastIntRow irow[2];
+  vc_p::ExpCastIntRow irow[H][2];
 #endif
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    mx[r] = max(part[r][0], part[r][1]);
-    if constexpr (kParts == 4) mx[r] = max(mx[r], max(part[r][2], part[r][3]));
-    mx[r] = max(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
-    mx[r] = max(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
-    const float m_new = fmaxf(row_off[r], static_cast<float>(mx[r]) * sc.r[r]);
+    float m_new = row_off[r];
+    int a0 = mx[0][r];
+#pragma unroll
+    for (int h = 0; h < H; ++h) {
+      m_new = fmaxf(m_new, static_cast<float>(mx[h][r]) * sc[h].r[r]);
+      a0 = max(a0, mx[h][r]);
+    }
     alpha[r] = rescale_factor<EXPCAST>(row_off[r], m_new);
     row_off[r] = m_new;
     base[r] = vc::kPLog2Max - m_new;  // fidelity: arg = s + float32(8 - M), reference.p_exp2_cast
 #if VC_EXPCAST_BYTE_CODES
-    prow[r] = vc_p::expcast_row(sc.r[r], m_new);
+    prow[r] = vc_p::expcast_row(sc[0].r[r], m_new);
 #else
-    if constexpr (kIntCodes) irow[r] = vc_p::expcast_int_row(sc.r[r], mx[r], m_new);  // reference.expcast_bits
+#pragma unroll
+    for (int h = 0; h < H; ++h)
+      if constexpr (kIntCodes) irow[h][r] = vc_p::expcast_int_row(sc[h].r[r], a0, m_new);  // reference.expcast_bits
 #endif
   }
   // register r of k-step kk holds row g (r even) or g+8 (r odd) at keys 32kk + 16(r/2) + 4t + 0..3,
@@ -337,51 +380,56 @@ __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], const RowSc
   auto encode = [&](auto clamp_tag) {
     [[maybe_unused]] constexpr bool kClamp = decltype(clamp_tag)::value;
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
+    for (int h = 0; h < H; ++h)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int c0 = 4 * kk + 2 * (r >> 1), row = r & 1;
-        float a[4];
+      for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int chunk = c0 + (q >> 1), e = q & 1;
-          const bool masked = MASK && key_of_column(chunk, t, e) >= valid;
+        for (int r = 0; r < 4; ++r) {
+          const int c0 = 4 * kk + 2 * (r >> 1), row = r & 1;
+          float a[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int chunk = c0 + (q >> 1), e = q & 1;
+            const bool off = masked(h, chunk, e);
+            const int32_t acc = s[64 * h + 4 * chunk + 2 * row + e];
 #if !VC_EXPCAST_BYTE_CODES
-          if constexpr (kIntCodes) {  // one integer max + one IMAD on the raw accumulator; masked: code 0
-            if constexpr (kClamp)
-              a[q] = vc_p::expcast_int_float(masked ? INT_MIN : s[4 * chunk + 2 * row + e], irow[row]);
-            else
-              a[q] = vc_p::expcast_int_float_unclamped(s[4 * chunk + 2 * row + e], irow[row]);
-            continue;
-          }
+            if constexpr (kIntCodes) {  // one integer max + one IMAD on the raw accumulator; masked: code 0
+              if constexpr (kClamp)
+                a[q] = vc_p::expcast_int_float(off ? INT_MIN : acc, irow[h][row]);
+              else
+                a[q] = vc_p::expcast_int_float_unclamped(acc, irow[h][row]);
+              continue;
+            }
 #endif
-          const float x = int_to_float_exact(s[4 * chunk + 2 * row + e]);
+            const float x = int_to_float_exact(acc);
 #if VC_EXPCAST_BYTE_CODES
-          if constexpr (EXPCAST) {
-            a[q] = masked ? vc_p::expcast_masked_arg() : vc_p::expcast_arg(x, prow[row]);
-            continue;
-          }
+            if constexpr (EXPCAST) {
+              a[q] = off ? vc_p::expcast_masked_arg() : vc_p::expcast_arg(x, prow[row]);
+              continue;
+            }
 #endif
-          a[q] = masked ? neg_inf() : fmaf(x, sc.r[row], base[row]);
-        }
+            a[q] = off ? neg_inf() : fmaf(x, sc[h].r[row], base[row]);
+          }
 #if VC_EXPCAST_BYTE_CODES
-        pa[kk][r] = EXPCAST ? vc_p::expcast_pack4(a[0], a[1], a[2], a[3]) : encode_exp2(a[0], a[1], a[2], a[3]);
+          pa[4 * h + kk][r] = EXPCAST ? vc_p::expcast_pack4(a[0], a[1], a[2], a[3]) : encode_exp2(a[0], a[1], a[2], a[3]);
 #else
-        pa[kk][r] = EXPCAST ? vc_p::cast_e4m3x4(a[0], a[1], a[2], a[3]) : encode_exp2(a[0], a[1], a[2], a[3]);
+          pa[4 * h + kk][r] = EXPCAST ? vc_p::cast_e4m3x4(a[0], a[1], a[2], a[3]) : encode_exp2(a[0], a[1], a[2], a[3]);
 #endif
-      }
+        }
   };
 #if !VC_EXPCAST_BYTE_CODES
   if constexpr (kIntCodes && !MASK && VC_EXPCAST_CLAMP_CHECK) {
     // the clamp changes nothing when every score is >= a_lo: the thread's row minima, one vote per warp
     int lo_ok = 1;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      int mn = s[2 * r];
+    for (int h = 0; h < H; ++h)
 #pragma unroll
-      for (int c = 0; c < 16; ++c) mn = min(mn, min(s[4 * c + 2 * r], s[4 * c + 2 * r + 1]));
-      lo_ok &= mn >= irow[r].lo;
-    }
+      for (int r = 0; r < 2; ++r) {
+        int mn = s[64 * h + 2 * r];
+#pragma unroll
+        for (int c = 0; c < 16; ++c) mn = min(mn, min(s[64 * h + 4 * c + 2 * r], s[64 * h + 4 * c + 2 * r + 1]));
+        lo_ok &= mn >= irow[h][r].lo;
+      }
     if (__all_sync(0xffffffffu, lo_ok)) {
       encode(std::false_type{});
       return;
@@ -389,6 +437,14 @@ __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], const RowSc
   }
 #endif
   encode(std::true_type{});
+}
+
+// One 64x128 score tile (the loops that step the online softmax by one tile).
+template <bool EXPCAST, bool MASK>
+__device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], const RowScale& sc, int valid, int t,
+                                             float (&row_off)[2], float (&alpha)[2], uint32_t (&pa)[4][4]) {
+  const RowScale scs[1] = {sc};
+  softmax_keys<EXPCAST, MASK, 1>(s, scs, valid, t, row_off, alpha, pa);
 }
 
 // O = alpha O + (P R + l_blk mu/v_scale);  l = alpha l + l_blk. The tile's P R comes from a fresh
@@ -572,7 +628,9 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   const float* ksc_smem = reinterpret_cast<const float*>(smem + L::kKscOff);
   auto k_tile = [&](int s) { return smem + L::kKOff + s * L::kKBytes; };
   auto vt_tile = [&](int s) { return smem + L::kVOff + s * L::kVBytes; };
-  constexpr bool kTurns = take_turns<D, VSMOOTH>();
+  constexpr bool kStep256 = step256(D, kConsumers, STAGES);
+  static_assert(!kStep256 || (!kPSmem && !kMeanMma), "the 256-key loop reads P from registers and restores the means per tile");
+  constexpr bool kTurns = kStep256 ? VC_SM90_STEP256_TURNS != 0 : take_turns<D, VSMOOTH>();
   auto turn_begin = [&]() {
     if (kTurns) named_sync(1 + wg, 256);
   };
@@ -644,252 +702,334 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   mbar_wait(bar_q, 0);
   if (kTurns && wg == 1) named_arrive(1, 256);  // warpgroup 0 takes the first turn
 
-  mbar_wait(&bar_full[0], 0);
-  turn_begin();
-  reg_fence(s_acc);
-  wgmma_fence();
-  issue_qk<D>(s_acc, q_tile, k_tile(0));
-  wgmma_commit();
-  turn_end();
-  wgmma_wait<0>();
-  reg_fence(s_acc);
-  softmax(s_acc, q_sc * ksc_smem[0], has_tail && n_kv == 1, row_off, alpha, pa);
-
-  // the last tile's PV, then its fold
-  // the single-stream loops' batch [PV(j-1), QK(j)] and its wait (accumulate: PV(j-1) adds to the
-  // accumulator, pair accumulation's second tile)
-  auto pv_qk_batch = [&](int j, bool accumulate) {
-    const int sj = j % STAGES, sp = (j - 1) % STAGES;
-    mbar_wait(&bar_full[sj], (j / STAGES) & 1);
+  if constexpr (kStep256) {
+    // 256-key steps (step256()): per trip QK of tiles 2m and 2m+1 (adjacent stages of an even ring),
+    // one softmax step over both, PV of both into one accumulator, one fold; an odd last tile on its own
+    int32_t s2[128];
+    uint32_t p2[8][4];
+    auto& s_lo = *reinterpret_cast<int32_t(*)[64]>(&s2[0]);
+    auto& s_hi = *reinterpret_cast<int32_t(*)[64]>(&s2[64]);
+    auto& p_lo = *reinterpret_cast<uint32_t(*)[4][4]>(&p2[0][0]);
+    auto& p_hi = *reinterpret_cast<uint32_t(*)[4][4]>(&p2[4][0]);
+    const float one[2] = {1.f, 1.f};
+    // the turn after a batch: passed on, except after the last one, when warpgroup 0 gives warpgroup 1
+    // its last turn and warpgroup 1 owes nothing (no arrival left pending at exit)
+    auto turn_end_of = [&](bool last) {
+      if (!last)
+        turn_end();
+      else if (kTurns && wg == 0)
+        named_arrive(2, 256);
+    };
+    const int n_pairs = n_kv / 2;
+    const bool odd = n_kv & 1;
+    for (int m = 0; m < n_pairs; ++m) {
+      const int j0 = 2 * m, s0 = j0 % STAGES, s1 = (j0 + 1) % STAGES;
+      const bool last = !odd && m == n_pairs - 1;
+      mbar_wait(&bar_full[s0], (j0 / STAGES) & 1);
+      mbar_wait(&bar_full[s1], ((j0 + 1) / STAGES) & 1);
+      turn_begin();
+      reg_fence(s2);
+      wgmma_fence();
+      issue_qk<D>(s_lo, q_tile, k_tile(s0));
+      issue_qk<D>(s_hi, q_tile, k_tile(s1));
+      wgmma_commit();
+      turn_end();
+      wgmma_wait<0>();
+      reg_fence(s2);
+      const RowScale sc2[2] = {q_sc * ksc_smem[s0], q_sc * ksc_smem[s1]};
+      if (has_tail && last)
+        softmax_keys<EXPCAST, true, 2>(s2, sc2, valid_last, t, row_off, alpha, p2);
+      else
+        softmax_keys<EXPCAST, false, 2>(s2, sc2, kBlockN, t, row_off, alpha, p2);
+      turn_begin();
+      reg_fence(p2);
+      reg_fence(pv);
+      wgmma_fence();
+      issue_pv<D>(pv, p_lo, vt_tile(s0));
+      issue_pv<D>(pv, p_hi, vt_tile(s1), true);
+      wgmma_commit();
+      turn_end_of(last);
+      wgmma_wait<0>();
+      reg_fence(pv);
+      reg_fence(p2);
+      fold_pair<D, VSMOOTH>(o, row_sum, pv, alpha, one, mu_smem + s0 * D, mu_smem + s1 * D, t);
+      release(s0);
+      release(s1);
+    }
+    if (odd) {  // tile n_kv - 1 (even index: its stage's ones rows are the even columns fold_tile reads)
+      const int j = n_kv - 1, sj = j % STAGES;
+      mbar_wait(&bar_full[sj], (j / STAGES) & 1);
+      turn_begin();
+      reg_fence(s_lo);
+      wgmma_fence();
+      issue_qk<D>(s_lo, q_tile, k_tile(sj));
+      wgmma_commit();
+      turn_end();
+      wgmma_wait<0>();
+      reg_fence(s_lo);
+      softmax(s_lo, q_sc * ksc_smem[sj], has_tail, row_off, alpha, p_lo);
+      turn_begin();
+      reg_fence(p_lo);
+      reg_fence(pv);
+      wgmma_fence();
+      issue_pv<D>(pv, p_lo, vt_tile(sj));
+      wgmma_commit();
+      turn_end_of(true);
+      wgmma_wait<0>();
+      reg_fence(pv);
+      reg_fence(p_lo);
+      fold_tile<D, VSMOOTH>(o, row_sum, pv, alpha, mu_smem + sj * D, t);
+      release(sj);
+    }
+  } else {
+    mbar_wait(&bar_full[0], 0);
     turn_begin();
-    reg_fence(pa);
-    reg_fence(pv);
     reg_fence(s_acc);
     wgmma_fence();
-    issue_pv<D>(pv, pa, vt_tile(sp), accumulate);
-    wgmma_commit();
-    issue_qk<D>(s_acc, q_tile, k_tile(sj));
+    issue_qk<D>(s_acc, q_tile, k_tile(0));
     wgmma_commit();
     turn_end();
     wgmma_wait<0>();
-    reg_fence(pv);
     reg_fence(s_acc);
-    reg_fence(pa);
-  };
-  // the last tile's PV (accumulate: it adds to the accumulator, pair accumulation's second tile)
-  auto last_pv = [&](uint32_t(&pa_x)[4][4], bool accumulate) {
-    turn_begin();
-    reg_fence(pa_x);
-    reg_fence(pv);
-    wgmma_fence();
-    issue_pv<D>(pv, pa_x, vt_tile((n_kv - 1) % STAGES), accumulate);
-    wgmma_commit();
-    if (kTurns && wg == 0) named_arrive(2, 256);  // the other warpgroup's last turn
-    wgmma_wait<0>();
-    reg_fence(pv);
-  };
-  auto finish = [&](uint32_t(&pa_x)[4][4], float(&alpha_x)[2]) {
-    const int sl = (n_kv - 1) % STAGES;
-    last_pv(pa_x, false);
-    fold(n_kv - 1, alpha_x, sl);
-    flush_means(n_kv - 1);
-    release(sl);
-  };
+    softmax(s_acc, q_sc * ksc_smem[0], has_tail && n_kv == 1, row_off, alpha, pa);
 
-  if constexpr (kSerial) {
-    // One batch in flight: PV(j) after the softmax of tile j, then the fold, then QK(j+1). The scores
-    // are dead once P is encoded, so the PV accumulator can take their registers: ~150 live instead of
-    // ~215 (the price: this warpgroup's softmax never overlaps its own wgmmas; the other consumer
-    // warpgroups' do).
-    static_assert(!kPSmem, "P through shared memory belongs to the overlapped loop, not the serial one");
-    for (int j = 0; j < n_kv; ++j) {
-      const int sj = j % STAGES;
+    // the last tile's PV, then its fold
+    // the single-stream loops' batch [PV(j-1), QK(j)] and its wait (accumulate: PV(j-1) adds to the
+    // accumulator, pair accumulation's second tile)
+    auto pv_qk_batch = [&](int j, bool accumulate) {
+      const int sj = j % STAGES, sp = (j - 1) % STAGES;
+      mbar_wait(&bar_full[sj], (j / STAGES) & 1);
+      turn_begin();
       reg_fence(pa);
       reg_fence(pv);
+      reg_fence(s_acc);
       wgmma_fence();
-      issue_pv<D>(pv, pa, vt_tile(sj));
+      issue_pv<D>(pv, pa, vt_tile(sp), accumulate);
       wgmma_commit();
+      issue_qk<D>(s_acc, q_tile, k_tile(sj));
+      wgmma_commit();
+      turn_end();
       wgmma_wait<0>();
       reg_fence(pv);
+      reg_fence(s_acc);
       reg_fence(pa);
-      fold(j, alpha, sj);
-      flush_means(j);
-      release(sj);
-      if (j + 1 < n_kv) {
-        const int sn = (j + 1) % STAGES;
-        mbar_wait(&bar_full[sn], ((j + 1) / STAGES) & 1);
-        reg_fence(s_acc);
+    };
+    // the last tile's PV (accumulate: it adds to the accumulator, pair accumulation's second tile)
+    auto last_pv = [&](uint32_t(&pa_x)[4][4], bool accumulate) {
+      turn_begin();
+      reg_fence(pa_x);
+      reg_fence(pv);
+      wgmma_fence();
+      issue_pv<D>(pv, pa_x, vt_tile((n_kv - 1) % STAGES), accumulate);
+      wgmma_commit();
+      if (kTurns && wg == 0) named_arrive(2, 256);  // the other warpgroup's last turn
+      wgmma_wait<0>();
+      reg_fence(pv);
+    };
+    auto finish = [&](uint32_t(&pa_x)[4][4], float(&alpha_x)[2]) {
+      const int sl = (n_kv - 1) % STAGES;
+      last_pv(pa_x, false);
+      fold(n_kv - 1, alpha_x, sl);
+      flush_means(n_kv - 1);
+      release(sl);
+    };
+
+    if constexpr (kSerial) {
+      // One batch in flight: PV(j) after the softmax of tile j, then the fold, then QK(j+1). The scores
+      // are dead once P is encoded, so the PV accumulator can take their registers: ~150 live instead of
+      // ~215 (the price: this warpgroup's softmax never overlaps its own wgmmas; the other consumer
+      // warpgroups' do).
+      static_assert(!kPSmem, "P through shared memory belongs to the overlapped loop, not the serial one");
+      for (int j = 0; j < n_kv; ++j) {
+        const int sj = j % STAGES;
+        reg_fence(pa);
+        reg_fence(pv);
         wgmma_fence();
-        issue_qk<D>(s_acc, q_tile, k_tile(sn));
+        issue_pv<D>(pv, pa, vt_tile(sj));
         wgmma_commit();
         wgmma_wait<0>();
+        reg_fence(pv);
+        reg_fence(pa);
+        fold(j, alpha, sj);
+        flush_means(j);
+        release(sj);
+        if (j + 1 < n_kv) {
+          const int sn = (j + 1) % STAGES;
+          mbar_wait(&bar_full[sn], ((j + 1) / STAGES) & 1);
+          reg_fence(s_acc);
+          wgmma_fence();
+          issue_qk<D>(s_acc, q_tile, k_tile(sn));
+          wgmma_commit();
+          wgmma_wait<0>();
+          reg_fence(s_acc);
+          softmax(s_acc, q_sc * ksc_smem[sn], has_tail && j + 1 == n_kv - 1, row_off, alpha, pa);
+        }
+      }
+    } else if constexpr (kPSmem) {
+      // Batch [QK(j), PV(j-1)] with P(j-1) read from shared memory: the softmax of tile j overlaps
+      // this warpgroup's own PV(j-1) without a second P register set. Two P tiles per warpgroup: the
+      // softmax of tile j writes one while PV(j-1) reads the other. Before a PV is issued every thread
+      // of the warpgroup has stored its part of P and fenced it for the async proxy (barrier 3 + wg).
+      uint8_t* p_base = smem + L::kPOff + wg * 2 * L::kPTileBytes;
+      auto p_tile = [&](int j) { return p_base + (j & 1) * L::kPTileBytes; };
+      auto publish_p = [&](int j) {
+        store_p_tile(p_tile(j), pa, warp, g, t);
+        fence_proxy_async();
+      };
+      float alpha_prev[2];
+      publish_p(0);
+      for (int j = 1; j < n_kv; ++j) {
+        const int sj = j % STAGES, sp = (j - 1) % STAGES;
+        mbar_wait(&bar_full[sj], (j / STAGES) & 1);
+        named_sync(3 + wg, 128);  // P(j-1) complete in shared memory
+        turn_begin();
+        reg_fence(pv);
         reg_fence(s_acc);
-        softmax(s_acc, q_sc * ksc_smem[sn], has_tail && j + 1 == n_kv - 1, row_off, alpha, pa);
+        wgmma_fence();
+        issue_qk<D>(s_acc, q_tile, k_tile(sj));
+        wgmma_commit();
+        issue_pv_smem<D>(pv, p_tile(j - 1), vt_tile(sp));
+        wgmma_commit();
+        turn_end();
+        wgmma_wait<1>();
+        reg_fence(s_acc);
+        alpha_prev[0] = alpha[0];
+        alpha_prev[1] = alpha[1];
+        const RowScale sc = q_sc * ksc_smem[sj];
+        if (has_tail && j == n_kv - 1) {  // the store inside each branch: P is stored as it is encoded
+          softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
+          publish_p(j);
+        } else {
+          softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa);
+          publish_p(j);
+        }
+        wgmma_wait<0>();
+        reg_fence(pv);
+        fold(j - 1, alpha_prev, sp);
+        flush_means(j - 1);
+        release(sp);
       }
-    }
-  } else if constexpr (kPSmem) {
-    // Batch [QK(j), PV(j-1)] with P(j-1) read from shared memory: the softmax of tile j overlaps
-    // this warpgroup's own PV(j-1) without a second P register set. Two P tiles per warpgroup: the
-    // softmax of tile j writes one while PV(j-1) reads the other. Before a PV is issued every thread
-    // of the warpgroup has stored its part of P and fenced it for the async proxy (barrier 3 + wg).
-    uint8_t* p_base = smem + L::kPOff + wg * 2 * L::kPTileBytes;
-    auto p_tile = [&](int j) { return p_base + (j & 1) * L::kPTileBytes; };
-    auto publish_p = [&](int j) {
-      store_p_tile(p_tile(j), pa, warp, g, t);
-      fence_proxy_async();
-    };
-    float alpha_prev[2];
-    publish_p(0);
-    for (int j = 1; j < n_kv; ++j) {
-      const int sj = j % STAGES, sp = (j - 1) % STAGES;
-      mbar_wait(&bar_full[sj], (j / STAGES) & 1);
-      named_sync(3 + wg, 128);  // P(j-1) complete in shared memory
+      const int sl = (n_kv - 1) % STAGES;
+      named_sync(3 + wg, 128);
       turn_begin();
       reg_fence(pv);
-      reg_fence(s_acc);
       wgmma_fence();
-      issue_qk<D>(s_acc, q_tile, k_tile(sj));
+      issue_pv_smem<D>(pv, p_tile(n_kv - 1), vt_tile(sl));
       wgmma_commit();
-      issue_pv_smem<D>(pv, p_tile(j - 1), vt_tile(sp));
-      wgmma_commit();
-      turn_end();
-      wgmma_wait<1>();
-      reg_fence(s_acc);
-      alpha_prev[0] = alpha[0];
-      alpha_prev[1] = alpha[1];
-      const RowScale sc = q_sc * ksc_smem[sj];
-      if (has_tail && j == n_kv - 1) {  // the store inside each branch: P is stored as it is encoded
-        softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
-        publish_p(j);
+      if (kTurns && wg == 0) named_arrive(2, 256);  // the other warpgroup's last turn
+      wgmma_wait<0>();
+      reg_fence(pv);
+      fold(n_kv - 1, alpha, sl);
+      flush_means(n_kv - 1);
+      release(sl);
+    } else if constexpr (D == 64 && VC_SM90_D64_OVERLAP && (EXPCAST || VC_SM90_D64_OVERLAP_ALL)) {
+      // Head dim 64 has the registers for a second P fragment set, so the batch is [QK(j), PV(j-1)]
+      // and the softmax of tile j also overlaps this warpgroup's own PV(j-1) (H200: 16.8 -> 14.5 ms at
+      // (1,32,32768,64); with MUFU exp2 the single-stream fold+softmax below is faster). Unrolled by
+      // two with two fragment sets: a copy between them would let ptxas coalesce the sets and
+      // serialize every wgmma (warning C7513).
+      uint32_t pb[4][4];
+      float alpha_b[2];
+      auto step = [&](int j, uint32_t(&pa_prev)[4][4], float(&alpha_prev)[2], uint32_t(&pa_new)[4][4],
+                      float(&alpha_new)[2]) {
+        const int sj = j % STAGES, sp = (j - 1) % STAGES;
+        mbar_wait(&bar_full[sj], (j / STAGES) & 1);
+        turn_begin();
+        reg_fence(pa_prev);
+        reg_fence(pv);
+        reg_fence(s_acc);
+        wgmma_fence();
+        issue_qk<D>(s_acc, q_tile, k_tile(sj));
+        wgmma_commit();
+        issue_pv<D>(pv, pa_prev, vt_tile(sp));
+        wgmma_commit();
+        turn_end();
+        wgmma_wait<1>();
+        reg_fence(s_acc);
+        softmax(s_acc, q_sc * ksc_smem[sj], has_tail && j == n_kv - 1, row_off, alpha_new, pa_new);
+        wgmma_wait<0>();
+        reg_fence(pv);
+        reg_fence(pa_prev);
+        fold(j - 1, alpha_prev, sp);
+        flush_means(j - 1);
+        release(sp);
+      };
+      int j = 1;
+      for (; j + 1 < n_kv; j += 2) {
+        step(j, pa, alpha, pb, alpha_b);
+        step(j + 1, pb, alpha_b, pa, alpha);
+      }
+      if (j < n_kv) {
+        step(j, pa, alpha, pb, alpha_b);
+        finish(pb, alpha_b);
       } else {
-        softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa);
-        publish_p(j);
+        finish(pa, alpha);
       }
-      wgmma_wait<0>();
-      reg_fence(pv);
-      fold(j - 1, alpha_prev, sp);
-      flush_means(j - 1);
-      release(sp);
-    }
-    const int sl = (n_kv - 1) % STAGES;
-    named_sync(3 + wg, 128);
-    turn_begin();
-    reg_fence(pv);
-    wgmma_fence();
-    issue_pv_smem<D>(pv, p_tile(n_kv - 1), vt_tile(sl));
-    wgmma_commit();
-    if (kTurns && wg == 0) named_arrive(2, 256);  // the other warpgroup's last turn
-    wgmma_wait<0>();
-    reg_fence(pv);
-    fold(n_kv - 1, alpha, sl);
-    flush_means(n_kv - 1);
-    release(sl);
-  } else if constexpr (D == 64 && VC_SM90_D64_OVERLAP && (EXPCAST || VC_SM90_D64_OVERLAP_ALL)) {
-    // Head dim 64 has the registers for a second P fragment set, so the batch is [QK(j), PV(j-1)]
-    // and the softmax of tile j also overlaps this warpgroup's own PV(j-1) (H200: 16.8 -> 14.5 ms at
-    // (1,32,32768,64); with MUFU exp2 the single-stream fold+softmax below is faster). Unrolled by
-    // two with two fragment sets: a copy between them would let ptxas coalesce the sets and
-    // serialize every wgmma (warning C7513).
-    uint32_t pb[4][4];
-    float alpha_b[2];
-    auto step = [&](int j, uint32_t(&pa_prev)[4][4], float(&alpha_prev)[2], uint32_t(&pa_new)[4][4],
-                    float(&alpha_new)[2]) {
-      const int sj = j % STAGES, sp = (j - 1) % STAGES;
-      mbar_wait(&bar_full[sj], (j / STAGES) & 1);
-      turn_begin();
-      reg_fence(pa_prev);
-      reg_fence(pv);
-      reg_fence(s_acc);
-      wgmma_fence();
-      issue_qk<D>(s_acc, q_tile, k_tile(sj));
-      wgmma_commit();
-      issue_pv<D>(pv, pa_prev, vt_tile(sp));
-      wgmma_commit();
-      turn_end();
-      wgmma_wait<1>();
-      reg_fence(s_acc);
-      softmax(s_acc, q_sc * ksc_smem[sj], has_tail && j == n_kv - 1, row_off, alpha_new, pa_new);
-      wgmma_wait<0>();
-      reg_fence(pv);
-      reg_fence(pa_prev);
-      fold(j - 1, alpha_prev, sp);
-      flush_means(j - 1);
-      release(sp);
-    };
-    int j = 1;
-    for (; j + 1 < n_kv; j += 2) {
-      step(j, pa, alpha, pb, alpha_b);
-      step(j + 1, pb, alpha_b, pa, alpha);
-    }
-    if (j < n_kv) {
-      step(j, pa, alpha, pb, alpha_b);
-      finish(pb, alpha_b);
+    } else if constexpr (pair_accumulation<D, EXPCAST, VSMOOTH, STAGES>()) {
+      float alpha_a[2];  // alpha of the pair's first tile, for the pair's fold
+      // step j: [PV(j-1), QK(j)], then the fold (when PV(j-1) closed a pair) and the softmax of tile j
+      auto step = [&](int j, auto second_tag) {
+        constexpr bool kSecond = decltype(second_tag)::value;  // PV(j-1) is the second of its pair
+        const int sj = j % STAGES, sp = (j - 1) % STAGES;
+        pv_qk_batch(j, kSecond);
+        const RowScale sc = q_sc * ksc_smem[sj];
+        const int sa = (j - 2 + STAGES) % STAGES;  // the pair's first tile's stage (kSecond)
+        if constexpr (kSecond) {
+          if (has_tail && j == n_kv - 1) {
+            fold_pair<D, VSMOOTH>(o, row_sum, pv, alpha_a, alpha, mu_smem + sa * D, mu_smem + sp * D, t);
+            softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
+          } else {  // the same two calls inside each branch keep them in one basic block
+            fold_pair<D, VSMOOTH>(o, row_sum, pv, alpha_a, alpha, mu_smem + sa * D, mu_smem + sp * D, t);
+            softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa);
+          }
+          release(sa);
+          release(sp);
+        } else {
+          alpha_a[0] = alpha[0];
+          alpha_a[1] = alpha[1];
+          if (has_tail && j == n_kv - 1)
+            softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
+          else
+            softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa);
+          rescale_pair_accumulator<D>(pv, alpha);  // PV(j) adds to it next step
+        }
+      };
+      int j = 1;
+      for (; j + 1 < n_kv; j += 2) {
+        step(j, std::false_type{});
+        step(j + 1, std::true_type{});
+      }
+      if (j < n_kv) step(j, std::false_type{});
+      // the last tile's PV: the second of a pair (n_kv even) or a tile of its own
+      const int sl = (n_kv - 1) % STAGES;
+      const bool second = (n_kv - 1) % 2 == 1;
+      last_pv(pa, second);
+      if (second) {
+        const int sa = (n_kv - 2) % STAGES;
+        fold_pair<D, VSMOOTH>(o, row_sum, pv, alpha_a, alpha, mu_smem + sa * D, mu_smem + sl * D, t);
+        release(sa);
+      } else {
+        fold_tile<D, VSMOOTH>(o, row_sum, pv, alpha, mu_smem + sl * D, t);
+      }
+      release(sl);
     } else {
-      finish(pa, alpha);
-    }
-  } else if constexpr (pair_accumulation<D, EXPCAST, VSMOOTH, STAGES>()) {
-    float alpha_a[2];  // alpha of the pair's first tile, for the pair's fold
-    // step j: [PV(j-1), QK(j)], then the fold (when PV(j-1) closed a pair) and the softmax of tile j
-    auto step = [&](int j, auto second_tag) {
-      constexpr bool kSecond = decltype(second_tag)::value;  // PV(j-1) is the second of its pair
-      const int sj = j % STAGES, sp = (j - 1) % STAGES;
-      pv_qk_batch(j, kSecond);
-      const RowScale sc = q_sc * ksc_smem[sj];
-      const int sa = (j - 2 + STAGES) % STAGES;  // the pair's first tile's stage (kSecond)
-      if constexpr (kSecond) {
+      for (int j = 1; j < n_kv; ++j) {
+        const int sj = j % STAGES, sp = (j - 1) % STAGES;
+        pv_qk_batch(j, false);
+        const RowScale sc = q_sc * ksc_smem[sj];
         if (has_tail && j == n_kv - 1) {
-          fold_pair<D, VSMOOTH>(o, row_sum, pv, alpha_a, alpha, mu_smem + sa * D, mu_smem + sp * D, t);
+          fold(j - 1, alpha, sp);
           softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
         } else {  // the same two calls inside each branch keep them in one basic block
-          fold_pair<D, VSMOOTH>(o, row_sum, pv, alpha_a, alpha, mu_smem + sa * D, mu_smem + sp * D, t);
+          fold(j - 1, alpha, sp);
           softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa);
         }
-        release(sa);
+        flush_means(j - 1);
         release(sp);
-      } else {
-        alpha_a[0] = alpha[0];
-        alpha_a[1] = alpha[1];
-        if (has_tail && j == n_kv - 1)
-          softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
-        else
-          softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa);
-        rescale_pair_accumulator<D>(pv, alpha);  // PV(j) adds to it next step
       }
-    };
-    int j = 1;
-    for (; j + 1 < n_kv; j += 2) {
-      step(j, std::false_type{});
-      step(j + 1, std::true_type{});
+      finish(pa, alpha);
     }
-    if (j < n_kv) step(j, std::false_type{});
-    // the last tile's PV: the second of a pair (n_kv even) or a tile of its own
-    const int sl = (n_kv - 1) % STAGES;
-    const bool second = (n_kv - 1) % 2 == 1;
-    last_pv(pa, second);
-    if (second) {
-      const int sa = (n_kv - 2) % STAGES;
-      fold_pair<D, VSMOOTH>(o, row_sum, pv, alpha_a, alpha, mu_smem + sa * D, mu_smem + sl * D, t);
-      release(sa);
-    } else {
-      fold_tile<D, VSMOOTH>(o, row_sum, pv, alpha, mu_smem + sl * D, t);
-    }
-    release(sl);
-  } else {
-    for (int j = 1; j < n_kv; ++j) {
-      const int sj = j % STAGES, sp = (j - 1) % STAGES;
-      pv_qk_batch(j, false);
-      const RowScale sc = q_sc * ksc_smem[sj];
-      if (has_tail && j == n_kv - 1) {
-        fold(j - 1, alpha, sp);
-        softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
-      } else {  // the same two calls inside each branch keep them in one basic block
-        fold(j - 1, alpha, sp);
-        softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa);
-      }
-      flush_means(j - 1);
-      release(sp);
-    }
-    finish(pa, alpha);
+
   }
 
   // out = v_scale * O / l in the caller's layout
@@ -933,7 +1073,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   // E4M3 ones in the 8 rows after V^T of every stage: written once, never overwritten by TMA. With pair
   // accumulation only the rows (= output columns D + 2c + parity) of the stage's parity hold ones.
-  constexpr bool kPairRows = pair_accumulation<D, EXPCAST, VSMOOTH, STAGES>();
+  constexpr bool kPairRows = pair_accumulation<D, EXPCAST, VSMOOTH, STAGES>() || step256(D, kConsumers, STAGES);
   for (int i = threadIdx.x; i < STAGES * 2 * kBlockN; i += kThreads) {
     const int s = i / (2 * kBlockN), w = i % (2 * kBlockN), row = w / (kBlockN / 4);
     const bool ones = !kPairRows || (row & 1) == (s & 1);

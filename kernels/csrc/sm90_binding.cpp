@@ -9,6 +9,7 @@ extern "C" int vc_sm90_forward(const void* q_q, const float* q_scale, const void
                                void* stream);
 extern "C" const char* vc_sm90_last_error();
 extern "C" int vc_sm90_consumers(int head_dim, int expcast, int vsmooth);
+extern "C" int vc_sm90_step_keys(int head_dim, int expcast, int vsmooth);
 
 namespace {
 
@@ -52,4 +53,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("consumers", [](int64_t head_dim, bool expcast, bool vsmooth) {
     return vc_sm90_consumers(static_cast<int>(head_dim), expcast, vsmooth);
   }, "consumer warpgroups per CTA (64 query rows each) of the kernel that runs this case");
+  m.def("step_keys", [](int64_t head_dim, bool expcast, bool vsmooth) {
+    return vc_sm90_step_keys(static_cast<int>(head_dim), expcast, vsmooth);
+  }, "keys per online-softmax step of the kernel that runs this case (its emulation's offset_block)");
 }

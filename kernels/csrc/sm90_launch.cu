@@ -22,11 +22,20 @@
 #define VC_SM90_EXPORT(name) name
 #endif
 
+#ifndef VC_SM90_STAGES_D128
+#define VC_SM90_STAGES_D128 4
+#endif
+#ifndef VC_SM90_STAGES_D64
+#define VC_SM90_STAGES_D64 6
+#endif
+
 namespace vc_sm90 {
 // Which consumer count runs a (head dim, P mode, V mode) in the split build, from the side-by-side run on
 // the H200 (docs/kernel-notes.md section 17): three warpgroups won every case (Wan2.2-14B speed 124.6 vs
 // 131.5 ms, plain 8-bit 128.9 vs 138.4, head dim 64 exp2 V-Smooth 15.5 vs 19.4) except head dim 128 with
 // exact exp2 P and V-Smooth (fidelity: 147.0 vs 144.7 ms), where the serial loop spills.
+// That case also steps its online softmax by 256 keys (VC_SM90_STEP256, the product flag): 138.0 vs
+// 144.9 ms at Wan2.2-14B, 7.82 vs 8.33 at Wan2.1-1.3B (kernel-notes section 18).
 constexpr int split_consumers(int head_dim, bool expcast, bool vsmooth) {
   return head_dim == 128 && !expcast && vsmooth ? 2 : 3;
 }
@@ -98,12 +107,6 @@ int launch(const void* q_q, const void* k_q, const void* v_t, const Params& p, i
   return 0;
 }
 
-#ifndef VC_SM90_STAGES_D128
-#define VC_SM90_STAGES_D128 4
-#endif
-#ifndef VC_SM90_STAGES_D64
-#define VC_SM90_STAGES_D64 6
-#endif
 
 template <int D, bool EXPCAST, bool VSMOOTH>
 int launch_out(const void* q_q, const void* k_q, const void* v_t, const Params& p, int bh, bool out_bf16,
@@ -145,6 +148,16 @@ const char* vc_sm90_last_error_c3();
 int VC_SM90_EXPORT(vc_sm90_consumers)(int head_dim, int expcast, int vsmooth) {
   if (head_dim != 64 && head_dim != 128) return 0;
   return VC_SM90_SPLIT ? vc_sm90::split_consumers(head_dim, expcast != 0, vsmooth != 0) : vc_sm90::kConsumers;
+}
+
+// Keys per online-softmax step of the kernel that runs (head_dim, expcast, vsmooth) in this library (its
+// exact emulation: reference offset_block): 256 where the 256-key loop runs, else one 128-key tile. 0: no
+// kernel for that head dim.
+int VC_SM90_EXPORT(vc_sm90_step_keys)(int head_dim, int expcast, int vsmooth) {
+  const int consumers = VC_SM90_EXPORT(vc_sm90_consumers)(head_dim, expcast, vsmooth);
+  if (consumers == 0) return 0;
+  const int stages = head_dim == 128 ? VC_SM90_STAGES_D128 : VC_SM90_STAGES_D64;
+  return vc_sm90::step256(head_dim, consumers, stages) ? 2 * vc_sm90::kBlockN : vc_sm90::kBlockN;
 }
 
 // Returns 0 on success, else non-zero with vc_sm90_last_error() describing the failure.
