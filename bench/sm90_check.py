@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import os
 import re
 import subprocess
 import sys
@@ -45,6 +44,12 @@ class Sm90Library:
         f.restype = ctypes.c_int
         f.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int] * 5 + [ctypes.c_longlong] * 3 + [ctypes.c_int] * 3 + [ctypes.c_void_p]
         self.lib.vc_sm90_last_error.restype = ctypes.c_char_p
+
+    def step_keys(self, d: int, config) -> int:
+        """Keys per online-softmax step of the kernel this library runs for (d, config): its emulation's
+        offset_block (vc_sm90_step_keys; libraries built before it existed step by one 128-key tile)."""
+        f = getattr(self.lib, "vc_sm90_step_keys", None)
+        return f(d, int(config.p == "expcast"), int(config.v == "vsmooth")) if f else reference.K_BLOCK
 
     def run(self, ops, out: torch.Tensor, layout: str, config) -> None:
         b, h, n_pad, d = ops.q_q.shape
@@ -79,8 +84,7 @@ def check_case(lib, config, b, h, n, d, dtype, layout, seed):
     out = torch.full_like(q, float("nan"))
     lib.run(ops, out, layout, config)
     torch.cuda.synchronize()
-    # the online-softmax step the variant takes at head dim 128 (SM90_STEP_D128: 256 for VC_SM90_STEP256)
-    step = int(os.environ.get("SM90_STEP_D128", reference.K_BLOCK)) if d == 128 else reference.K_BLOCK
+    step = lib.step_keys(d, config)  # the variant's online-softmax step for this case
     ref = reference.vc_attention_reference(q, k, v, config, layout=layout, perm=perm, parts=True, offset_block=step).out
     ref = from_bhnd(ref, layout)
     # rel-L2 against the float64 emulation; the output dtype's own rounding is the floor under it

@@ -36,6 +36,7 @@ declare -A FLAGS=(
   [c3desc]="-DVC_SM90_CONSUMERS=3 -DVC_SM90_DESC_ADD=1"
   [s256]="-DVC_SM90_STEP256=1 -DVC_SM90_STEP256_TURNS=1"
   [s256nt]="-DVC_SM90_STEP256=1 -DVC_SM90_STEP256_TURNS=0"
+  [s256e]="-DVC_SM90_STEP256=1 -DVC_SM90_STEP256_TURNS=0 -DVC_SM90_STEP256_EARLY_QK=1"
   [s256nt6]="-DVC_SM90_STEP256=1 -DVC_SM90_STEP256_TURNS=0 -DVC_SM90_STAGES_D128=6"
   [s256desc]="-DVC_SM90_STEP256=1 -DVC_SM90_STEP256_TURNS=1 -DVC_SM90_DESC_ADD=1"
   [split]="-DVC_SM90_SPLIT=1 -DVC_SM90_STEP256=1"  # the product library (backend_sm90.CUDA_FLAGS)
@@ -100,9 +101,7 @@ done
 # corrupts its CUDA context cannot take the others down; only passing variants are timed
 for name in $NAMES; do
   [[ -f "$BUILD/sm90_$name.so" ]] || continue
-  # the 256-key step variants are emulated with their own online-softmax step at head dim 128
-  step=128; [[ "${FLAGS[$name]}" == *VC_SM90_STEP256=1* ]] && step=256
-  SM90_STEP_D128=$step timeout -k 10 300 python3 bench/sm90_check.py --lib "$BUILD/sm90_$name.so" --skip-timing --out "$OUT/check_$name" \
+  timeout -k 10 300 python3 bench/sm90_check.py --lib "$BUILD/sm90_$name.so" --skip-timing --out "$OUT/check_$name" \
     >"$OUT/check_$name.log" 2>&1 &
 done
 wait || true
@@ -122,13 +121,20 @@ echo "checks done at $(( $(date +%s) - start )) s"
   --shape 1,40,75600,128 --shape 1,32,32768,64 --shape 1,32,6144,64 --shape 1,12,32760,128
 echo "total $(( $(date +%s) - start )) s"
 
-# optional: SM90_NCU=<variant> profiles one launch of it in speed mode at (1,8,32768,128) (~1 minute)
+# optional: SM90_NCU="<variant> ..." profiles one launch of each in $SM90_NCU_MODE (speed by default) at
+# (1,8,32768,128) (~1 minute each): the sections' summary plus the stall reasons (cycles a warp spends
+# stalled per issued instruction, by reason), largest first
 if [[ -n "${SM90_NCU:-}" ]]; then
-  ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
-    --section ComputeWorkloadAnalysis --section LaunchStats --section InstructionStats -k regex:vc_attention_sm90 -c 1 \
-    python3 bench/sm90_check.py --lib "$BUILD/sm90_$SM90_NCU.so" --profile-once speed >"$OUT/ncu_$SM90_NCU.txt" 2>&1 || true
-  grep -E "SM Frequency|Duration|Issue Slots Busy|Eligible Warps|Issued Warp|No Eligible|Registers Per|Compute \(SM\)|Stall" \
-    "$OUT/ncu_$SM90_NCU.txt" | head -30
+  for name in $SM90_NCU; do
+    ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+      --section ComputeWorkloadAnalysis --section LaunchStats --section InstructionStats \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" -k regex:vc_attention_sm90 -c 1 \
+      python3 bench/sm90_check.py --lib "$BUILD/sm90_$name.so" --profile-once "${SM90_NCU_MODE:-speed}" >"$OUT/ncu_$name.txt" 2>&1 || true
+    echo "[ncu $name ${SM90_NCU_MODE:-speed}]"
+    grep -E "SM Frequency|Duration|Issue Slots Busy|Eligible Warps|Issued Warp|No Eligible|Registers Per|Compute \(SM\)" \
+      "$OUT/ncu_$name.txt" | head -12
+    grep -E "issue_stalled" "$OUT/ncu_$name.txt" | awk '{print $NF, $1}' | sort -rn | head -8
+  done
 fi
 
 # at most 8 files come back from a device call: keep the timing JSON (sm90_check.json), pack the rest

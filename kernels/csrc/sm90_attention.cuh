@@ -121,6 +121,9 @@ constexpr bool pair_accumulation() {
 #ifndef VC_SM90_STEP256
 #define VC_SM90_STEP256 0  // head dim 128, two consumer warpgroups: online-softmax steps of 256 keys (variant)
 #endif
+#ifndef VC_SM90_STEP256_EARLY_QK
+#define VC_SM90_STEP256_EARLY_QK 0  // the 256-key loop issues the next step's first QK before its fold (variant)
+#endif
 #ifndef VC_SM90_STEP256_TURNS
 #define VC_SM90_STEP256_TURNS 0  // 1: the 256-key loop's two warpgroups take turns issuing their wgmma batches
 #endif
@@ -702,7 +705,114 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   mbar_wait(bar_q, 0);
   if (kTurns && wg == 1) named_arrive(1, 256);  // warpgroup 0 takes the first turn
 
-  if constexpr (kStep256) {
+  if constexpr (kStep256 && VC_SM90_STEP256_EARLY_QK) {
+    // The 256-key loop below with VC_SM90_STEP256_EARLY_QK (variant): the next step's first QK goes out before the fold (its scores' 64
+    // registers are free then: S/2 64 + PV 68 + O 64), the second after it, so the tensor core has
+    // this warpgroup's next work while it folds. Every wgmma is issued unconditionally inside its
+    // block (a conditional one in flight across a branch makes ptxas serialize the pipeline).
+    static_assert(!kTurns, "the early QK splits the QK batch: no turns");
+    int32_t s2[128];
+    uint32_t p2[8][4];
+    auto& s_lo = *reinterpret_cast<int32_t(*)[64]>(&s2[0]);
+    auto& s_hi = *reinterpret_cast<int32_t(*)[64]>(&s2[64]);
+    auto& p_lo = *reinterpret_cast<uint32_t(*)[4][4]>(&p2[0][0]);
+    auto& p_hi = *reinterpret_cast<uint32_t(*)[4][4]>(&p2[4][0]);
+    const float one[2] = {1.f, 1.f};
+    const int n_pairs = n_kv / 2;
+    const bool odd = n_kv & 1;
+    // the turn after a batch: passed on, except after the last one, when warpgroup 0 gives warpgroup 1
+    // its last turn and warpgroup 1 owes nothing (no arrival left pending at exit)
+    auto turn_end_of = [&](bool last) {
+      if (!last)
+        turn_end();
+      else if (kTurns && wg == 0)
+        named_arrive(2, 256);
+    };
+    // QK of tile j into one half of the scores, as a commit group of its own
+    auto issue_qk_tile = [&](int32_t(&s)[64], int j) {
+      mbar_wait(&bar_full[j % STAGES], (j / STAGES) & 1);
+      turn_begin();
+      reg_fence(s);
+      wgmma_fence();
+      issue_qk<D>(s, q_tile, k_tile(j % STAGES));
+      wgmma_commit();
+      turn_end();
+      reg_fence(s);
+    };
+    auto issue_qk_pair = [&](int j0) {
+      mbar_wait(&bar_full[j0 % STAGES], (j0 / STAGES) & 1);
+      mbar_wait(&bar_full[(j0 + 1) % STAGES], ((j0 + 1) / STAGES) & 1);
+      turn_begin();
+      reg_fence(s2);
+      wgmma_fence();
+      issue_qk<D>(s_lo, q_tile, k_tile(j0 % STAGES));
+      issue_qk<D>(s_hi, q_tile, k_tile((j0 + 1) % STAGES));
+      wgmma_commit();
+      turn_end();
+      reg_fence(s2);
+    };
+    // step m over tiles 2m, 2m+1; NEXT: what comes after it, 2 a pair, 1 the odd last tile, 0 nothing
+    auto pair_step = [&](int m, auto next_tag) {
+      constexpr int kNext = decltype(next_tag)::value;
+      const int j0 = 2 * m, s0 = j0 % STAGES, s1 = (j0 + 1) % STAGES;
+      const bool last = !odd && m == n_pairs - 1;
+      wgmma_wait<0>();
+      reg_fence(s2);
+      const RowScale sc2[2] = {q_sc * ksc_smem[s0], q_sc * ksc_smem[s1]};
+      if (has_tail && last)
+        softmax_keys<EXPCAST, true, 2>(s2, sc2, valid_last, t, row_off, alpha, p2);
+      else
+        softmax_keys<EXPCAST, false, 2>(s2, sc2, kBlockN, t, row_off, alpha, p2);
+      turn_begin();
+      reg_fence(p2);
+      reg_fence(pv);
+      wgmma_fence();
+      issue_pv<D>(pv, p_lo, vt_tile(s0));
+      issue_pv<D>(pv, p_hi, vt_tile(s1), true);
+      wgmma_commit();
+      turn_end_of(last);
+      wgmma_wait<0>();
+      reg_fence(pv);
+      reg_fence(p2);
+      if constexpr (kNext >= 1) issue_qk_tile(s_lo, j0 + 2);
+      fold_pair<D, VSMOOTH>(o, row_sum, pv, alpha, one, mu_smem + s0 * D, mu_smem + s1 * D, t);
+      release(s0);
+      release(s1);
+      if constexpr (kNext == 2) issue_qk_tile(s_hi, j0 + 3);
+    };
+    using Next0 = std::integral_constant<int, 0>;
+    using Next1 = std::integral_constant<int, 1>;
+    using Next2 = std::integral_constant<int, 2>;
+    if (n_pairs > 0) {
+      issue_qk_pair(0);
+      int m = 0;
+      for (; m + 1 < n_pairs; ++m) pair_step(m, Next2{});
+      if (odd)
+        pair_step(m, Next1{});
+      else
+        pair_step(m, Next0{});
+    } else {
+      issue_qk_tile(s_lo, 0);
+    }
+    if (odd) {  // tile n_kv - 1 (even index: its stage's ones rows are the even columns fold_tile reads)
+      const int j = n_kv - 1, sj = j % STAGES;
+      wgmma_wait<0>();
+      reg_fence(s_lo);
+      softmax(s_lo, q_sc * ksc_smem[sj], has_tail, row_off, alpha, p_lo);
+      turn_begin();
+      reg_fence(p_lo);
+      reg_fence(pv);
+      wgmma_fence();
+      issue_pv<D>(pv, p_lo, vt_tile(sj));
+      wgmma_commit();
+      turn_end_of(true);
+      wgmma_wait<0>();
+      reg_fence(pv);
+      reg_fence(p_lo);
+      fold_tile<D, VSMOOTH>(o, row_sum, pv, alpha, mu_smem + sj * D, t);
+      release(sj);
+    }
+  } else if constexpr (kStep256) {
     // 256-key steps (step256()): per trip QK of tiles 2m and 2m+1 (adjacent stages of an even ring),
     // one softmax step over both, PV of both into one accumulator, one fold; an odd last tile on its own
     int32_t s2[128];
