@@ -122,7 +122,7 @@ constexpr bool pair_accumulation() {
 #define VC_SM90_STEP256 0  // head dim 128, two consumer warpgroups: online-softmax steps of 256 keys (variant)
 #endif
 #ifndef VC_SM90_STEP256_EARLY_QK
-#define VC_SM90_STEP256_EARLY_QK 0  // the 256-key loop issues the next step's first QK before its fold (variant)
+#define VC_SM90_STEP256_EARLY_QK 0  // the 256-key loop issues the next step's first QK before its fold: 1, 2 ExpCast only (variant)
 #endif
 #ifndef VC_SM90_STEP256_TURNS
 #define VC_SM90_STEP256_TURNS 0  // 1: the 256-key loop's two warpgroups take turns issuing their wgmma batches
@@ -705,7 +705,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   mbar_wait(bar_q, 0);
   if (kTurns && wg == 1) named_arrive(1, 256);  // warpgroup 0 takes the first turn
 
-  if constexpr (kStep256 && VC_SM90_STEP256_EARLY_QK) {
+  constexpr bool kEarlyQk = kStep256 && (VC_SM90_STEP256_EARLY_QK == 1 || (VC_SM90_STEP256_EARLY_QK == 2 && EXPCAST));
+  if constexpr (kEarlyQk) {
     // The 256-key loop below with VC_SM90_STEP256_EARLY_QK (variant): the next step's first QK goes out before the fold (its scores' 64
     // registers are free then: S/2 64 + PV 68 + O 64), the second after it, so the tensor core has
     // this warpgroup's next work while it folds. Every wgmma is issued unconditionally inside its

@@ -36,8 +36,14 @@ namespace vc_sm90 {
 // exact exp2 P and V-Smooth (fidelity: 147.0 vs 144.7 ms), where the serial loop spills.
 // That case also steps its online softmax by 256 keys (VC_SM90_STEP256, the product flag): 138.0 vs
 // 144.9 ms at Wan2.2-14B, 7.82 vs 8.33 at Wan2.1-1.3B (kernel-notes section 18).
+// VC_SM90_SPLIT_SPEED_D128=2 (variant `split_e`): head dim 128 speed (ExpCast + V-Smooth) on two consumers
+// as well, where the 256-key loop with the early QK measured 122.1 vs 124.1 ms (section 18).
+#ifndef VC_SM90_SPLIT_SPEED_D128
+#define VC_SM90_SPLIT_SPEED_D128 3
+#endif
 constexpr int split_consumers(int head_dim, bool expcast, bool vsmooth) {
-  return head_dim == 128 && !expcast && vsmooth ? 2 : 3;
+  if (head_dim == 128 && vsmooth) return expcast ? VC_SM90_SPLIT_SPEED_D128 : 2;
+  return 3;
 }
 
 namespace {
