@@ -21,6 +21,7 @@ import csv
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,9 @@ TABLE = ("Duration", "Registers Per Thread", "Achieved Occupancy", "Executed Ins
          "Issued Warp Per Scheduler", "Eligible Warps Per Scheduler", "Active Warps Per Scheduler",
          "Warp Cycles Per Issued Instruction", "Compute (SM) Throughput", "Memory Throughput", "L2 Hit Rate",
          "L1/TEX Hit Rate", "Executed Ipc Active")
+# stall reasons: warp cycles spent stalled per issued instruction, by reason (what "latency-bound" consists of)
+STALL_METRICS = r"regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+_STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio")
 MODES = ("fidelity", "speed", "plain8")  # bench/mma_variants.py's mode names (MODES there: name -> VCConfig)
 
 
@@ -114,6 +118,16 @@ def parse_ncu_csv(text: str) -> list[dict[str, str]]:
     return [launches[key] for key in sorted(launches, key=int)]
 
 
+def stall_reasons(launch: dict[str, str]) -> dict[str, float]:
+    """One launch's stall reasons (short name -> warp cycles per issued instruction), largest first."""
+    found = {}
+    for name, value in launch.items():
+        match = _STALL.fullmatch(name)
+        if match:
+            found[match.group(1)] = float(value.split()[0].replace(",", ""))
+    return dict(sorted(found.items(), key=lambda kv: -kv[1]))
+
+
 def profile(args) -> int:
     ncu = shutil.which("ncu")
     if ncu is None:
@@ -123,7 +137,7 @@ def profile(args) -> int:
     # application-only: the JIT builds in the profiled process start nvcc and ninja, which ncu need not follow
     cmd = [ncu, "--csv", "--page", "details", "--target-processes", "application-only", "--kernel-name", KERNELS,
            "--launch-count", str(len(args.targets)),
-           *[x for s in SECTIONS for x in ("--section", s)],
+           *[x for s in SECTIONS for x in ("--section", s)], "--metrics", STALL_METRICS,
            sys.executable, __file__, "--launch", "--shape", args.shape, "--targets", ",".join(args.targets)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ), check=False)
     (out_dir / "kernel_profile_ncu.csv").write_text(done.stdout)
@@ -141,6 +155,10 @@ def profile(args) -> int:
     print(f"{'metric':36s} " + " ".join(f"{t:>{width}s}" for t in args.targets))
     for name in TABLE:
         print(f"{name:36s} " + " ".join(f"{m.get(name, ''):>{width}s}" for m in launches))
+    stalls = [stall_reasons(m) for m in launches]
+    top = sorted({r for st in stalls for r in list(st)[:6]}, key=lambda r: -max(st.get(r, 0.0) for st in stalls))
+    for reason in top:  # the six largest of each target, as cycles per issued instruction
+        print(f"{'stall: ' + reason:36s} " + " ".join(f"{st.get(reason, 0.0):>{width}.2f}" for st in stalls))
     print("kernels: " + "; ".join(f"{t} = {m['Kernel Name'][:60]}" for t, m in zip(args.targets, launches)))
     return 0
 

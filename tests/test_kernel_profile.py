@@ -46,3 +46,12 @@ def test_ncu_csv_is_grouped_per_launch_in_launch_order(kp):
     assert launches[0] == {"Kernel Name": "qk_int_sv_f8_attn_kernel", "Duration": "18.3 ms", "Issue Slots Busy": "61.2 %"}
     assert launches[1]["Registers Per Thread"] == "255 register/thread" and launches[1]["Duration"] == "24.1 ms"
     assert kp.parse_ncu_csv("==PROF== no kernels were profiled\n") == []
+
+
+def test_stall_reasons_are_read_by_short_name_largest_first(kp):
+    launch = {"Kernel Name": "k", "Duration": "4.6 ms",
+              "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio": "0.92",
+              "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio": "1,250.5",
+              "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio": "1.03 ratio"}
+    assert list(kp.stall_reasons(launch).items()) == [("long_scoreboard", 1250.5), ("wait", 1.03), ("barrier", 0.92)]
+    assert kp.stall_reasons({"Kernel Name": "k"}) == {}
