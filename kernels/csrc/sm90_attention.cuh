@@ -124,6 +124,9 @@ constexpr bool pair_accumulation() {
 #ifndef VC_SM90_STEP256_EARLY_QK
 #define VC_SM90_STEP256_EARLY_QK 0  // the 256-key loop issues the next step's first QK before its fold: 1, 2 ExpCast only (variant)
 #endif
+#ifndef VC_SM90_STEP256_MAX_OVERLAP
+#define VC_SM90_STEP256_MAX_OVERLAP 0  // early-QK loop: the first tile's max pass under the second tile's QK (variant)
+#endif
 #ifndef VC_SM90_STEP256_TURNS
 #define VC_SM90_STEP256_TURNS 0  // 1: the 256-key loop's two warpgroups take turns issuing their wgmma batches
 #endif
@@ -313,9 +316,15 @@ __device__ __forceinline__ RowScale operator*(const RowScale& q_sc, float k_sc) 
 // encoding's block max a0 is the largest integer score of the whole step (reference.block_row_max
 // over 128 H keys), each tile's row constants built from it with that tile's scale.
 // MASK: only the first `valid` keys of the step's last tile exist (the tail tile).
-template <bool EXPCAST, bool MASK, int H>
+// between(): called once the first tile's row maxima are taken, before anything reads the second tile
+// (the early-QK loop waits there for the second tile's QK: the first tile's max pass runs under it).
+struct NoWait {
+  __device__ __forceinline__ void operator()() const {}
+};
+template <bool EXPCAST, bool MASK, int H, typename Between = NoWait>
 __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const RowScale (&sc)[H], int valid, int t,
-                                             float (&row_off)[2], float (&alpha)[2], uint32_t (&pa)[4 * H][4]) {
+                                             float (&row_off)[2], float (&alpha)[2], uint32_t (&pa)[4 * H][4],
+                                             Between between = {}) {
   static_assert(H == 1 || H == 2, "one or two tiles per online-softmax step");
   // the speed encoding works on the integer scores (p_encoding.cuh) unless a byte-code variant is built
   [[maybe_unused]] constexpr bool kIntCodes = EXPCAST && !VC_EXPCAST_BYTE_CODES;
@@ -351,6 +360,7 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
       mx[h][r] = max(mx[h][r], __shfl_xor_sync(0xffffffff, mx[h][r], 1));
       mx[h][r] = max(mx[h][r], __shfl_xor_sync(0xffffffff, mx[h][r], 2));
     }
+    if (H == 2 && h == 0) between();
   }
   float base[2];
 #if VC_EXPCAST_BYTE_CODES
@@ -709,7 +719,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   if constexpr (kEarlyQk) {
     // The 256-key loop below with VC_SM90_STEP256_EARLY_QK (variant): the next step's first QK goes out before the fold (its scores' 64
     // registers are free then: S/2 64 + PV 68 + O 64), the second after it, so the tensor core has
-    // this warpgroup's next work while it folds. Every wgmma is issued unconditionally inside its
+    // this warpgroup's next work while it folds (VC_SM90_STEP256_MAX_OVERLAP: the next step takes the
+    // first tile's row maxima while the second tile's QK still runs). Every wgmma is issued unconditionally inside its
     // block (a conditional one in flight across a branch makes ptxas serialize the pipeline).
     static_assert(!kTurns, "the early QK splits the QK batch: no turns");
     int32_t s2[128];
@@ -740,30 +751,31 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       turn_end();
       reg_fence(s);
     };
-    auto issue_qk_pair = [&](int j0) {
-      mbar_wait(&bar_full[j0 % STAGES], (j0 / STAGES) & 1);
-      mbar_wait(&bar_full[(j0 + 1) % STAGES], ((j0 + 1) / STAGES) & 1);
-      turn_begin();
-      reg_fence(s2);
-      wgmma_fence();
-      issue_qk<D>(s_lo, q_tile, k_tile(j0 % STAGES));
-      issue_qk<D>(s_hi, q_tile, k_tile((j0 + 1) % STAGES));
-      wgmma_commit();
-      turn_end();
-      reg_fence(s2);
-    };
     // step m over tiles 2m, 2m+1; NEXT: what comes after it, 2 a pair, 1 the odd last tile, 0 nothing
     auto pair_step = [&](int m, auto next_tag) {
       constexpr int kNext = decltype(next_tag)::value;
       const int j0 = 2 * m, s0 = j0 % STAGES, s1 = (j0 + 1) % STAGES;
       const bool last = !odd && m == n_pairs - 1;
-      wgmma_wait<0>();
-      reg_fence(s2);
+      // VC_SM90_STEP256_MAX_OVERLAP: the first tile's QK (the older of the two commit groups), then its
+      // max pass under the second's; else both before the softmax
+      if constexpr (VC_SM90_STEP256_MAX_OVERLAP) {
+        wgmma_wait<1>();
+        reg_fence(s_lo);
+      } else {
+        wgmma_wait<0>();
+        reg_fence(s2);
+      }
+      auto second_tile = [&]() {
+        if constexpr (VC_SM90_STEP256_MAX_OVERLAP) {
+          wgmma_wait<0>();
+          reg_fence(s_hi);
+        }
+      };
       const RowScale sc2[2] = {q_sc * ksc_smem[s0], q_sc * ksc_smem[s1]};
       if (has_tail && last)
-        softmax_keys<EXPCAST, true, 2>(s2, sc2, valid_last, t, row_off, alpha, p2);
+        softmax_keys<EXPCAST, true, 2>(s2, sc2, valid_last, t, row_off, alpha, p2, second_tile);
       else
-        softmax_keys<EXPCAST, false, 2>(s2, sc2, kBlockN, t, row_off, alpha, p2);
+        softmax_keys<EXPCAST, false, 2>(s2, sc2, kBlockN, t, row_off, alpha, p2, second_tile);
       turn_begin();
       reg_fence(p2);
       reg_fence(pv);
@@ -785,7 +797,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     using Next1 = std::integral_constant<int, 1>;
     using Next2 = std::integral_constant<int, 2>;
     if (n_pairs > 0) {
-      issue_qk_pair(0);
+      issue_qk_tile(s_lo, 0);  // two commit groups, as every later step's pair
+      issue_qk_tile(s_hi, 1);
       int m = 0;
       for (; m + 1 < n_pairs; ++m) pair_step(m, Next2{});
       if (odd)
