@@ -77,9 +77,33 @@ def make_inputs(b, h, n, d, dtype, layout, seed, video_like=False):
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
-def check_case(lib, config, b, h, n, d, dtype, layout, seed):
-    q, k, v = make_inputs(b, h, n, d, dtype, layout, seed, video_like=(seed % 2 == 1))
+def two_scale_blocks(b, h, n, d, dtype, seed):
+    """(B,H,N,D) inputs whose adjacent 128-key K-scale blocks differ ~9x in scale: per 256 keys a key at
+    ~20 log2 units in the first block, one at ~18 plus an outlier ~9x larger, orthogonal to the queries,
+    in the second (a 256-key softmax step anchored at the step's max overflows its row constant here)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    u = torch.nn.functional.normalize(torch.randn(d, generator=g, device="cuda"), dim=0)
+    w = torch.randn(d, generator=g, device="cuda")
+    w = torch.nn.functional.normalize(w - (w @ u) * u, dim=0)
+    q = 3.0 * u + 0.05 * torch.randn(b, h, n, d, generator=g, device="cuda")
+    k = 0.3 * torch.randn(b, h, n, d, generator=g, device="cuda")
+    c = 20.0 / (3.0 / d**0.5 * reference.LOG2E)  # key c u scores ~20 log2 units
+    for start in range(0, n - 168, 256):
+        k[:, :, start + 17] = c * u
+        k[:, :, start + 128 + 5] = 0.9 * c * u
+        k[:, :, start + 128 + 40] = 12.0 * c * w
+    v = torch.randn(b, h, n, d, generator=g, device="cuda")
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def check_case(lib, config, b, h, n, d, dtype, layout, seed, scale_blocks=False):
+    if scale_blocks:
+        q, k, v = (t if layout == "bhnd" else t.transpose(1, 2).contiguous() for t in two_scale_blocks(b, h, n, d, dtype, seed))
+    else:
+        q, k, v = make_inputs(b, h, n, d, dtype, layout, seed, video_like=(seed % 2 == 1))
     perm = torch.stack([torch.randperm(n, device="cuda") for _ in range(b * h)]).view(b, h, n) if config.v == "vsmooth" else None
+    if scale_blocks and perm is not None:  # keep the blocks' layout: the identity grouping
+        perm = torch.arange(n, device="cuda").expand(b, h, n).contiguous()
     ops = prepare_reference(q, k, v, perm, config, layout)
     out = torch.full_like(q, float("nan"))
     lib.run(ops, out, layout, config)
@@ -105,6 +129,12 @@ def correctness(lib):
             err, floor, finite = check_case(lib, config, b, h, n, d, dtype, layout, seed=len(cases))
             cases.append(dict(config=config.tag, shape=[b, h, n, d], dtype=str(dtype), layout=layout, rel_l2=err,
                               dtype_floor=floor, finite=finite, ok=finite and err <= floor + 1e-3))
+        # K-scale blocks ~9x apart next to each other (the 256-key step's anchor case)
+        err, floor, finite = check_case(lib, config, 1, 2, 1000, 128, torch.bfloat16, "bhnd", seed=len(cases),
+                                        scale_blocks=True)
+        cases.append(dict(config=config.tag, shape=[1, 2, 1000, 128], dtype="torch.bfloat16", layout="bhnd",
+                          data="two-scale-blocks", rel_l2=err, dtype_floor=floor, finite=finite,
+                          ok=finite and err <= floor + 1e-3))
     return cases
 
 

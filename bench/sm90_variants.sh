@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU call for the Hopper kernel's compile-time variants (docs/kernel-notes.md section 8):
 # builds every variant as a torch-free shared library in parallel (ptxas -v logs kept), checks each
-# against the float64 emulation (15 cases: both P modes + plain 8-bit, odd N, both head dims, both
+# against the float64 emulation (18 cases: both P modes + plain 8-bit, odd N, both head dims, both
 # layouts, video-like data) and times each with CUDA events at the issue-11 shapes next to cuDNN and
 # SageAttention 2.2 (when installed). Kernel time only (the fused prepare, ~2 ms at the Wan shape,
 # needs the JIT-built prepare extension; SM90_PREPARE=1 times it too). The table is printed last;

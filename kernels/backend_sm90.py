@@ -43,7 +43,7 @@ def softmax_step_keys(head_dim: int, config: VCConfig) -> int:
     offset_block: 256 for head dim 128 with exp2 P and V-Smooth (fidelity: the two-consumer build's
     256-key loop), else one 128-key tile (kBlockN). The rule of vc_sm90_step_keys (sm90_launch.cu), asked
     without building the extension; tests/test_backends_gpu.py checks that the two agree."""
-    return 2 * K_BLOCK if head_dim == 128 and config.p != "expcast" and config.v == "vsmooth" else K_BLOCK
+    return 2 * K_BLOCK if head_dim == 128 and config.p == "exp2" and config.v == "vsmooth" else K_BLOCK
 
 
 @functools.cache

@@ -247,7 +247,8 @@ def expcast_bits(acc: torch.Tensor, scale, a0, m) -> torch.Tensor:
     """t = T0 + (acc - a0) A, the int64 fixed point 2^23 (w + 127) of w = u + log2(448) + beta/8 (u = s - M).
 
     acc: the exact scores (integers for INT8 QK), scale: their float32 scale (s = fl(acc * scale)),
-    a0: the largest acc of the key block the kernel encodes together, m: the running max M it holds then
+    a0: the largest acc of the key block the kernel encodes together (within one K-scale block, so
+    that fl(a0 scale) <= M), m: the running max M it holds then
     (all broadcast against acc). Per block and row, in float32 as the kernels compute them:
     A = rint(min(scale 2^23, 2^28)) and T0 = rint(fl(EXPCAST_TOP + fl(fl(a0 scale) - M)) 2^23); then one
     exact integer multiply-add per element. The slope A carries scale to about 1/(2A) relative (A is
@@ -321,7 +322,10 @@ def quantize_p(s: torch.Tensor, config: VCConfig, offset_block: int = K_BLOCK, *
     m_run = run.repeat_interleave(offset_block, dim=-1)[..., : s.shape[-1]]
     if config.p == "expcast":
         exact = s.float() if acc is None else acc
-        p = p_expcast(s, m_run, acc=exact, scale=1.0 if acc is None else scale, a0=block_row_max(exact, offset_block))
+        # a0: each key's block max over the step's keys within its K-scale block (a step of 256 keys
+        # spans two scale blocks: anchored at the other block's max, a0 * scale could pass M)
+        a0 = block_row_max(exact, min(offset_block, K_BLOCK))
+        p = p_expcast(s, m_run, acc=exact, scale=1.0 if acc is None else scale, a0=a0)
     else:
         p = P_ENCODERS[config.p](s, m_run)
     return p.double() * torch.exp2(m_run.double() - run[..., -1:].double())

@@ -55,8 +55,9 @@ def _run(kernel, q, k, v, perm, config=SPEED):
 
 
 def _emulation(kernel, q, k, v, perm, config):
-    """The float64 emulation of `kernel` (its online-softmax step for this head dim and mode)."""
-    step = backends.get(BACKEND_NAMES[kernel]).softmax_step(q.shape[-1], config)
+    """The float64 emulation of `kernel` with `config`'s P encoding, stepped as the kernel that ran (SPEED,
+    the only mode these tests run) steps its online softmax: the paper contrast changes the encoding only."""
+    step = backends.get(BACKEND_NAMES[kernel]).softmax_step(q.shape[-1], SPEED)
     return reference.vc_attention_reference(q, k, v, config, perm=perm, parts=True, offset_block=step).out
 
 

@@ -203,3 +203,50 @@ def test_the_emulated_constants_are_the_headers():
     a_f = np.exp(np.linspace(np.log(2.0**-10), np.log(2.0**28), 100_001)).astype(f32)
     inv = _as_float(RECIP_MAGIC - _as_bits(a_f)).astype(np.float64)
     assert np.abs(inv * a_f - 1).max() < 0.051  # the "within 5%" the window is sized for
+
+
+def _two_scale_blocks():
+    """One head, 256 keys in two K-scale blocks (the sm90 256-key loop's online-softmax step): block 0
+    holds a key at ~20 log2 units above the rest, block 1 one at ~18 plus an outlier key ~9x larger
+    and orthogonal to the queries, so block 1's INT8 K scale is ~9x block 0's."""
+    g = torch.Generator().manual_seed(0)
+    d, n = 128, 256
+    u = torch.nn.functional.normalize(torch.randn(d, generator=g), dim=0)
+    w = torch.randn(d, generator=g)
+    w = torch.nn.functional.normalize(w - (w @ u) * u, dim=0)
+    q = 3.0 * u + 0.05 * torch.randn(1, 1, n, d, generator=g)
+    k = 0.3 * torch.randn(1, 1, n, d, generator=g)
+    per_unit = 3.0 / d**0.5 * R.LOG2E  # log2 units of the score of key c u, per c
+    k[:, :, 17] = 20.0 / per_unit * u
+    k[:, :, 128 + 5] = 0.9 * 20.0 / per_unit * u
+    k[:, :, 128 + 40] = 12.0 * 20.0 / per_unit * w
+    return q, k
+
+
+def test_a_256_key_step_anchors_each_scale_block_at_its_own_max(monkeypatch):
+    """quantize_p with offset_block = 256 (two K-scale blocks per step): every block's codes are what the
+    32-bit kernel form computes from that block's anchor a0. Anchored at the step's max instead, a0 sc of
+    the larger-scale block passes the running max M, T0 passes 2^31 and the kernel form's codes (T0
+    saturated by F2I) lose that block: the case the spec's per-block anchor exists for."""
+    from vc_attention.kernels.config import SPEED
+
+    q, k = _two_scale_blocks()
+    q_q, q_sc, k_q, k_sc = R.quantize_qk(q, k, SPEED)
+    assert k_sc.flatten()[1] > 8 * k_sc.flatten()[0]
+    acc, sc = R.score_parts(q_q, q_sc, k_q, k_sc, k.shape[-2])
+    seen = {}
+    original = R.p_expcast
+    monkeypatch.setattr(R, "p_expcast", lambda s, m, **kw: seen.update(m=m, **kw) or original(s, m, **kw))
+    R.quantize_p(acc * sc, SPEED, 256, acc=acc, scale=sc)
+    args = [np.asarray(seen[key].expand_as(acc) if torch.is_tensor(seen[key]) else seen[key], dtype=dtype)
+            for key, dtype in (("acc", np.int64), ("scale", f32), ("a0", np.int64), ("m", f32))]
+    a_acc, a_sc, a0, m = (x.reshape(-1, 128) for x in np.broadcast_arrays(*args))
+    a0_blocks = a0.reshape(-1, 128)[:, :1]
+    assert (a0 == a0_blocks).all()  # one anchor per 128-key scale block
+    ref = spec_codes(a_acc, a_sc, a0_blocks, m)
+    assert (kernel_codes(a_acc, a_sc, a0_blocks, m) == ref).all()
+    assert (ref > 0).sum() > 500
+    # the step-wide anchor: what a 32-bit T0 would make of it
+    step_a0 = np.maximum(a0_blocks.reshape(-1, 2), a0_blocks.reshape(-1, 2)[:, ::-1]).reshape(-1, 1)
+    step_ref = spec_codes(a_acc, a_sc, step_a0, m)
+    assert (kernel_codes(a_acc, a_sc, step_a0, m) != step_ref).sum() > 100

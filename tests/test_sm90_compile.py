@@ -4,6 +4,7 @@ Beyond "it compiles": ptxas must not spill beyond a known small amount, serializ
 pipeline (C7513) or ignore the register reallocation (C7508) - each of these compiles fine and
 silently costs speed.
 """
+import dataclasses
 import os
 import re
 import shutil
@@ -12,6 +13,7 @@ import subprocess
 import pytest
 
 from vc_attention.kernels import backend_sm90, jit
+from vc_attention.kernels.config import PLAIN_8BIT, SPEED
 
 pytestmark = [
     pytest.mark.slow,
@@ -49,8 +51,9 @@ def test_every_kernel_instantiation_is_compiled(ptxas_report):
     assert len(set(kernels)) == 16
 
 
-# At 240 registers per consumer thread ptxas keeps two loop-invariant words of the V-Smooth head-dim-128
-# kernels in local memory (two L1-resident loads per key tile); anything larger is a regression.
+# At 240 registers per consumer thread ptxas keeps a few words of the V-Smooth head-dim-128 kernels in
+# local memory (16 B of stack, L1-resident loads per key tile; the 256-key fidelity loop's are loop-carried);
+# anything larger is a regression.
 MAX_STACK_BYTES = 16
 
 
@@ -95,6 +98,18 @@ def test_variant_compiles_cleanly(name, tmp_path):
     assert registers == ({128} if "-DVC_SM90_CONSUMERS=3" in VARIANTS[name] else {168}), registers
 
 
+@pytest.mark.parametrize("name", sorted(n for n, flags in VARIANTS.items() if "-DVC_SM90_SPLIT=1" in flags and n != "split"))
+def test_split_variant_compiles_cleanly(name, tmp_path):
+    """The split variants (both files, as the product library links them): every kernel once between
+    the two builds, no ptxas warning, stack within the variants' bound."""
+    reports = [_ptxas_report(src, tmp_path / f"{name}-{src.stem}.cubin", VARIANTS[name], f"(variant {name})")
+               for src in (LAUNCHER, LAUNCHER_C3)]
+    assert sum(len(set(re.findall(KERNEL_ENTRY, r))) for r in reports) == 16
+    for report in reports:
+        assert "warning" not in report.lower(), report
+        assert max(int(f) for f in re.findall(r"(\d+) bytes stack frame", report)) <= MAX_VARIANT_STACK_BYTES, report
+
+
 def test_product_library_splits_the_kernels_between_two_cta_shapes(tmp_path):
     """The product build (backend_sm90.SOURCES with its CUDA_FLAGS): the two-consumer file instantiates only
     head dim 128 with exp2 P and V-Smooth, the three-consumer file the other 14 kernels, each kernel
@@ -113,5 +128,12 @@ def test_product_library_splits_the_kernels_between_two_cta_shapes(tmp_path):
     assert {int(r) for r in re.findall(r"Used (\d+) registers", three)} == {128}
     for report in (two, three):
         assert "warning" not in report.lower() and "C7519" not in report, report
+    # the Python rule the GPU suites emulate with (backend_sm90.softmax_step_keys) names 256-key steps for
+    # exactly the two-consumer kernels of this build: the library's vc_sm90_step_keys, without a GPU
+    step256 = "-DVC_SM90_STEP256=1" in backend_sm90.CUDA_FLAGS
+    for kernels_args, steps in ((two_args, 256 if step256 else 128), (three_args, 128)):
+        for d, e, v, _ in kernels_args:
+            config = dataclasses.replace(SPEED, p="expcast" if e == "1" else "exp2", v="vsmooth" if v == "1" else PLAIN_8BIT.v)
+            assert backend_sm90.softmax_step_keys(int(d), config) == steps, (d, e, v)
     assert max(int(f) for f in re.findall(r"(\d+) bytes stack frame", two)) <= MAX_STACK_BYTES, two
     assert max(int(f) for f in re.findall(r"(\d+) bytes stack frame", three)) <= MAX_VARIANT_STACK_BYTES, three

@@ -313,8 +313,9 @@ __device__ __forceinline__ RowScale operator*(const RowScale& q_sc, float k_sc) 
 // exact running max of the scaled scores over the step's keys, reference.running_row_offsets with
 // offset_block = 128 H) and returns the rescale factor alpha = 2^(M_old - M_new) of each of the
 // thread's two rows. Tile h's scores s[64h..64h+63] carry their own K scale (sc[h]); the speed
-// encoding's block max a0 is the largest integer score of the whole step (reference.block_row_max
-// over 128 H keys), each tile's row constants built from it with that tile's scale.
+// encoding anchors each tile at its own largest integer score a0 (reference.quantize_p: block_row_max
+// per K-scale block), so that a0 sc[h] <= M and the row constant T0 stays in range: anchored at the
+// other tile's max, a K-scale ratio of 8 between the tiles overflowed T0 and zeroed the tile's codes.
 // MASK: only the first `valid` keys of the step's last tile exist (the tail tile).
 // between(): called once the first tile's row maxima are taken, before anything reads the second tile
 // (the early-QK loop waits there for the second tile's QK: the first tile's max pass runs under it).
@@ -328,7 +329,7 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
   static_assert(H == 1 || H == 2, "one or two tiles per online-softmax step");
   // the speed encoding works on the integer scores (p_encoding.cuh) unless a byte-code variant is built
   [[maybe_unused]] constexpr bool kIntCodes = EXPCAST && !VC_EXPCAST_BYTE_CODES;
-  static_assert(H == 1 || !VC_EXPCAST_BYTE_CODES, "the byte-code ExpCast variants take one tile per step");
+  static_assert(H == 1 || !EXPCAST || !VC_EXPCAST_BYTE_CODES, "the byte-code ExpCast variants take one tile per step");
   // whether key column (c, e) of tile h is past the valid keys (only the step's last tile is partial)
   auto masked = [&](int h, int c, int e) { return MASK && h == H - 1 && key_of_column(c, t, e) >= valid; };
   // row max on the exact integers: float(acc) * sc is monotone in acc (sc >= 0), so the float max is
@@ -371,12 +372,8 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float m_new = row_off[r];
-    int a0 = mx[0][r];
 #pragma unroll
-    for (int h = 0; h < H; ++h) {
-      m_new = fmaxf(m_new, static_cast<float>(mx[h][r]) * sc[h].r[r]);
-      a0 = max(a0, mx[h][r]);
-    }
+    for (int h = 0; h < H; ++h) m_new = fmaxf(m_new, static_cast<float>(mx[h][r]) * sc[h].r[r]);
     alpha[r] = rescale_factor<EXPCAST>(row_off[r], m_new);
     row_off[r] = m_new;
     base[r] = vc::kPLog2Max - m_new;  // fidelity: arg = s + float32(8 - M), reference.p_exp2_cast
@@ -385,7 +382,7 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
 #else
 #pragma unroll
     for (int h = 0; h < H; ++h)
-      if constexpr (kIntCodes) irow[h][r] = vc_p::expcast_int_row(sc[h].r[r], a0, m_new);  // reference.expcast_bits
+      if constexpr (kIntCodes) irow[h][r] = vc_p::expcast_int_row(sc[h].r[r], mx[h][r], m_new);  // reference.expcast_bits
 #endif
   }
   // register r of k-step kk holds row g (r even) or g+8 (r odd) at keys 32kk + 16(r/2) + 4t + 0..3,
@@ -723,6 +720,9 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     // first tile's row maxima while the second tile's QK still runs). Every wgmma is issued unconditionally inside its
     // block (a conditional one in flight across a branch makes ptxas serialize the pipeline).
     static_assert(!kTurns, "the early QK splits the QK batch: no turns");
+    // the next pair's first QK waits for a stage that both warpgroups release only after this fold's
+    // predecessor: four stages (two pairs) keep that wait from closing a cycle
+    static_assert(STAGES >= 4, "the early-QK loop needs two tile pairs in the ring");
     int32_t s2[128];
     uint32_t p2[8][4];
     auto& s_lo = *reinterpret_cast<int32_t(*)[64]>(&s2[0]);
@@ -732,30 +732,20 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     const float one[2] = {1.f, 1.f};
     const int n_pairs = n_kv / 2;
     const bool odd = n_kv & 1;
-    // the turn after a batch: passed on, except after the last one, when warpgroup 0 gives warpgroup 1
-    // its last turn and warpgroup 1 owes nothing (no arrival left pending at exit)
-    auto turn_end_of = [&](bool last) {
-      if (!last)
-        turn_end();
-      else if (kTurns && wg == 0)
-        named_arrive(2, 256);
-    };
     // QK of tile j into one half of the scores, as a commit group of its own
     auto issue_qk_tile = [&](int32_t(&s)[64], int j) {
       mbar_wait(&bar_full[j % STAGES], (j / STAGES) & 1);
-      turn_begin();
       reg_fence(s);
       wgmma_fence();
       issue_qk<D>(s, q_tile, k_tile(j % STAGES));
       wgmma_commit();
-      turn_end();
       reg_fence(s);
     };
     // step m over tiles 2m, 2m+1; NEXT: what comes after it, 2 a pair, 1 the odd last tile, 0 nothing
     auto pair_step = [&](int m, auto next_tag) {
       constexpr int kNext = decltype(next_tag)::value;
       const int j0 = 2 * m, s0 = j0 % STAGES, s1 = (j0 + 1) % STAGES;
-      const bool last = !odd && m == n_pairs - 1;
+      const bool last = !odd && m == n_pairs - 1;  // the tail tile is this step's second
       // VC_SM90_STEP256_MAX_OVERLAP: the first tile's QK (the older of the two commit groups), then its
       // max pass under the second's; else both before the softmax
       if constexpr (VC_SM90_STEP256_MAX_OVERLAP) {
@@ -776,14 +766,12 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
         softmax_keys<EXPCAST, true, 2>(s2, sc2, valid_last, t, row_off, alpha, p2, second_tile);
       else
         softmax_keys<EXPCAST, false, 2>(s2, sc2, kBlockN, t, row_off, alpha, p2, second_tile);
-      turn_begin();
       reg_fence(p2);
       reg_fence(pv);
       wgmma_fence();
       issue_pv<D>(pv, p_lo, vt_tile(s0));
       issue_pv<D>(pv, p_hi, vt_tile(s1), true);
       wgmma_commit();
-      turn_end_of(last);
       wgmma_wait<0>();
       reg_fence(pv);
       reg_fence(p2);
@@ -813,13 +801,11 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       wgmma_wait<0>();
       reg_fence(s_lo);
       softmax(s_lo, q_sc * ksc_smem[sj], has_tail, row_off, alpha, p_lo);
-      turn_begin();
       reg_fence(p_lo);
       reg_fence(pv);
       wgmma_fence();
       issue_pv<D>(pv, p_lo, vt_tile(sj));
       wgmma_commit();
-      turn_end_of(true);
       wgmma_wait<0>();
       reg_fence(pv);
       reg_fence(p_lo);
