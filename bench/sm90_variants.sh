@@ -11,6 +11,7 @@
 #   SM90_VARIANTS="base mean" SM90_BUILD_ONLY=1 bash bench/sm90_variants.sh   # CPU: builds + ptxas only
 #   SM90_NCU=psmem_mean bash bench/sm90_variants.sh   # + one ncu-profiled launch of that variant
 #   SM90_BUILD_ONLY=1 ...; then SM90_REUSE_BUILD=1 ...  # build beside other work, then check + time
+#   SM90_SHAPES="1,40,75600,128" ...   # time only these (B,H,N,D) shapes (default: the four issue-11 shapes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -120,7 +121,7 @@ done
 echo "checks done at $(( $(date +%s) - start )) s"
 [[ ${#timed[@]} -gt 0 ]] && python3 bench/sm90_check.py "${timed[@]}" --skip-correctness --out "$OUT" --iters "${SM90_ITERS:-10}" \
   $([[ -n "${SM90_PREPARE:-}" ]] || echo --no-prepare) \
-  --shape 1,40,75600,128 --shape 1,32,32768,64 --shape 1,32,6144,64 --shape 1,12,32760,128
+  $(for shape in ${SM90_SHAPES:-1,40,75600,128 1,32,32768,64 1,32,6144,64 1,12,32760,128}; do echo --shape "$shape"; done)
 echo "total $(( $(date +%s) - start )) s"
 
 # optional: SM90_NCU="<variant> ..." profiles one launch of each in $SM90_NCU_MODE (speed by default) at
