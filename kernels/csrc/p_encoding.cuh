@@ -117,8 +117,8 @@ struct ExpCastIntRow {
 };
 __device__ __forceinline__ ExpCastIntRow expcast_int_row(float sc, int a0, float m) {
   // <= 0 (a0 is this K-scale block's own max, sc its scale): how far that max is below the running max;
-  // rounded twice as the spec rounds it (no
-  // FFMA contraction: fl(fl(a0 sc) - M), the product being the block max the running max took)
+  // rounded twice as the spec rounds it (no FFMA contraction: fl(fl(a0 sc) - M), the product being the
+  // block max the running max took)
   const float e = __fsub_rn(__fmul_rn(static_cast<float>(a0), sc), m);
   const float a_f = fminf(sc * 8388608.f, vc::kExpCastSlopeCap);
   const int a = __float2int_rn(a_f);

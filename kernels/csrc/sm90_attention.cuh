@@ -714,11 +714,13 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
 
   constexpr bool kEarlyQk = kStep256 && (VC_SM90_STEP256_EARLY_QK == 1 || (VC_SM90_STEP256_EARLY_QK == 2 && EXPCAST));
   if constexpr (kEarlyQk) {
-    // The 256-key loop below with VC_SM90_STEP256_EARLY_QK (variant): the next step's first QK goes out before the fold (its scores' 64
-    // registers are free then: S/2 64 + PV 68 + O 64), the second after it, so the tensor core has
-    // this warpgroup's next work while it folds (VC_SM90_STEP256_MAX_OVERLAP: the next step takes the
-    // first tile's row maxima while the second tile's QK still runs). Every wgmma is issued unconditionally inside its
-    // block (a conditional one in flight across a branch makes ptxas serialize the pipeline).
+    // The 256-key loop (the next branch) with VC_SM90_STEP256_EARLY_QK (variant): the next step's first
+    // QK goes out before the fold (its scores' 64 registers are free then: S/2 64 + PV 68 + O 64), the
+    // second after it, so the tensor core has this warpgroup's next work while it folds
+    // (VC_SM90_STEP256_MAX_OVERLAP: the next step takes the first tile's row maxima while the second
+    // tile's QK still runs). Every wgmma is issued unconditionally inside its block (a conditional one
+    // in flight across a branch made ptxas serialize the pipeline). Kept apart from the measured
+    // product loop until a GPU run adopts it (then one loop serves both).
     static_assert(!kTurns, "the early QK splits the QK batch: no turns");
     // the next pair's first QK waits for a stage that both warpgroups release only after this fold's
     // predecessor: four stages (two pairs) keep that wait from closing a cycle

@@ -113,7 +113,6 @@ int launch(const void* q_q, const void* k_q, const void* v_t, const Params& p, i
   return 0;
 }
 
-
 template <int D, bool EXPCAST, bool VSMOOTH>
 int launch_out(const void* q_q, const void* k_q, const void* v_t, const Params& p, int bh, bool out_bf16,
                cudaStream_t stream) {
