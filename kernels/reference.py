@@ -314,8 +314,9 @@ def quantize_p(s: torch.Tensor, config: VCConfig, offset_block: int = K_BLOCK, *
     exact running max), then rescaled by 2^(M_running - M_final) in float64 - what the online
     softmax's alpha factors do to the accumulator and the row sum (the kernels' float32 alpha is
     within 3e-7 of it). The codes are those the kernel writes, subnormal and underflow tail included.
-    offset_block: keys per online-softmax step of the kernel being emulated (Backend.softmax_step_keys:
-    K_BLOCK for sm90 and the 16-row mma layout, 64 for the wide mma layout the backend runs).
+    offset_block: keys per online-softmax step of the kernel being emulated (Backend.softmax_step(head_dim,
+    config): K_BLOCK for sm90 and the 16-row mma layout, 2 K_BLOCK for sm90's head-dim-128 fidelity loop,
+    64 for the wide mma layout the backend runs).
     acc, scale (score_parts): the exact scores behind s; the speed encoding works on them (p_expcast).
     """
     run = running_row_offsets(s, offset_block)
@@ -512,7 +513,7 @@ def vc_attention_reference(
     perm (B,H,N) permutes K and V together (V-Smooth grouping); Q and O are never permuted.
     Returns the output in q's dtype and `layout`, or ReferenceParts (float64, bhnd) if parts=True.
     Query rows are processed in chunks so memory is O(query_chunk * N). offset_block: keys per
-    online-softmax step of the kernel being emulated (Backend.softmax_step_keys).
+    online-softmax step of the kernel being emulated (Backend.softmax_step(head_dim, config)).
     """
     check_inputs(q, k, v)
     qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))
