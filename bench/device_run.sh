@@ -53,7 +53,7 @@ for stage in $stages; do
   case $stage in
     build) step build 240 python3 -m vc_attention.cli build ;;
     tests)
-      step gpu_tests 300 python3 -m pytest -q -m gpu --junitxml="$OUT/gpu_tests.xml" tests
+      step gpu_tests 420 python3 -m pytest -q -m gpu --junitxml="$OUT/gpu_tests.xml" tests
       if [ -n "${COMFYUI_PATH:-}" ]; then step host_tests 240 python3 -m pytest -q -m comfyui tests; fi ;;
     bench) step bench 300 python3 -m vc_attention.cli bench --save ;;
     grouping) step grouping 150 python3 bench/grouping_bench.py ;;

@@ -34,6 +34,12 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "wide-restoretile-coalesced": ("-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1", "-DVC_MMA_COALESCED_COPY=1"),
     "wide-restoretile-coalesced-viaf16": ("-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1", "-DVC_MMA_COALESCED_COPY=1",
                                           "-DVC_MMA_E4M3_VIA_F16=1"),
+    # the default builds with the scores converted by one I2FP instead of the two-instruction form
+    # (kernel-notes section 18: -70 instructions per chunk in plain 8-bit and fidelity; not yet timed)
+    "wide-i2fp-restoretile-coalesced-viaf16": ("-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1", "-DVC_MMA_COALESCED_COPY=1",
+                                               "-DVC_MMA_E4M3_VIA_F16=1", "-DVC_MMA_I2FP=1"),
+    "wide-i2fp-restoretile-coalesced": ("-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1", "-DVC_MMA_COALESCED_COPY=1",
+                                        "-DVC_MMA_I2FP=1"),
 }
 
 # the targets without FP8 mma.sync (ptxas lowers it to two f16 HMMAs plus FADDs): the H200 and the B200

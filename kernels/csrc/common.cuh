@@ -74,9 +74,18 @@ __device__ __forceinline__ uint32_t int8_code(float x) {
   return uint32_t(r) & 0xFFu;
 }
 
-// Exact int32 -> float for |v| < 2^22 without I2F: the magic constant's mantissa holds v.
+#ifndef VC_MMA_I2FP
+#define VC_MMA_I2FP 0  // 1 (variant): one I2FP.F32.S32 (sm_89+: ALU pipe) instead of the two-instruction form
+#endif
+// Exact int32 -> float for |v| < 2^22 without I2F: the magic constant's mantissa holds v (IADD3 + FADD).
+// VC_MMA_I2FP: the conversion instruction itself, which on sm_89+ is I2FP on the ALU pipe, not the old
+// MUFU-class I2F (the Hopper kernel converts with it; kernel-notes section 18).
 __device__ __forceinline__ float small_int_to_float(int v) {
+#if VC_MMA_I2FP
+  return __int2float_rn(v);
+#else
   return __int_as_float(v + kRoundMagicBits) - kRoundMagic;
+#endif
 }
 
 __device__ __forceinline__ float fast_exp2(float x) {
