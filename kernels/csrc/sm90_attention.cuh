@@ -713,6 +713,15 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   if (kTurns && wg == 1) named_arrive(1, 256);  // warpgroup 0 takes the first turn
 
   constexpr bool kEarlyQk = kStep256 && (VC_SM90_STEP256_EARLY_QK == 1 || (VC_SM90_STEP256_EARLY_QK == 2 && EXPCAST));
+  // the 256-key loops' registers: the two tiles' scores and P fragments as halves of one array each, and
+  // the second alpha of fold_pair (one step, one rescale); unused (and dropped) by the 128-key loops
+  int32_t s2[128];
+  uint32_t p2[8][4];
+  auto& s_lo = *reinterpret_cast<int32_t(*)[64]>(&s2[0]);
+  auto& s_hi = *reinterpret_cast<int32_t(*)[64]>(&s2[64]);
+  auto& p_lo = *reinterpret_cast<uint32_t(*)[4][4]>(&p2[0][0]);
+  auto& p_hi = *reinterpret_cast<uint32_t(*)[4][4]>(&p2[4][0]);
+  const float one[2] = {1.f, 1.f};
   if constexpr (kEarlyQk) {
     // The 256-key loop (the next branch) with VC_SM90_STEP256_EARLY_QK (variant): the next step's first
     // QK goes out before the fold (its scores' 64 registers are free then: S/2 64 + PV 68 + O 64), the
@@ -725,13 +734,6 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     // the next pair's first QK waits for a stage that both warpgroups release only after this fold's
     // predecessor: four stages (two pairs) keep that wait from closing a cycle
     static_assert(STAGES >= 4, "the early-QK loop needs two tile pairs in the ring");
-    int32_t s2[128];
-    uint32_t p2[8][4];
-    auto& s_lo = *reinterpret_cast<int32_t(*)[64]>(&s2[0]);
-    auto& s_hi = *reinterpret_cast<int32_t(*)[64]>(&s2[64]);
-    auto& p_lo = *reinterpret_cast<uint32_t(*)[4][4]>(&p2[0][0]);
-    auto& p_hi = *reinterpret_cast<uint32_t(*)[4][4]>(&p2[4][0]);
-    const float one[2] = {1.f, 1.f};
     const int n_pairs = n_kv / 2;
     const bool odd = n_kv & 1;
     // QK of tile j into one half of the scores, as a commit group of its own
@@ -817,13 +819,6 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   } else if constexpr (kStep256) {
     // 256-key steps (step256()): per trip QK of tiles 2m and 2m+1 (adjacent stages of an even ring),
     // one softmax step over both, PV of both into one accumulator, one fold; an odd last tile on its own
-    int32_t s2[128];
-    uint32_t p2[8][4];
-    auto& s_lo = *reinterpret_cast<int32_t(*)[64]>(&s2[0]);
-    auto& s_hi = *reinterpret_cast<int32_t(*)[64]>(&s2[64]);
-    auto& p_lo = *reinterpret_cast<uint32_t(*)[4][4]>(&p2[0][0]);
-    auto& p_hi = *reinterpret_cast<uint32_t(*)[4][4]>(&p2[4][0]);
-    const float one[2] = {1.f, 1.f};
     // the turn after a batch: passed on, except after the last one, when warpgroup 0 gives warpgroup 1
     // its last turn and warpgroup 1 owes nothing (no arrival left pending at exit)
     auto turn_end_of = [&](bool last) {
