@@ -22,8 +22,11 @@ EXTENSION_NAME = "vc_attention_sm90"
 # sm90_launch.cu (two consumer warpgroups per CTA) and sm90_launch_c3.cu (three) split the kernels
 # between them by head dim and mode (split_consumers in sm90_launch.cu; docs/kernel-notes.md section 17)
 SOURCES = ("sm90_binding.cpp", "sm90_launch.cu", "sm90_launch_c3.cu")
-# VC_SM90_STEP256: the two-consumer build (head dim 128 fidelity) steps its online softmax by 256 keys
-CUDA_FLAGS = ("-DVC_SM90_SPLIT=1", "-DVC_SM90_STEP256=1")
+# VC_SM90_STEP256: the two-consumer build (head dim 128 with V-Smooth: fidelity and speed) steps its
+# online softmax by 256 keys; VC_SM90_SPLIT_SPEED_D128=2 puts head dim 128 speed on that build and
+# VC_SM90_STEP256_EARLY_QK=2 issues its next step's first QK before the fold (ExpCast only: fidelity's
+# exp2 loop lost 8% that way). docs/kernel-notes.md sections 18-19.
+CUDA_FLAGS = ("-DVC_SM90_SPLIT=1", "-DVC_SM90_STEP256=1", "-DVC_SM90_STEP256_EARLY_QK=2", "-DVC_SM90_SPLIT_SPEED_D128=2")
 ARCH = "9.0a"  # wgmma and setmaxnreg exist only in the arch-specific Hopper target
 CONSTRAINTS = Constraints(
     min_capability=(9, 0),
@@ -40,10 +43,10 @@ CONSTRAINTS = Constraints(
 
 def softmax_step_keys(head_dim: int, config: VCConfig) -> int:
     """Keys per online-softmax step of the kernel that runs (head_dim, config), its emulation's
-    offset_block: 256 for head dim 128 with exp2 P and V-Smooth (fidelity: the two-consumer build's
-    256-key loop), else one 128-key tile (kBlockN). The rule of vc_sm90_step_keys (sm90_launch.cu), asked
+    offset_block: 256 for head dim 128 with V-Smooth (fidelity and speed: the two-consumer build's
+    256-key loops), else one 128-key tile (kBlockN). The rule of vc_sm90_step_keys (sm90_launch.cu), asked
     without building the extension; tests/test_backends_gpu.py checks that the two agree."""
-    return 2 * K_BLOCK if head_dim == 128 and config.p == "exp2" and config.v == "vsmooth" else K_BLOCK
+    return 2 * K_BLOCK if head_dim == 128 and config.v == "vsmooth" else K_BLOCK
 
 
 @functools.cache

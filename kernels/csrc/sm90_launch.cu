@@ -36,8 +36,11 @@ namespace vc_sm90 {
 // exact exp2 P and V-Smooth (fidelity: 147.0 vs 144.7 ms), where the serial loop spills.
 // That case also steps its online softmax by 256 keys (VC_SM90_STEP256, the product flag): 138.0 vs
 // 144.9 ms at Wan2.2-14B, 7.82 vs 8.33 at Wan2.1-1.3B (kernel-notes section 18).
-// VC_SM90_SPLIT_SPEED_D128=2 (variant `split_e`): head dim 128 speed (ExpCast + V-Smooth) on two consumers
-// as well, where the 256-key loop with the early QK measured 122.1 vs 124.1 ms (section 18).
+// VC_SM90_SPLIT_SPEED_D128=2 (a product flag since session 9): head dim 128 speed (ExpCast + V-Smooth) on
+// two consumers as well, on the 256-key loop with the early QK (VC_SM90_STEP256_EARLY_QK=2): 121.8 vs
+// 125.0 ms at Wan2.2-14B, 7.04 vs 7.23 at Wan2.1-1.3B, same run (section 19). Its ptxas report carries
+// a C7517 note (a warpgroup.wait injected): the PTX line it names is in the epilogue's output store,
+// after the loop, where ptxas cannot prove the last QK group retired on every path; once per CTA.
 #ifndef VC_SM90_SPLIT_SPEED_D128
 #define VC_SM90_SPLIT_SPEED_D128 3
 #endif
