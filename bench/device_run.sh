@@ -2,7 +2,8 @@
 # The GPU run that produces every published number and runs every GPU test:
 #   bash bench/device_run.sh [STAGE ...]      (default: every stage, in this order)
 # stages: build   JIT-build every extension (first use prints progress)
-#         tests   the whole `gpu` pytest tier, then the real-host tier when a ComfyUI checkout is there
+#         tests   the portable kernel's variant builds (four at once), the whole `gpu` pytest tier, then
+#                 the real-host tier when a ComfyUI checkout is there
 #         bench   `vc-attention bench --save`: attention kernels + grouping at every shape
 #         e2e     `vc-attention bench --e2e --save`: the Wan 14B forward (diffusers), SDPA / SageAttention / ours
 #         grouping bench/grouping_bench.py: the torch k-means path vs the fused kernels, share of a speed call
@@ -27,9 +28,12 @@ mkdir -p "$OUT"
 # .whl-peers/ (also ignored): the peers only the bench stages need (SageAttention 2.2's 22 MB wheel), so
 # that a tests-only call can leave them behind; .whl-front/ (ignored): ComfyUI's frontend wheel (~20 MB),
 # which only the tests stage needs (the real server's workflow-template check), so that a bench call can
-# leave it behind. A call carries at most 64 MiB: carry .whl .whl-front .comfy for tests and
-# .whl .whl-peers .comfy for the bench stages.
-for dir in .whl .whl-peers .whl-front; do
+# leave it behind; .whl-host/ (ignored, ~8 MB): ComfyUI's requirements the GPU image lacks (SQLAlchemy,
+# alembic, pydantic, blake3, simpleeval and what they need) for the real-host tier. PyAV (35 MB) does not
+# fit beside them: the tests stage sets VC_PYAV_PLACEHOLDER=1 (tests/comfyui_pyav.py). A call carries at
+# most 64 MiB: carry .whl .whl-host .whl-front .comfy for tests and .whl .whl-peers .comfy for the bench
+# stages.
+for dir in .whl .whl-peers .whl-front .whl-host; do
   if compgen -G "$dir/*.whl" > /dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$dir"/*.whl
   fi
@@ -53,8 +57,9 @@ for stage in $stages; do
   case $stage in
     build) step build 240 python3 -m vc_attention.cli build ;;
     tests)
+      step mma_variant_builds 240 python3 bench/build_mma_variants.py
       step gpu_tests 420 python3 -m pytest -q -m gpu --junitxml="$OUT/gpu_tests.xml" tests
-      if [ -n "${COMFYUI_PATH:-}" ]; then step host_tests 240 python3 -m pytest -q -m comfyui tests; fi ;;
+      if [ -n "${COMFYUI_PATH:-}" ]; then VC_PYAV_PLACEHOLDER=1 step host_tests 240 python3 -m pytest -q -rfE -m comfyui tests; fi ;;
     bench) step bench 300 python3 -m vc_attention.cli bench --save ;;
     grouping) step grouping 150 python3 bench/grouping_bench.py ;;
     e2e) step e2e 240 python3 -m vc_attention.cli bench --e2e --save ;;

@@ -46,6 +46,10 @@ def _host_check(comfyui_path: str, out_path: str, kind: str) -> None:
     sys.path.insert(0, comfyui_path)
     import asyncio
 
+    import comfyui_pyav  # beside this script
+
+    pyav_placeholder = comfyui_pyav.install_if_allowed()
+
     import comfy.options
 
     comfy.options.enable_args_parsing()
@@ -120,6 +124,7 @@ def _host_check(comfyui_path: str, out_path: str, kind: str) -> None:
         "query_tokens": sorted(calls["tokens"]),
         "stats": events[0] if len(events) == 1 else {"events": len(events)},
         "rel_l2": float((vc.double() - plain.double()).norm() / plain.double().norm()),
+        "pyav_placeholder": pyav_placeholder,
     }
     if kind == "wan":
         result.update(_schedule_cases(comfy, node_cls, model, widgets, noise, latent, positive, negative, EventRecorder))

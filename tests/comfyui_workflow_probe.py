@@ -80,6 +80,9 @@ async def main(comfy_path, pack_dir, report_path, models_dir, type_list, workflo
     sys.path.insert(0, comfy_path)
     os.chdir(comfy_path)
     sys.argv = ["main.py", "--cpu"]
+    import comfyui_pyav  # beside this script
+
+    pyav_placeholder = comfyui_pyav.install_if_allowed()
     import comfy.options
 
     comfy.options.enable_args_parsing()
@@ -95,7 +98,7 @@ async def main(comfy_path, pack_dir, report_path, models_dir, type_list, workflo
     if not await nodes.load_custom_node(pack_link):
         raise SystemExit("ComfyUI could not load the VC-Attention pack (see the log above).")
 
-    report = {"nodes": {}, "validation": {}}
+    report = {"nodes": {}, "validation": {}, "pyav_placeholder": pyav_placeholder}
     for type_name in type_list:
         cls = nodes.NODE_CLASS_MAPPINGS.get(type_name)
         report["nodes"][type_name] = None if cls is None else definition(cls)

@@ -33,6 +33,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-back
 PACK = "ComfyUI-VC-Attention"  # the folder name a `git clone` gives
 MODEL_FOLDERS = ("diffusion_models", "text_encoders", "vae", "checkpoints")
 TINY_MODELS = Path(__file__).resolve().parent / "comfyui_tiny_models.py"
+SERVER = Path(__file__).resolve().parent / "comfyui_server.py"  # main.py, after the PyAV option
 
 
 def free_port() -> int:
@@ -68,7 +69,7 @@ def server(tmp_path_factory):
     port = free_port()
     log = open(base / "server.log", "w")
     proc = subprocess.Popen(
-        [python, "main.py", "--cpu", "--listen", "127.0.0.1",
+        [python, str(SERVER), "--cpu", "--listen", "127.0.0.1",
          "--port", str(port), "--base-directory", str(base), "--disable-auto-launch", "--disable-api-nodes"],
         cwd=os.environ["COMFYUI_PATH"], stdout=log, stderr=subprocess.STDOUT,
     )
