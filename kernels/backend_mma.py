@@ -5,6 +5,7 @@ so `vc-attention doctor` and the registry stay cheap.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 from typing import Optional
@@ -62,6 +63,16 @@ def _extension(variant_flags: tuple[str, ...]):
     return jit.load_extension(extension_name(variant_flags), SOURCES, extra_cuda_cflags=variant_flags)
 
 
+MEAN_SCALED_FLAG = "-DVC_MMA_MEAN_SCALED=1"  # the build takes mean / v_scale in float32 (attn_mma_wide.cuh)
+
+
+def mean_operand(ops: PreparedOperands) -> torch.Tensor:
+    """The V-Smooth mean in the form a VC_MMA_MEAN_SCALED build reads: mean / v_scale per tile and
+    column, float32 (B,H,n_pad/128,D). Computed as the fp16-mean build computes it in the kernel
+    (mean * (1 / v_scale), IEEE fp32 division and product), so both builds restore the same values."""
+    return ops.v_mean.float() * (1.0 / ops.v_scale).unsqueeze(-2)
+
+
 def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.Tensor, layout: str,
                             lse: Optional[torch.Tensor] = None, variant_flags: Optional[tuple[str, ...]] = None) -> torch.Tensor:
     """Run the attention kernel on prepared operands into `out` (q's shape in `layout`).
@@ -76,6 +87,8 @@ def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.
         variant_flags = default_flags()
     if mma_pv_f16.uses_shifted_v(variant_flags):
         ops = mma_pv_f16.shifted_v_operands(ops)
+    if MEAN_SCALED_FLAG in variant_flags and config.v == "vsmooth":
+        ops = dataclasses.replace(ops, v_mean=mean_operand(ops))  # after the shift: its v_scale
     extension(variant_flags).attention(
         ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean,
         to_bhnd(out, layout), lse, ops.n_tokens, config.qk == "fp8", config.p == "expcast",

@@ -41,6 +41,13 @@ VARIANTS: dict[str, tuple[str, ...]] = {
                                                "-DVC_MMA_E4M3_VIA_F16=1", "-DVC_MMA_I2FP=1"),
     "wide-i2fp-restoretile-coalesced": ("-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1", "-DVC_MMA_COALESCED_COPY=1",
                                         "-DVC_MMA_I2FP=1"),
+    # the default with the mean restored from float32 mean / v_scale computed by the backend
+    # (VC_MMA_MEAN_SCALED: one float2 load per column pair instead of a conversion and two products)
+    "wide-i2fp-meanscaled-restoretile-coalesced-viaf16": ("-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1",
+                                                          "-DVC_MMA_COALESCED_COPY=1", "-DVC_MMA_E4M3_VIA_F16=1",
+                                                          "-DVC_MMA_I2FP=1", "-DVC_MMA_MEAN_SCALED=1"),
+    "wide-i2fp-meanscaled-restoretile-coalesced": ("-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1", "-DVC_MMA_COALESCED_COPY=1",
+                                                   "-DVC_MMA_I2FP=1", "-DVC_MMA_MEAN_SCALED=1"),
 }
 
 # the targets without FP8 mma.sync (ptxas lowers it to two f16 HMMAs plus FADDs): the H200 and the B200

@@ -87,6 +87,32 @@ def test_the_backend_runs_its_arch_default_build():
     assert ("-DVC_MMA_E4M3_VIA_F16=1" in backend_mma.default_flags()) == (jit.target_arch() in mma_variants.VIA_F16_ARCHS)
 
 
+MEAN_SCALED = [name for name in WIDE if backend_mma.MEAN_SCALED_FLAG in mma_variants.flags(name)]
+
+
+@pytest.mark.parametrize("variant", MEAN_SCALED)
+def test_mean_scaled_build_matches_the_fp16_mean_build_bit_for_bit(variant):
+    """VC_MMA_MEAN_SCALED moves mean * (1 / v_scale) from the kernel to the backend (float32, the same
+    IEEE operations): the build says so, refuses the fp16 mean with a clear error, and its output is
+    the output of the same build without the flag, bit for bit (fidelity: the restore runs)."""
+    flags = mma_variants.flags(variant)
+    plain_flags = tuple(f for f in flags if f != backend_mma.MEAN_SCALED_FLAG)
+    assert backend_mma.extension(flags).mean_scaled() == 1 and backend_mma.extension(plain_flags).mean_scaled() == 0
+    q, k, v = _qkv(2, 3, 1000, 128, torch.bfloat16, "bhnd", seed=5)
+    perm = torch.argsort(torch.rand(2, 3, 1000, device="cuda"), dim=-1)
+    ops = prepare_cuda(q, k, v, perm, FIDELITY, "bhnd")
+    outs = []
+    for f in (flags, plain_flags):
+        out = torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")
+        backend_mma.attention_from_operands(ops, FIDELITY, out, "bhnd", variant_flags=f)
+        outs.append(out)
+    assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])
+    with pytest.raises(ValueError, match="float32 mean / v_scale"):
+        backend_mma.extension(flags).attention(
+            ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean, outs[0], None,
+            ops.n_tokens, False, False, True, torch.cuda.current_stream().cuda_stream)
+
+
 @pytest.mark.parametrize("variant", ["rows16"] + WIDE)
 @pytest.mark.parametrize("name", list(CONFIGS))
 @pytest.mark.parametrize("n", [1, 63, 77, 129, 200, 4097])

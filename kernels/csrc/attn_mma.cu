@@ -11,4 +11,10 @@ const char* launch_attn_mma(const AttnParams& p, void* stream) {
 
 int attn_mma_cta_rows() { return VC_MMA_WIDE ? kWideRows : kQBlock; }
 
+#ifndef VC_MMA_MEAN_SCALED
+#define VC_MMA_MEAN_SCALED 0
+#endif
+static_assert(!VC_MMA_MEAN_SCALED || VC_MMA_WIDE, "VC_MMA_MEAN_SCALED is an option of the wide layout only");
+int attn_mma_mean_scaled() { return VC_MMA_MEAN_SCALED; }
+
 }  // namespace vc

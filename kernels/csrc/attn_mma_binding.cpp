@@ -24,6 +24,11 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
   TORCH_CHECK_VALUE(head_dim == 64 || head_dim == 128, "head dim must be 64 or 128, got ", head_dim, ".");
   TORCH_CHECK_VALUE(q_scale.numel() == q_q.size(0) * q_q.size(1) * q_q.size(2),
                     "q_scale must hold one scale per query row, shape (B, H, n_pad).");
+  // the mean operand's form is the build's (backend_mma.mean_operand converts it for VC_MMA_MEAN_SCALED)
+  const bool mean_scaled = vc::attn_mma_mean_scaled() != 0;
+  TORCH_CHECK_VALUE(!vsmooth || v_mean.scalar_type() == (mean_scaled ? torch::kFloat32 : torch::kHalf),
+                    "v_mean must be ", mean_scaled ? "float32 mean / v_scale (backend_mma.mean_operand)" : "the float16 mean",
+                    " for this build, got ", v_mean.scalar_type(), ".");
   vc::AttnParams p{};
   p.q_q = q_q.data_ptr();
   p.q_scale = q_scale.data_ptr<float>();
@@ -56,4 +61,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "VC-Attention portable mma.sync attention over prepared operands.";
   m.def("attention", &attention, "prepared operands -> out (B,H,N,D view), optional lse (B,H,N)");
   m.def("cta_rows", &vc::attn_mma_cta_rows, "query rows per CTA of this build's attention kernel (128: the wide layout)");
+  m.def("mean_scaled", &vc::attn_mma_mean_scaled, "1 if this build takes v_mean as float32 mean / v_scale (VC_MMA_MEAN_SCALED)");
 }

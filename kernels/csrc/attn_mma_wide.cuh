@@ -29,6 +29,13 @@
 // - VC_MMA_RESTORE_PER_TILE=1: the V-Smooth mean restore (l * mu / v_scale) runs once per 128-key
 //   tile (its mean is the tile's) with the row sums of both chunks, instead of once per chunk:
 //   one FFMA per O element per tile instead of per chunk, exact up to fp32 summation order.
+// - VC_MMA_MEAN_SCALED=1: the kernel takes the mean already divided by v_scale, float32
+//   (B,H,n_pad/128,D), from the backend (backend_mma.mean_operand: one elementwise pass over the
+//   small mean tensor per call) instead of the fp16 mean, so a restore reads one float2 per column
+//   pair instead of converting the fp16 mean and multiplying by 1/v_scale from shared memory (the
+//   restore's short-scoreboard stalls, docs/kernel-notes.md section 19). Same shared memory (the
+//   per-head 1/v_scale table goes), bit-identical: the backend computes mean * (1 / v_scale) in fp32
+//   as the kernel did.
 #pragma once
 #include "attn_mma.cuh"
 
@@ -46,10 +53,14 @@ static_assert(kWideStages >= 2 && kWideStages <= 4, "VC_MMA_STAGES must be 2, 3 
 #ifndef VC_MMA_RESTORE_PER_TILE
 #define VC_MMA_RESTORE_PER_TILE 0
 #endif
+#ifndef VC_MMA_MEAN_SCALED
+#define VC_MMA_MEAN_SCALED 0
+#endif
 static_assert(VC_MMA_PV_F16 >= 0 && VC_MMA_PV_F16 <= 2, "VC_MMA_PV_F16 must be 0, 1 or 2");
 constexpr bool kPvF16 = VC_MMA_PV_F16 != 0;
 constexpr bool kPvF16MmaFold = VC_MMA_PV_F16 == 2;
 constexpr bool kRestorePerTile = VC_MMA_RESTORE_PER_TILE;
+constexpr bool kMeanScaled = VC_MMA_MEAN_SCALED;
 
 constexpr int kWideChains = 2;                           // m16 row blocks per warp
 constexpr int kWideRowsPerWarp = 16 * kWideChains;       // 32
@@ -70,12 +81,12 @@ struct WideSmem {
   static constexpr int kQ = kWideRows * D;    // Q tile, bytes
   static constexpr int kK = kChunkKeys * D;   // one K chunk
   static constexpr int kV = D * kChunkKeys;   // one transposed V chunk (D rows of 64 keys)
-  static constexpr int kMean = D * 2;         // the chunk's tile mean, fp16
+  static constexpr int kMean = D * (kMeanScaled ? 4 : 2);  // the chunk's tile mean: fp16, or fp32 mean / v_scale
   static constexpr int kOffK = kQ;
   static constexpr int kOffV = kOffK + kWideStages * kK;
   static constexpr int kOffMean = kOffV + kWideStages * kV;
-  static constexpr int kOffInvScale = kOffMean + kWideStages * kMean;
-  static constexpr int kBytes = kOffInvScale + D * 4;
+  static constexpr int kOffInvScale = kOffMean + kWideStages * kMean;  // 1 / v_scale per column (fp16 mean only)
+  static constexpr int kBytes = kOffInvScale + (kMeanScaled ? 0 : D * 4);
 };
 
 // Copies a [kRows x kRowBytes] tile (global rows `src_stride` bytes apart) into swizzled shared
@@ -147,7 +158,7 @@ struct AttnMmaWide {
     const uint8_t* q_src = static_cast<const uint8_t*>(p.q_q) + (int64_t(bh) * p.n_pad + q_row0) * D;
     const uint8_t* k_src = static_cast<const uint8_t*>(p.k_q) + int64_t(bh) * p.n_pad * D;
     const uint8_t* v_src = p.v_t + int64_t(bh) * D * p.n_pad;
-    const uint8_t* mean_src = reinterpret_cast<const uint8_t*>(p.v_mean) + int64_t(bh) * n_tiles * D * 2;
+    const uint8_t* mean_src = reinterpret_cast<const uint8_t*>(p.v_mean) + int64_t(bh) * n_tiles * Smem::kMean;
     float* inv_scale = reinterpret_cast<float*>(smem + Smem::kOffInvScale);
 
     auto load_chunk = [&](int chunk) {
@@ -168,7 +179,7 @@ struct AttnMmaWide {
       if (c < n_chunks) load_chunk(c);
       cp_async_commit();
     }
-    if constexpr (kVSmooth) {
+    if constexpr (kVSmooth && !kMeanScaled) {
       for (int c = threadIdx.x; c < D; c += kAttnThreads) inv_scale[c] = 1.0f / p.v_scale[int64_t(bh) * D + c];
     }
 #pragma unroll
@@ -382,13 +393,17 @@ struct AttnMmaWide {
     }
 
     const uint32_t v_base = sbase + Smem::kOffV + stage * Smem::kV;
-    const __half* mean = reinterpret_cast<const __half*>(smem + Smem::kOffMean + stage * Smem::kMean);
+    const uint8_t* mean = smem + Smem::kOffMean + stage * Smem::kMean;
     const float* inv_scale = reinterpret_cast<const float*>(smem + Smem::kOffInvScale);
     // mu / v_scale of columns col and col + 1, read where the restore needs them (no registers to hold them)
     auto mean_over_scale = [&](int col) {
-      const float2 m = __half22float2(*reinterpret_cast<const __half2*>(mean + col));
-      const float2 inv = *reinterpret_cast<const float2*>(inv_scale + col);
-      return make_float2(m.x * inv.x, m.y * inv.y);
+      if constexpr (kMeanScaled) {
+        return *reinterpret_cast<const float2*>(reinterpret_cast<const float*>(mean) + col);
+      } else {
+        const float2 m = __half22float2(*reinterpret_cast<const __half2*>(reinterpret_cast<const __half*>(mean) + col));
+        const float2 inv = *reinterpret_cast<const float2*>(inv_scale + col);
+        return make_float2(m.x * inv.x, m.y * inv.y);
+      }
     };
 #pragma unroll
     for (int pair = 0; pair < kDimTiles / 2; ++pair) {

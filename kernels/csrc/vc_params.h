@@ -37,7 +37,7 @@ struct AttnParams {
   const float* k_scale;
   const uint8_t* v_t;
   const float* v_scale;
-  const uint16_t* v_mean;
+  const uint16_t* v_mean;  // fp16 mean, or float32 mean / v_scale in a VC_MMA_MEAN_SCALED build
   void* out;
   int64_t o_stride[3];  // elements, for b, h, n
   float* lse;           // (B,H,N) natural-log log-sum-exp, or nullptr
@@ -50,5 +50,7 @@ const char* launch_prepare(const PrepareParams& p, void* stream);
 const char* launch_attn_mma(const AttnParams& p, void* stream);
 // Query rows per CTA of the attention kernel this build runs (tells the build-time variants apart).
 int attn_mma_cta_rows();
+// 1: the build takes v_mean as float32 mean / v_scale (VC_MMA_MEAN_SCALED), 0: as the fp16 mean.
+int attn_mma_mean_scaled();
 
 }  // namespace vc
