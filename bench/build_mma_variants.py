@@ -2,7 +2,7 @@
 several at once, so that the GPU tier's variant suite (tests/test_mma_variants_gpu.py) finds them built.
 
 Built one after another inside pytest they took ~350 of a device call's 600 s on a fresh machine (14
-builds of ~25 s; each build's few sources keep only 3-4 of the 16 cores busy).
+builds then, 16 now, ~25 s each; each build's few sources keep only 3-4 of the 16 cores busy).
 
     python3 bench/build_mma_variants.py [--jobs 4]
 """

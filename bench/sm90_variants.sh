@@ -57,6 +57,9 @@ declare -A FLAGS=(
   [all_poly1_mean]="-DVC_SM90_P_SMEM=2 -DVC_SM90_D64_OVERLAP_ALL=1 -DVC_SM90_EXP2_POLY=1 -DVC_SM90_MEAN_MMA=1"
 )
 NAMES=${SM90_VARIANTS:-"base alu alu1 alu3 mean psmem psmem_mean psmem2_mean poly1_mean psmem2_poly1_mean psmem_mean_nopp all_poly1_mean"}
+for name in $NAMES; do  # an unknown name would build the flag-less kernel under its name: refuse it
+  if [[ ! -v "FLAGS[$name]" ]]; then echo "unknown variant '$name' (known: ${!FLAGS[*]})" >&2; exit 2; fi
+done
 NVCC=${NVCC:-$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")}
 # vc_attention is the repository root: import it through a symlink unless it is installed
 if ! python3 -c "import vc_attention" 2>/dev/null; then

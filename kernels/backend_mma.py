@@ -70,7 +70,9 @@ def mean_operand(ops: PreparedOperands) -> torch.Tensor:
     """The V-Smooth mean in the form a VC_MMA_MEAN_SCALED build reads: mean / v_scale per tile and
     column, float32 (B,H,n_pad/128,D). Computed as the fp16-mean build computes it in the kernel
     (mean * (1 / v_scale), IEEE fp32 division and product), so both builds restore the same values."""
-    return ops.v_mean.float() * (1.0 / ops.v_scale).unsqueeze(-2)
+    # two launches: the reciprocal (IEEE, as the kernel's 1.0f / v_scale) and the product in fp32
+    # (the fp16 mean converts exactly on the way in)
+    return ops.v_mean * torch.reciprocal(ops.v_scale).unsqueeze(-2)
 
 
 def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.Tensor, layout: str,

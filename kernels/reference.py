@@ -315,7 +315,7 @@ def quantize_p(s: torch.Tensor, config: VCConfig, offset_block: int = K_BLOCK, *
     softmax's alpha factors do to the accumulator and the row sum (the kernels' float32 alpha is
     within 3e-7 of it). The codes are those the kernel writes, subnormal and underflow tail included.
     offset_block: keys per online-softmax step of the kernel being emulated (Backend.softmax_step(head_dim,
-    config): K_BLOCK for sm90 and the 16-row mma layout, 2 K_BLOCK for sm90's head-dim-128 fidelity loop,
+    config): K_BLOCK for sm90 and the 16-row mma layout, 2 K_BLOCK for sm90's head-dim-128 V-Smooth loops,
     64 for the wide mma layout the backend runs).
     acc, scale (score_parts): the exact scores behind s; the speed encoding works on them (p_expcast).
     """

@@ -385,8 +385,9 @@ def test_sm90_runs_each_case_on_the_cta_shape_its_split_names(cfg, d):
     runs (read from the profiler's kernel names) is the one `consumers()` names, three warpgroups
     everywhere but head dim 128 with V-Smooth (the fidelity and speed modes), and it matches the emulation
     of its online-softmax step (256 keys for those cases: the 256-key loops; `step_keys()` and the
-    backend's Python rule agree). The step is proven, not assumed: on this random data the 128- and 256-key
-    emulations differ by ~1% rel-L2, ten times the gate."""
+    backend's Python rule agree). What ties the step is `step_keys()`, the compiled library's own rule:
+    on this random data the 128- and 256-key emulations differ by only ~3e-4 rel-L2, inside the gate,
+    so the output check alone would not tell the two steps apart."""
     from vc_attention.kernels import backend_sm90
 
     backend = _backend("sm90")

@@ -52,7 +52,7 @@ def test_every_kernel_instantiation_is_compiled(ptxas_report):
 
 
 # At 240 registers per consumer thread ptxas keeps a few words of the V-Smooth head-dim-128 kernels in
-# local memory (16 B of stack, L1-resident loads per key tile; the 256-key fidelity loop's are loop-carried);
+# local memory (16 B of stack, L1-resident loads per key tile; the 256-key loops' are loop-carried);
 # anything larger is a regression.
 MAX_STACK_BYTES = 16
 

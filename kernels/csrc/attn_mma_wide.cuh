@@ -33,9 +33,9 @@
 //   (B,H,n_pad/128,D), from the backend (backend_mma.mean_operand: one elementwise pass over the
 //   small mean tensor per call) instead of the fp16 mean, so a restore reads one float2 per column
 //   pair instead of converting the fp16 mean and multiplying by 1/v_scale from shared memory (the
-//   restore's short-scoreboard stalls, docs/kernel-notes.md section 19). Same shared memory (the
-//   per-head 1/v_scale table goes), bit-identical: the backend computes mean * (1 / v_scale) in fp32
-//   as the kernel did.
+//   restore's short-scoreboard stalls, docs/kernel-notes.md section 19). Same shared memory with the
+//   default 2 stages (the per-head 1/v_scale table goes; 3 and 4 stages take 2D and 4D bytes more),
+//   bit-identical: the backend computes mean * (1 / v_scale) in fp32 as the kernel did.
 #pragma once
 #include "attn_mma.cuh"
 

@@ -119,10 +119,10 @@ constexpr bool pair_accumulation() {
 }
 
 #ifndef VC_SM90_STEP256
-#define VC_SM90_STEP256 0  // head dim 128, two consumer warpgroups: online-softmax steps of 256 keys (variant)
+#define VC_SM90_STEP256 0  // head dim 128, two consumer warpgroups: online-softmax steps of 256 keys (product flag)
 #endif
 #ifndef VC_SM90_STEP256_EARLY_QK
-#define VC_SM90_STEP256_EARLY_QK 0  // the 256-key loop issues the next step's first QK before its fold: 1, 2 ExpCast only (variant)
+#define VC_SM90_STEP256_EARLY_QK 0  // the 256-key loop issues the next step's first QK before its fold: 1, 2 ExpCast only (product: 2)
 #endif
 #ifndef VC_SM90_STEP256_MAX_OVERLAP
 #define VC_SM90_STEP256_MAX_OVERLAP 0  // early-QK loop: the first tile's max pass under the second tile's QK (variant)
@@ -723,13 +723,13 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   auto& p_hi = *reinterpret_cast<uint32_t(*)[4][4]>(&p2[4][0]);
   const float one[2] = {1.f, 1.f};
   if constexpr (kEarlyQk) {
-    // The 256-key loop (the next branch) with VC_SM90_STEP256_EARLY_QK (variant): the next step's first
-    // QK goes out before the fold (its scores' 64 registers are free then: S/2 64 + PV 68 + O 64), the
-    // second after it, so the tensor core has this warpgroup's next work while it folds
-    // (VC_SM90_STEP256_MAX_OVERLAP: the next step takes the first tile's row maxima while the second
-    // tile's QK still runs). Every wgmma is issued unconditionally inside its block (a conditional one
-    // in flight across a branch made ptxas serialize the pipeline). Kept apart from the measured
-    // product loop until a GPU run adopts it (then one loop serves both).
+    // The 256-key loop (the next branch) with VC_SM90_STEP256_EARLY_QK: the next step's first QK goes out
+    // before the fold (its scores' 64 registers are free then: S/2 64 + PV 68 + O 64), the second after
+    // it, so the tensor core has this warpgroup's next work while it folds (VC_SM90_STEP256_MAX_OVERLAP,
+    // a variant: the next step takes the first tile's row maxima while the second tile's QK still
+    // runs). Every wgmma is issued unconditionally inside its block (a conditional one in flight across
+    // a branch made ptxas serialize the pipeline). The product's head dim 128 speed loop (=2, ExpCast
+    // only): fidelity stays on the next branch's loop, 8% faster there (docs/kernel-notes.md 18-19).
     static_assert(!kTurns, "the early QK splits the QK batch: no turns");
     // the next pair's first QK waits for a stage that both warpgroups release only after this fold's
     // predecessor: four stages (two pairs) keep that wait from closing a cycle
