@@ -10,7 +10,8 @@
 #         comfyui `vc-attention bench --comfyui PATH --save`: sampling in real ComfyUI, default attention vs
 #                 `--use-sage-attention` vs our node's presets
 #         variants (not in the default list) the portable kernel's build-time variants side by side with
-#                 SageAttention 2.2's portable kernel (bench/mma_variants.py; $MMA_VARIANTS), then one ncu
+#                 SageAttention 2.2's portable kernel (bench/mma_variants.py; $MMA_VARIANTS), the prepare
+#                 extension's variants (bench/prepare_variants.py), then one ncu
 #                 launch per kernel of $PROFILE_TARGETS (bench/kernel_profile.py; ncu on PATH): the JSON
 #                 files come back in $OUT, the raw ncu CSV in logs.tgz
 # Each --save rewrites its sections of bench/results/<gpu>.json, then BENCHMARKS.md and the README
@@ -69,6 +70,7 @@ for stage in $stages; do
     variants)
       step mma_variants 420 python3 bench/mma_variants.py --reps 3 --out "$OUT" \
         --variants "${MMA_VARIANTS:-rows16,wide,wide-coalesced,wide-viaf16,wide-restoretile-coalesced-viaf16,wide-pvf16mma-restoretile-coalesced}"
+      step prepare_variants 150 python3 bench/prepare_variants.py --out "$OUT"
       step kernel_profile 240 python3 bench/kernel_profile.py --shape wan21-1.3b-480p --out "$OUT" \
         --targets "${PROFILE_TARGETS:-sa-portable,mma:wide:plain8,mma:wide-viaf16:plain8,mma:wide-viaf16:speed,sa-sm90,sm90:speed,sm90:fidelity}" ;;
     *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants)"; exit 2 ;;

@@ -18,17 +18,28 @@ from .operands import N_ALIGN, PreparedOperands, padded_length
 
 EXTENSION_NAME = "vc_attention_prepare"
 SOURCES = ("prepare_binding.cpp", "prepare.cu")
+# build-time variants (same outputs bit for bit; bench/prepare_variants.py times them, tests/
+# test_prepare_variants_gpu.py compares them): "rows-in-regs" issues every load of a 128-token block
+# before using any (csrc/prepare_regs.cuh)
+VARIANTS: dict[str, tuple[str, ...]] = {"default": (), "rows-in-regs": ("-DVC_PREP_ROWS_IN_REGS=1",)}
 
 
 @functools.cache
-def extension():
-    """The compiled module (built once per process, cached on disk across processes)."""
-    return jit.load_extension(EXTENSION_NAME, SOURCES)
+def extension(variant_flags: tuple[str, ...] = ()):
+    """The compiled module (built once per process, cached on disk across processes); variant_flags:
+    the -D flags of one of VARIANTS (the default build without)."""
+    if not variant_flags:
+        return jit.load_extension(EXTENSION_NAME, SOURCES)
+    name = next((n for n, f in VARIANTS.items() if f == tuple(variant_flags)), None)
+    if name is None:
+        raise ValueError(f"unknown prepare variant flags {variant_flags}; known: {VARIANTS}")
+    return jit.load_extension(f"{EXTENSION_NAME}_{name.replace('-', '_')}", SOURCES, extra_cuda_cflags=tuple(variant_flags))
 
 
 def prepare_cuda(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout: str = "bhnd",
-                 sm_scale: Optional[float] = None) -> PreparedOperands:
-    """The operand contract computed on the GPU (q, k, v fp16/bf16 CUDA tensors in `layout`)."""
+                 sm_scale: Optional[float] = None, variant_flags: tuple[str, ...] = ()) -> PreparedOperands:
+    """The operand contract computed on the GPU (q, k, v fp16/bf16 CUDA tensors in `layout`);
+    variant_flags: a build of VARIANTS (the default build without)."""
     qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))
     b, h, n, d = qb.shape
     n_pad = padded_length(n)
@@ -45,7 +56,7 @@ def prepare_cuda(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout
         n_tokens=n,
     )
     perm32 = None if perm is None else perm.to(device=dev, dtype=torch.int32).contiguous()
-    extension().prepare(
+    extension(tuple(variant_flags)).prepare(
         qb, kb, vb, perm32, ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean,
         reference.qk_scale(d, sm_scale), config.qk == "fp8", config.v == "vsmooth", config.smooth_k,
         torch.cuda.current_stream(dev).cuda_stream,

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from vc_attention.kernels import jit, mma_variants
+from vc_attention.kernels import jit, mma_variants, prepare_cuda
 
 # sm_100a: a B200 runs the portable kernel (the sm90 backend is Hopper-only), so it must build there
 ARCHS = ("8.9", "9.0a", "10.0a", "12.0a")
@@ -99,3 +99,19 @@ def test_variant_compiles(compiled, source, variant, arch):
     assert len(spills) == 8, result.stderr  # 2 QK formats x 2 P encodings x 2 V formats
     int8_qk = {k: b for k, b in spills.items() if re.search(r"ILi\d+ELb0E", k)}  # <D, kQkFp8 = false, ...>
     assert len(int8_qk) == 4 and max(int8_qk.values()) <= MAX_WIDE_SPILL_BYTES, int8_qk
+
+
+@pytest.mark.parametrize("variant", [name for name, flags in prepare_cuda.VARIANTS.items() if flags])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prepare_variant_compiles_without_spilling_much(variant, arch, tmp_path):
+    """The prepare extension's build-time variants (kernels/prepare_cuda.VARIANTS) compile for every arch
+    without a warning; the register-staged kernels keep their rows in registers (a few spilled words at
+    most: a large spill would put the staged rows in local memory, the opposite of the variant's point)."""
+    out = tmp_path / f"prepare-{variant}.cubin"
+    cmd = jit.nvcc_compile_only_command(jit.CSRC_DIR / "prepare.cu", arch, out, jit.find_nvcc(),
+                                        extra_flags=prepare_cuda.VARIANTS[variant] + ("-Xptxas=-v",))
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "warning" not in result.stderr.lower(), result.stderr
+    staged = {k: b for k, b in _spills(result.stderr).items() if "regs_kernel" in k}
+    assert len(staged) == 12 and max(staged.values()) <= 32, staged  # 2 dtypes x 2 head dims x (stats + 2 QK formats)

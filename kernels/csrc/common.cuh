@@ -21,8 +21,7 @@ constexpr int kRoundMagicBits = 0x4B400000;
 // ---------------------------------------------------------------------------------------------
 // 16-bit inputs: 8 consecutive elements (one 16-byte load) to float
 template <typename T>
-__device__ __forceinline__ void load8_as_float(const T* src, float (&out)[8]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(src);
+__device__ __forceinline__ void unpack8_as_float(const uint4& raw, float (&out)[8]) {
   const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -36,6 +35,10 @@ __device__ __forceinline__ void load8_as_float(const T* src, float (&out)[8]) {
       out[2 * i + 1] = __high2float(pair);
     }
   }
+}
+template <typename T>
+__device__ __forceinline__ void load8_as_float(const T* src, float (&out)[8]) {
+  unpack8_as_float<T>(*reinterpret_cast<const uint4*>(src), out);
 }
 
 // fp16 output saturates at 65504, as reference.to_output_dtype: dequantized V can exceed the input's

@@ -1,18 +1,34 @@
 // Launcher of the fused preprocessing kernels (prepare.cuh): dtype / head-dim / QK-format dispatch.
 #include "prepare.cuh"
+#include "prepare_regs.cuh"
+
+#ifndef VC_PREP_ROWS_IN_REGS
+#define VC_PREP_ROWS_IN_REGS 0  // 1 (variant): prepare_regs.cuh's kernels, every load of a block issued first
+#endif
 
 namespace vc {
 
 template <typename T, int D>
 static void launch_prepare_typed(const PrepareParams& p, cudaStream_t stream) {
   const dim3 grid(p.n_pad / kKBlock, p.batch * p.heads);
-  prepare_stats_kernel<T, D><<<grid, kPrepThreads, 0, stream>>>(p);
-  if (p.qk_fp8) {
-    prepare_quantize_kernel<T, D, true><<<grid, kPrepThreads, 0, stream>>>(p);
+  if constexpr (VC_PREP_ROWS_IN_REGS) {
+    prepare_stats_regs_kernel<T, D><<<grid, kPrepThreads, 0, stream>>>(p);
+    if (p.qk_fp8) {
+      prepare_quantize_regs_kernel<T, D, true><<<grid, kPrepThreads, 0, stream>>>(p);
+    } else {
+      prepare_quantize_regs_kernel<T, D, false><<<grid, kPrepThreads, 0, stream>>>(p);
+    }
   } else {
-    prepare_quantize_kernel<T, D, false><<<grid, kPrepThreads, 0, stream>>>(p);
+    prepare_stats_kernel<T, D><<<grid, kPrepThreads, 0, stream>>>(p);
+    if (p.qk_fp8) {
+      prepare_quantize_kernel<T, D, true><<<grid, kPrepThreads, 0, stream>>>(p);
+    } else {
+      prepare_quantize_kernel<T, D, false><<<grid, kPrepThreads, 0, stream>>>(p);
+    }
   }
 }
+
+int prepare_rows_in_regs() { return VC_PREP_ROWS_IN_REGS; }
 
 template <typename T>
 static void launch_prepare_dim(const PrepareParams& p, cudaStream_t stream) {

@@ -77,4 +77,5 @@ void prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "VC-Attention fused prepare: q, k, v (+perm) -> the quantized operands of the attention kernels.";
   m.def("prepare", &prepare, "q, k, v (+perm) -> quantized operands, written into the given tensors");
+  m.def("rows_in_regs", &vc::prepare_rows_in_regs, "1 if this build runs the register-staged kernels (VC_PREP_ROWS_IN_REGS)");
 }

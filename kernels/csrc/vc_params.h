@@ -47,6 +47,8 @@ struct AttnParams {
 
 // Launchers (prepare.cu, attn_mma.cu). Return a CUDA error string or nullptr on success.
 const char* launch_prepare(const PrepareParams& p, void* stream);
+// 1: this prepare build runs prepare_regs.cuh's kernels (VC_PREP_ROWS_IN_REGS), 0: prepare.cuh's.
+int prepare_rows_in_regs();
 const char* launch_attn_mma(const AttnParams& p, void* stream);
 // Query rows per CTA of the attention kernel this build runs (tells the build-time variants apart).
 int attn_mma_cta_rows();

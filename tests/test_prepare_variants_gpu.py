@@ -1,0 +1,64 @@
+"""GPU tier: the prepare extension's build-time variants (kernels/prepare_cuda.VARIANTS) write the
+default build's operands bit for bit (skips without a GPU).
+
+"rows-in-regs" (csrc/prepare_regs.cuh) only changes when each row is loaded: the same arithmetic in the
+same order, so every operand (codes, scales, the V-Smooth means) must be equal, not close: at odd N
+(a partial last block), both head dims, fp16 / bf16, both layouts, INT8 and FP8 QK, with and without
+V-Smooth and K smoothing, with a permutation, and on inputs with channel offsets and outliers.
+"""
+import dataclasses
+
+import pytest
+import torch
+
+from vc_attention.kernels import prepare_cuda as prep
+from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED, VCConfig
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                       reason="needs a CUDA GPU (sm_89+)"),
+]
+
+CONFIGS = {"fidelity": FIDELITY, "speed": SPEED, "plain8": PLAIN_8BIT, "fp8qk": VCConfig(qk="fp8"),
+           "nosmoothk": dataclasses.replace(FIDELITY, smooth_k=False)}
+VARIANTS = [name for name, flags in prep.VARIANTS.items() if flags]
+
+
+def _inputs(n, d, dtype, layout, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    shape = (2, 3, n, d) if layout == "bhnd" else (2, n, 3, d)
+    q, k, v = (torch.randn(shape, generator=gen, device="cuda") for _ in range(3))
+    k = k + 3.0 * torch.randn(d, generator=gen, device="cuda")  # K smoothing has work to do
+    v = v + 2.0 * torch.randn(d, generator=gen, device="cuda")  # V-Smooth territory
+    v.view(-1, d)[:: max(1, n // 3), 0] *= 40.0  # a few outliers in one channel
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("n", [1, 130, 1000, 4097])
+@pytest.mark.parametrize("d,dtype,layout", [(64, torch.float16, "bnhd"), (128, torch.bfloat16, "bhnd")])
+def test_variant_writes_the_default_builds_operands_bit_for_bit(variant, name, n, d, dtype, layout):
+    flags = prep.VARIANTS[variant]
+    assert prep.extension(flags).rows_in_regs() == 1 and prep.extension().rows_in_regs() == 0
+    config = CONFIGS[name]
+    q, k, v = _inputs(n, d, dtype, layout, seed=n + d)
+    perm = torch.argsort(torch.rand(2, 3, n, device="cuda"), dim=-1)
+    expected = prep.prepare_cuda(q, k, v, perm, config, layout)
+    got = prep.prepare_cuda(q, k, v, perm, config, layout, variant_flags=flags)
+    for field in dataclasses.fields(expected):
+        a, b = getattr(expected, field.name), getattr(got, field.name)
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(_bits(a), _bits(b)), f"{variant}: {field.name} differs"
+        else:
+            assert a == b, field.name
+
+
+def test_unknown_variant_flags_are_refused():
+    with pytest.raises(ValueError, match="unknown prepare variant"):
+        prep.extension(("-DVC_PREP_SOMETHING=1",))
