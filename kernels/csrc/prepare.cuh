@@ -41,6 +41,37 @@ __device__ __forceinline__ float reduce_channels(const float (&mine)[8], float (
   return total;
 }
 
+// The stats kernels' block totals (prepare_stats_kernel, prepare_regs.cuh): the K column sums into
+// k_sum; with V-Smooth the block's fp16 V mean into v_mean and block_mean (then a barrier, so every
+// thread can take the residual's amax against it).
+template <int D>
+__device__ __forceinline__ void stats_block_sums(const PrepareParams& p, int bh, int valid, const float (&ksum)[8],
+                                                 const float (&vacc)[8], float (*partial)[D], float* block_mean,
+                                                 int row_sub, int c0) {
+  if (p.smooth_k) {
+    const float total = reduce_channels<D, false>(ksum, partial, row_sub, c0);
+    if (threadIdx.x < D) atomicAdd(p.k_sum + int64_t(bh) * D + threadIdx.x, total);
+  }
+  if (p.vsmooth) {
+    const float total = reduce_channels<D, false>(vacc, partial, row_sub, c0);
+    if (threadIdx.x < D) {
+      const __half mean = __float2half_rn(total / float(valid));
+      p.v_mean[(int64_t(bh) * gridDim.x + blockIdx.x) * D + threadIdx.x] = __half_as_ushort(mean);
+      block_mean[threadIdx.x] = __half2float(mean);
+    }
+    __syncthreads();
+  }
+}
+
+// The block's per-channel amax (of the V residual, or of V) into the head's v_amax.
+template <int D>
+__device__ __forceinline__ void stats_block_amax(const PrepareParams& p, int bh, const float (&vacc)[8], float (*partial)[D],
+                                                 int row_sub, int c0) {
+  const float amax = reduce_channels<D, true>(vacc, partial, row_sub, c0);
+  // non-negative floats order like their bit patterns, so an integer max is a float max
+  if (threadIdx.x < D) atomicMax(reinterpret_cast<int*>(p.v_amax) + int64_t(bh) * D + threadIdx.x, __float_as_int(amax));
+}
+
 template <typename T, int D>
 __global__ __launch_bounds__(kPrepThreads) void prepare_stats_kernel(const PrepareParams p) {
   constexpr int kLanesPerRow = D / 8;
@@ -66,18 +97,8 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_stats_kernel(const Prepa
 #pragma unroll
     for (int i = 0; i < 8; ++i) vacc[i] = p.vsmooth ? vacc[i] + x[i] : fmaxf(vacc[i], fabsf(x[i]));
   }
-  if (p.smooth_k) {
-    const float total = reduce_channels<D, false>(ksum, partial, row_sub, c0);
-    if (threadIdx.x < D) atomicAdd(p.k_sum + int64_t(bh) * D + threadIdx.x, total);
-  }
+  stats_block_sums<D>(p, bh, valid, ksum, vacc, partial, block_mean, row_sub, c0);
   if (p.vsmooth) {
-    const float total = reduce_channels<D, false>(vacc, partial, row_sub, c0);
-    if (threadIdx.x < D) {
-      const __half mean = __float2half_rn(total / float(valid));
-      p.v_mean[(int64_t(bh) * gridDim.x + blockIdx.x) * D + threadIdx.x] = __half_as_ushort(mean);
-      block_mean[threadIdx.x] = __half2float(mean);
-    }
-    __syncthreads();
 #pragma unroll
     for (int i = 0; i < 8; ++i) vacc[i] = 0.0f;
     for (int r = row_sub; r < valid; r += kRowsPerPass) {
@@ -87,9 +108,7 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_stats_kernel(const Prepa
       for (int i = 0; i < 8; ++i) vacc[i] = fmaxf(vacc[i], fabsf(x[i] - block_mean[c0 + i]));
     }
   }
-  const float amax = reduce_channels<D, true>(vacc, partial, row_sub, c0);
-  // non-negative floats order like their bit patterns, so an integer max is a float max
-  if (threadIdx.x < D) atomicMax(reinterpret_cast<int*>(p.v_amax) + int64_t(bh) * D + threadIdx.x, __float_as_int(amax));
+  stats_block_amax<D>(p, bh, vacc, partial, row_sub, c0);
 }
 
 // A thread's 8 channels times inv -> 8 codes (E4M3 or INT8), first channel in the lowest byte.
@@ -133,6 +152,23 @@ __device__ __forceinline__ float quantize_row_block(int row0, int rows, int vali
   return amax / limit;
 }
 
+// One row's quantization with its own scale, by the D/8 consecutive lanes that hold its 8-channel
+// slices x (zeros for a padded row: zero codes, zero scale): the row amax by shuffles, the codes to
+// dst (this slice's bytes), the scale to *scale_dst from the row's first lane. All lanes must call it.
+template <int D, bool kFp8>
+__device__ __forceinline__ void quantize_row_slice(const float (&x)[8], uint8_t* dst, float* scale_dst, int c0) {
+  constexpr int kLanesPerRow = D / 8;
+  const float limit = kFp8 ? kE4m3Max : kInt8Max;
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(x[i]));
+#pragma unroll
+  for (int lanes = kLanesPerRow / 2; lanes > 0; lanes /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, lanes));
+  const float inv = amax > 0.0f ? (1.0f / amax) * limit : 0.0f;  // as quantize_row_block
+  *reinterpret_cast<uint2*>(dst) = codes8<kFp8>(x, inv);
+  if (c0 == 0) *scale_dst = amax / limit;
+}
+
 // Quantizes `rows` rows starting at slot row0 with one scale per row (Q): the D/8 threads of a row are
 // consecutive lanes of one warp and reduce its amax by shuffles, so a row is loaded once. Rows at or
 // past `valid` get zero codes and a zero scale; scale_dst[r] receives row r's scale.
@@ -142,23 +178,43 @@ __device__ __forceinline__ void quantize_rows(int row0, int rows, int valid, uin
   constexpr int kRowsPerPass = kPrepThreads / kLanesPerRow;
   static_assert(32 % kLanesPerRow == 0, "a row's threads must sit in one warp");
   const int c0 = (threadIdx.x % kLanesPerRow) * 8, row_sub = threadIdx.x / kLanesPerRow;
-  const float limit = kFp8 ? kE4m3Max : kInt8Max;
   dst += int64_t(row_sub) * D;
   scale_dst += row_sub;
   // every thread runs the same trip count (rows is a multiple of kRowsPerPass): full-warp shuffles
   for (int r = row_sub; r < rows; r += kRowsPerPass) {
     float x[8] = {};
     if (r < valid) load(row0 + r, x);
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(x[i]));
-#pragma unroll
-    for (int lanes = kLanesPerRow / 2; lanes > 0; lanes /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, lanes));
-    const float inv = amax > 0.0f ? (1.0f / amax) * limit : 0.0f;  // as quantize_row_block
-    *reinterpret_cast<uint2*>(dst + c0) = codes8<kFp8>(x, inv);
-    if (c0 == 0) *scale_dst = amax / limit;
+    quantize_row_slice<D, kFp8>(x, dst + c0, scale_dst, c0);
     dst += kRowsPerPass * D;
     scale_dst += kRowsPerPass;
+  }
+}
+
+// The V codes' parameters of this thread's 8 channels: the block's fp16 mean (0 without V-Smooth) and
+// E4M3 max / channel amax; block 0 of each head also writes the head's v_scale.
+template <int D>
+__device__ __forceinline__ void v_code_params(const PrepareParams& p, int bh, int c0, float (&v_mean)[8], float (&v_inv)[8]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int c = c0 + i;
+    v_mean[i] = p.vsmooth ? __half2float(__ushort_as_half(p.v_mean[(int64_t(bh) * gridDim.x + blockIdx.x) * D + c])) : 0.0f;
+    const float amax = p.v_amax[int64_t(bh) * D + c];
+    v_inv[i] = amax > 0.0f ? (1.0f / amax) * kE4m3Max : 0.0f;
+  }
+  if (blockIdx.x == 0 && threadIdx.x < D) {
+    const float amax = p.v_amax[int64_t(bh) * D + threadIdx.x];
+    p.v_scale[int64_t(bh) * D + threadIdx.x] = amax > 0.0f ? amax / kE4m3Max : 1.0f;
+  }
+}
+
+// The block's transposed V codes (filled and followed by a barrier) to v_t, 16 bytes per store.
+template <int D>
+__device__ __forceinline__ void store_v_tile(const PrepareParams& p, int bh, int row0, const uint8_t (*v_tile)[kKBlock + 16]) {
+  constexpr int kChunksPerRow = kKBlock / 16;
+  for (int idx = threadIdx.x; idx < D * kChunksPerRow; idx += kPrepThreads) {
+    const int d = idx / kChunksPerRow, chunk = idx % kChunksPerRow;
+    *reinterpret_cast<uint4*>(p.v_t + (int64_t(bh) * D + d) * p.n_pad + row0 + chunk * 16) =
+        *reinterpret_cast<const uint4*>(&v_tile[d][chunk * 16]);
   }
 }
 
@@ -199,17 +255,7 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_quantize_kernel(const Pr
 
   // V: residual against the fp16 block mean (V-Smooth) or V itself, per-channel E4M3, transposed
   float v_mean[8], v_inv[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int c = c0 + i;
-    v_mean[i] = p.vsmooth ? __half2float(__ushort_as_half(p.v_mean[(int64_t(bh) * gridDim.x + blockIdx.x) * D + c])) : 0.0f;
-    const float amax = p.v_amax[int64_t(bh) * D + c];
-    v_inv[i] = amax > 0.0f ? (1.0f / amax) * kE4m3Max : 0.0f;
-  }
-  if (blockIdx.x == 0 && threadIdx.x < D) {
-    const float amax = p.v_amax[int64_t(bh) * D + threadIdx.x];
-    p.v_scale[int64_t(bh) * D + threadIdx.x] = amax > 0.0f ? amax / kE4m3Max : 1.0f;
-  }
+  v_code_params<D>(p, bh, c0, v_mean, v_inv);
   for (int r = row_sub; r < kKBlock; r += kRowsPerPass) {
     float x[8] = {};
     if (r < valid) load8_as_float(row_ptr<T>(p.v, p.v_stride, b, h, source_token(p, bh, row0 + r)) + c0, x);
@@ -221,12 +267,7 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_quantize_kernel(const Pr
     }
   }
   __syncthreads();
-  constexpr int kChunksPerRow = kKBlock / 16;
-  for (int idx = threadIdx.x; idx < D * kChunksPerRow; idx += kPrepThreads) {
-    const int d = idx / kChunksPerRow, chunk = idx % kChunksPerRow;
-    *reinterpret_cast<uint4*>(p.v_t + (int64_t(bh) * D + d) * p.n_pad + row0 + chunk * 16) =
-        *reinterpret_cast<const uint4*>(&v_tile[d][chunk * 16]);
-  }
+  store_v_tile<D>(p, bh, row0, v_tile);
 }
 
 }  // namespace vc

@@ -76,18 +76,8 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_stats_regs_kernel(const 
 #pragma unroll
     for (int e = 0; e < 8; ++e) vacc[e] = p.vsmooth ? vacc[e] + x[e] : fmaxf(vacc[e], fabsf(x[e]));
   }
-  if (p.smooth_k) {
-    const float total = reduce_channels<D, false>(ksum, partial, row_sub, c0);
-    if (threadIdx.x < D) atomicAdd(p.k_sum + int64_t(bh) * D + threadIdx.x, total);
-  }
+  stats_block_sums<D>(p, bh, valid, ksum, vacc, partial, block_mean, row_sub, c0);
   if (p.vsmooth) {
-    const float total = reduce_channels<D, false>(vacc, partial, row_sub, c0);
-    if (threadIdx.x < D) {
-      const __half mean = __float2half_rn(total / float(valid));
-      p.v_mean[(int64_t(bh) * gridDim.x + blockIdx.x) * D + threadIdx.x] = __half_as_ushort(mean);
-      block_mean[threadIdx.x] = __half2float(mean);
-    }
-    __syncthreads();
 #pragma unroll
     for (int e = 0; e < 8; ++e) vacc[e] = 0.0f;
 #pragma unroll
@@ -99,8 +89,7 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_stats_regs_kernel(const 
       for (int e = 0; e < 8; ++e) vacc[e] = fmaxf(vacc[e], fabsf(x[e] - block_mean[c0 + e]));
     }
   }
-  const float amax = reduce_channels<D, true>(vacc, partial, row_sub, c0);
-  if (threadIdx.x < D) atomicMax(reinterpret_cast<int*>(p.v_amax) + int64_t(bh) * D + threadIdx.x, __float_as_int(amax));
+  stats_block_amax<D>(p, bh, vacc, partial, row_sub, c0);
 }
 
 template <typename T, int D, bool kQkFp8>
@@ -140,14 +129,7 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_quantize_regs_kernel(con
 #pragma unroll
         for (int e = 0; e < 8; ++e) x[e] *= p.qk_scale;
       }
-      float amax = 0.0f;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(x[e]));
-#pragma unroll
-      for (int lanes = kLanesPerRow / 2; lanes > 0; lanes /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, lanes));
-      const float inv = amax > 0.0f ? (1.0f / amax) * limit : 0.0f;
-      *reinterpret_cast<uint2*>(dst + int64_t(i) * kRowsPerPass * D + c0) = codes8<kQkFp8>(x, inv);
-      if (c0 == 0) scale_dst[i * kRowsPerPass] = amax / limit;
+      quantize_row_slice<D, kQkFp8>(x, dst + int64_t(i) * kRowsPerPass * D + c0, scale_dst + i * kRowsPerPass, c0);
     }
   }
 
@@ -191,17 +173,7 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_quantize_regs_kernel(con
 
   // V: residual against the fp16 block mean (V-Smooth) or V itself, per-channel E4M3, transposed
   float v_mean[8], v_inv[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const int c = c0 + e;
-    v_mean[e] = p.vsmooth ? __half2float(__ushort_as_half(p.v_mean[(int64_t(bh) * gridDim.x + blockIdx.x) * D + c])) : 0.0f;
-    const float amax = p.v_amax[int64_t(bh) * D + c];
-    v_inv[e] = amax > 0.0f ? (1.0f / amax) * kE4m3Max : 0.0f;
-  }
-  if (blockIdx.x == 0 && threadIdx.x < D) {
-    const float amax = p.v_amax[int64_t(bh) * D + threadIdx.x];
-    p.v_scale[int64_t(bh) * D + threadIdx.x] = amax > 0.0f ? amax / kE4m3Max : 1.0f;
-  }
+  v_code_params<D>(p, bh, c0, v_mean, v_inv);
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
     const int r = row_sub + i * kRowsPerPass;
@@ -215,12 +187,7 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_quantize_regs_kernel(con
     }
   }
   __syncthreads();
-  constexpr int kChunksPerRow = kKBlock / 16;
-  for (int idx = threadIdx.x; idx < D * kChunksPerRow; idx += kPrepThreads) {
-    const int d = idx / kChunksPerRow, chunk = idx % kChunksPerRow;
-    *reinterpret_cast<uint4*>(p.v_t + (int64_t(bh) * D + d) * p.n_pad + row0 + chunk * 16) =
-        *reinterpret_cast<const uint4*>(&v_tile[d][chunk * 16]);
-  }
+  store_v_tile<D>(p, bh, row0, v_tile);
 }
 
 }  // namespace vc
