@@ -43,6 +43,8 @@ declare -A FLAGS=(
   [s256desc]="-DVC_SM90_STEP256=1 -DVC_SM90_STEP256_TURNS=1 -DVC_SM90_DESC_ADD=1"
   [split]="-DVC_SM90_SPLIT=1 -DVC_SM90_STEP256=1 -DVC_SM90_STEP256_EARLY_QK=2 -DVC_SM90_SPLIT_SPEED_D128=2"  # the product library (backend_sm90.CUDA_FLAGS)
   [split_s8]="-DVC_SM90_SPLIT=1 -DVC_SM90_STEP256=1"  # the product of session 8: head dim 128 speed on three consumers
+  [split_mpv]="-DVC_SM90_SPLIT=1 -DVC_SM90_STEP256=1 -DVC_SM90_STEP256_EARLY_QK=2 -DVC_SM90_SPLIT_SPEED_D128=2 -DVC_SM90_STEP256_MEAN_PV=1"  # split + the deferred mean restore in the next PV batch
+  [split_mpvf]="-DVC_SM90_SPLIT=1 -DVC_SM90_STEP256=1 -DVC_SM90_STEP256_EARLY_QK=2 -DVC_SM90_SPLIT_SPEED_D128=2 -DVC_SM90_STEP256_MEAN_PV=2"  # the same for the exp2 P modes only
   [c3poly1]="-DVC_SM90_CONSUMERS=3 -DVC_SM90_EXP2_POLY=1"
   [c3poly2]="-DVC_SM90_CONSUMERS=3 -DVC_SM90_EXP2_POLY=2"
   [serial]="-DVC_SM90_SERIAL=1"

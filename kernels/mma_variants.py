@@ -36,13 +36,14 @@ VARIANTS: dict[str, tuple[str, ...]] = {
                                           "-DVC_MMA_E4M3_VIA_F16=1"),
     # the default builds with the scores converted by one I2FP instead of the two-instruction form
     # (kernel-notes section 18: -70 instructions per chunk in plain 8-bit and fidelity; section 19: -1.5
-    # to -3% on the H200, bit-identical): the backend's builds
+    # to -3% on the H200, bit-identical)
     "wide-i2fp-restoretile-coalesced-viaf16": ("-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1", "-DVC_MMA_COALESCED_COPY=1",
                                                "-DVC_MMA_E4M3_VIA_F16=1", "-DVC_MMA_I2FP=1"),
     "wide-i2fp-restoretile-coalesced": ("-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1", "-DVC_MMA_COALESCED_COPY=1",
                                         "-DVC_MMA_I2FP=1"),
-    # the default with the mean restored from float32 mean / v_scale computed by the backend
-    # (VC_MMA_MEAN_SCALED: one float2 load per column pair instead of a conversion and two products)
+    # the same with the mean restored from float32 mean / v_scale computed by the backend
+    # (VC_MMA_MEAN_SCALED: one float2 load per column pair instead of a conversion and two products;
+    # kernel-notes section 20: speed -2.3 to -3.5%, fidelity -0.1 to -0.8%, bit-identical): the backend's builds
     "wide-i2fp-meanscaled-restoretile-coalesced-viaf16": ("-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1",
                                                           "-DVC_MMA_COALESCED_COPY=1", "-DVC_MMA_E4M3_VIA_F16=1",
                                                           "-DVC_MMA_I2FP=1", "-DVC_MMA_MEAN_SCALED=1"),
@@ -56,11 +57,13 @@ VIA_F16_ARCHS = ("9.0a", "10.0a")
 
 def default_variant(arch: str) -> str:
     """The build the `mma` backend runs for a target arch: the FlashAttention-2 layout with whole-sector
-    copies, the V-Smooth mean restored once per 128-key tile and the scores converted by one I2FP, plus
+    copies, the V-Smooth mean restored once per 128-key tile from float32 mean / v_scale (section 20:
+    speed -2.3 to -3.5%, fidelity -0.1 to -0.8%, bit-identical) and the scores converted by one I2FP, plus
     the FP8 MMA through f16 where FP8 mma.sync is not native. Measured on the H200 against the 16-row layout (docs/kernel-notes.md
     section 17): Wan2.2-14B speed 413 -> 321 ms; on sm_89 / sm_120a (RTX) it is the same layout with
     native FP8 MMAs, not measured there."""
-    return "wide-i2fp-restoretile-coalesced-viaf16" if arch in VIA_F16_ARCHS else "wide-i2fp-restoretile-coalesced"
+    return ("wide-i2fp-meanscaled-restoretile-coalesced-viaf16" if arch in VIA_F16_ARCHS
+            else "wide-i2fp-meanscaled-restoretile-coalesced")
 
 
 def flags(name: str) -> tuple[str, ...]:

@@ -41,8 +41,51 @@ __device__ __forceinline__ float reduce_channels(const float (&mine)[8], float (
   return total;
 }
 
+// The head's K column sums in a fixed order. Float atomics would add the blocks' totals in arrival
+// order, so the K mean's last bits (and through the INT8 codes the output) changed from run to run with
+// the same inputs. Every block writes its totals (thread c < D: channel c) to its slot of k_partial;
+// the head's last block to finish (a counter) adds the slots in block order into k_sum: kSplit threads
+// per channel over interleaved blocks with kAcc accumulators each, combined in a fixed order. scratch:
+// kPrepThreads floats of shared memory, free on entry (the caller's barrier); ends with a barrier.
+template <int D>
+__device__ __forceinline__ void k_sum_fixed_order(const PrepareParams& p, int bh, float total, float* scratch) {
+  constexpr int kSplit = kPrepThreads / D, kAcc = 8;
+  __shared__ bool last;
+  const int n_blocks = gridDim.x;
+  float* slots = p.k_partial + int64_t(bh) * n_blocks * D;
+  if (threadIdx.x < D) slots[int64_t(blockIdx.x) * D + threadIdx.x] = total;
+  __threadfence();  // the slot is visible device-wide before the counter says so
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(p.k_done + bh, 1u) == unsigned(n_blocks - 1);
+  __syncthreads();
+  if (last) {
+    __threadfence();
+    const int c = threadIdx.x % D, sub = threadIdx.x / D;
+    float acc[kAcc] = {};
+    for (int j0 = sub; j0 < n_blocks; j0 += kSplit * kAcc) {
+#pragma unroll
+      for (int u = 0; u < kAcc; ++u) {
+        const int j = j0 + u * kSplit;
+        if (j < n_blocks) acc[u] += __ldcg(slots + int64_t(j) * D + c);  // L2: written by other blocks
+      }
+    }
+    float sum = acc[0];
+#pragma unroll
+    for (int u = 1; u < kAcc; ++u) sum += acc[u];
+    scratch[threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.x < D) {
+      float head = scratch[threadIdx.x];
+#pragma unroll
+      for (int q = 1; q < kSplit; ++q) head += scratch[q * D + threadIdx.x];
+      p.k_sum[int64_t(bh) * D + threadIdx.x] = head;
+    }
+  }
+  __syncthreads();
+}
+
 // The stats kernels' block totals (prepare_stats_kernel, prepare_regs.cuh): the K column sums into
-// k_sum; with V-Smooth the block's fp16 V mean into v_mean and block_mean (then a barrier, so every
+// k_sum (k_sum_fixed_order); with V-Smooth the block's fp16 V mean into v_mean and block_mean (then a barrier, so every
 // thread can take the residual's amax against it).
 template <int D>
 __device__ __forceinline__ void stats_block_sums(const PrepareParams& p, int bh, int valid, const float (&ksum)[8],
@@ -50,7 +93,7 @@ __device__ __forceinline__ void stats_block_sums(const PrepareParams& p, int bh,
                                                  int row_sub, int c0) {
   if (p.smooth_k) {
     const float total = reduce_channels<D, false>(ksum, partial, row_sub, c0);
-    if (threadIdx.x < D) atomicAdd(p.k_sum + int64_t(bh) * D + threadIdx.x, total);
+    k_sum_fixed_order<D>(p, bh, total, &partial[0][0]);
   }
   if (p.vsmooth) {
     const float total = reduce_channels<D, false>(vacc, partial, row_sub, c0);

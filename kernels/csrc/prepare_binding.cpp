@@ -49,7 +49,12 @@ void prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
     TORCH_CHECK_VALUE(perm->scalar_type() == torch::kInt32, "perm must be int32 here.");
     p.perm = perm->data_ptr<int32_t>();
   }
-  auto workspace = torch::zeros({2, q.size(0), q.size(1), head_dim}, q.options().dtype(torch::kFloat32));
+  // k_sum and v_amax, then one counter per head (zero bits), zeroed in one launch; the per-block K sums
+  // need no zeroing (every block writes its own)
+  const int64_t bh = q.size(0) * q.size(1);
+  auto workspace = torch::zeros({2 * bh * head_dim + bh}, q.options().dtype(torch::kFloat32));
+  // one slot per stats block = per K scale block (k_scale holds one scale per block)
+  auto k_partial = torch::empty({smooth_k ? k_scale.numel() * head_dim : 0}, q.options().dtype(torch::kFloat32));
   p.q_q = q_q.data_ptr();
   p.q_scale = q_scale.data_ptr<float>();
   p.k_q = k_q.data_ptr();
@@ -57,8 +62,10 @@ void prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
   p.v_t = static_cast<uint8_t*>(v_t.data_ptr());
   p.v_scale = v_scale.data_ptr<float>();
   p.v_mean = static_cast<uint16_t*>(v_mean.data_ptr());
-  p.k_sum = workspace[0].data_ptr<float>();
-  p.v_amax = workspace[1].data_ptr<float>();
+  p.k_sum = workspace.data_ptr<float>();
+  p.v_amax = p.k_sum + bh * head_dim;
+  p.k_done = reinterpret_cast<unsigned int*>(p.v_amax + bh * head_dim);
+  p.k_partial = k_partial.data_ptr<float>();
   p.batch = q.size(0);
   p.heads = q.size(1);
   p.n = q.size(2);

@@ -145,6 +145,25 @@ constexpr bool step256(int head_dim, int consumers, int stages) {
   return VC_SM90_STEP256 && head_dim == 128 && consumers == 2 && stages % 2 == 0;
 }
 
+#ifndef VC_SM90_STEP256_MEAN_PV
+#define VC_SM90_STEP256_MEAN_PV 0  // the 256-key loops restore a step's V-Smooth means in the next step's PV batch: 1 every P mode, 2 exp2 P only (variants)
+#endif
+// Deferred mean restore (VC_SM90_STEP256_MEAN_PV=1, the 256-key loops with V-Smooth): step m's fold is
+// O = alpha O + PV without the two FFMAs per O element of l_a mu_a + l_b mu_b; instead step m+1's PV
+// batch ends with one TF32 wgmma (m64n128k8, into the same fresh accumulator, after the FP8 ones) whose
+// A column k holds alpha_{m+1} l of step m's tiles (TF32 hi / lo) and whose B row k holds their
+// mu / v_scale (TF32 hi / lo): k = 4 parity + {0: hi x hi, 1: hi x lo, 2: lo x hi, 3: zero}, so the
+// product is alpha_{m+1} (l_a mu_a + l_b mu_b) to ~2^-21 relative, in O's scale before the rescale.
+// The producer writes that B tile (the means of tiles j - 2, j - 1, in the mean_b_offset layout) for
+// the step of tiles j, j + 1 beside its stages; the loop's last pair step (and the odd tail tile)
+// restore their own means with the FFMAs. Per 256 keys: -128 FFMA and -32 shared loads on the
+// consumers' instruction stream for +1 TF32 wgmma (~1/8 of the step's PV tensor time).
+template <int D, bool EXPCAST, bool VSMOOTH, int STAGES>
+constexpr bool mean_in_pv() {
+  return (VC_SM90_STEP256_MEAN_PV == 1 || (VC_SM90_STEP256_MEAN_PV == 2 && !EXPCAST)) && VSMOOTH &&
+         step256(D, kConsumers, STAGES);
+}
+
 // The batched mean restore's B operand, mu/v_scale split into TF32 hi + lo (two K-major 128x8 or 64x8
 // TF32 tiles per chunk, no swizzle): element (channel n, tile k) at 8-row group n/8 (256 bytes apart),
 // 4-column half k/4 (128 bytes apart), then row n%8 (16 bytes) and column k%4 (4 bytes).
@@ -152,7 +171,7 @@ __device__ __forceinline__ int mean_b_offset(int n, int k) {
   return (n >> 3) * 256 + (k >> 2) * 128 + (n & 7) * 16 + (k & 3) * 4;
 }
 
-template <int D, int STAGES, bool PSMEM = false, bool MEANMMA = false>
+template <int D, int STAGES, bool PSMEM = false, bool MEANMMA = false, bool MEANPV = false>
 struct SmemLayout {
   static constexpr int kQBytes = kBlockM * D;
   static constexpr int kKBytes = kBlockN * D;
@@ -167,14 +186,24 @@ struct SmemLayout {
   // P staging (PSMEM): per consumer warpgroup two 64x128 E4M3 tiles, 128B-swizzled like Q
   static constexpr int kPTileBytes = 64 * kBlockN;
   static constexpr int kPOff = (kBarOff + (1 + 2 * STAGES) * 8 + 1023) / 1024 * 1024;
-  // MEANMMA: [2 chunks in flight][hi, lo] TF32 B tiles of D x 8
+  // MEANMMA: [2 chunks in flight][hi, lo] TF32 B tiles of D x 8; MEANPV: one D x 8 TF32 B tile per
+  // pair of stages (the means the step of those stages restores: mean_in_pv)
   static constexpr int kMeanTileBytes = D * kMeanChunk * 4;
+  static constexpr int kMeanTiles = MEANMMA ? 4 : (MEANPV ? STAGES / 2 : 0);
   static constexpr int kMeanOff = kPOff + (PSMEM ? 4 * kPTileBytes : 0);
-  static constexpr int kBytes = (PSMEM || MEANMMA) ? kMeanOff + (MEANMMA ? 4 * kMeanTileBytes : 0)
-                                                   : kBarOff + (1 + 2 * STAGES) * 8;
+  // MEANPV: float4 per consumer thread, the previous step's row sums (kept here, not in registers,
+  // across the softmax, where every register is taken)
+  static constexpr int kLPrevOff = kMeanOff + kMeanTiles * kMeanTileBytes;
+  static constexpr int kBytes = (PSMEM || MEANMMA || MEANPV) ? kLPrevOff + (MEANPV ? 128 * kConsumers * 16 : 0)
+                                                             : kBarOff + (1 + 2 * STAGES) * 8;
   static constexpr int kAlloc = kBytes + 1024;  // slack: tiles need 1024-byte (swizzle atom) alignment
   static_assert(kKBytes % 1024 == 0 && kVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tile alignment");
 };
+
+// The shared-memory layout of one kernel instantiation.
+template <int D, bool EXPCAST, bool VSMOOTH, int STAGES>
+using LayoutFor = SmemLayout<D, STAGES, p_through_smem<D, EXPCAST>(), mean_by_mma<D, EXPCAST, VSMOOTH>(),
+                             mean_in_pv<D, EXPCAST, VSMOOTH, STAGES>()>;
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
@@ -274,6 +303,25 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUt
     } else if (VSMOOTH) {
 #pragma unroll
       for (int c = 0; c < D / 32; ++c) mu_smem[s * D + lane + 32 * c] = __half2float(mean[lane + 32 * c]) * inv_vs[c];
+      if constexpr (mean_in_pv<D, EXPCAST, VSMOOTH, STAGES>()) {
+        // rows 4 (j & 1) + 0..3 of the B tile of tile j's pair: the means of tile j - 2 (zeros before
+        // tile 2: the first step's A is zero, and 0 x garbage could be NaN). The tile was last read by
+        // the step of tiles j - STAGES, j - STAGES + 1, whose stages are released (bar_empty above)
+        // only after that step's PV batch completed.
+        uint8_t* b = smem + L::kMeanOff + ((j / 2) % (STAGES / 2)) * L::kMeanTileBytes;
+        const __half* prev = mean - 2 * D;
+#pragma unroll
+        for (int c = 0; c < D / 32; ++c) {
+          const float mu = j >= 2 ? __half2float(prev[lane + 32 * c]) * inv_vs[c] : 0.f;
+          const float mu_hi = __uint_as_float(tf32_round(mu));
+          const int n = lane + 32 * c, k = 4 * (j & 1);
+          *reinterpret_cast<float*>(b + mean_b_offset(n, k)) = mu_hi;
+          *reinterpret_cast<float*>(b + mean_b_offset(n, k + 1)) = mu - mu_hi;
+          *reinterpret_cast<float*>(b + mean_b_offset(n, k + 2)) = mu_hi;
+          *reinterpret_cast<float*>(b + mean_b_offset(n, k + 3)) = 0.f;
+        }
+        fence_proxy_async();  // generic stores -> read by wgmma (async proxy) after the full barrier
+      }
     }
     if (lane == 0) ksc_smem[s] = p.k_scale[static_cast<int64_t>(bh) * n_kv + j];
     __syncwarp();
@@ -513,6 +561,41 @@ __device__ __forceinline__ void fold_pair(float (&o)[D / 2], float (&row_sum)[2]
   for (int r = 0; r < 2; ++r) row_sum[r] = fmaf(row_sum[r], ab[r], l_a[r] + l_b[r]);
 }
 
+// mean_in_pv: the fold of a step whose V-Smooth means the next step's PV batch restores: O = alpha O + pv,
+// l = alpha l + l_a + l_b, and the step's row sums kept for that batch (l_prev[row][tile]).
+template <int D>
+__device__ __forceinline__ void fold_step_deferred(float (&o)[D / 2], float (&row_sum)[2], const float (&pv)[D / 2 + 4],
+                                                   const float (&alpha)[2], float4* l_prev_slot) {
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      o[4 * i + 2 * r] = fmaf(o[4 * i + 2 * r], alpha[r], pv[4 * i + 2 * r]);
+      o[4 * i + 2 * r + 1] = fmaf(o[4 * i + 2 * r + 1], alpha[r], pv[4 * i + 2 * r + 1]);
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) row_sum[r] = fmaf(row_sum[r], alpha[r], pv[D / 2 + 2 * r] + pv[D / 2 + 2 * r + 1]);
+  *l_prev_slot = make_float4(pv[D / 2], pv[D / 2 + 1], pv[D / 2 + 2], pv[D / 2 + 3]);
+}
+
+// mean_in_pv: the A fragment of the deferred restore's TF32 wgmma. Register 2 slot + row holds A(row g
+// + 8 row, k = 4 slot + t): slot 0 the previous step's first tile, slot 1 its second; k % 4 = t picks
+// hi (t = 0, 1), lo (t = 2) or zero (t = 3) of l_prev, against the B rows mu hi, lo, hi, zero.
+__device__ __forceinline__ void deferred_mean_a(uint32_t (&a)[4], const float4* l_prev_slot, const float (&alpha)[2],
+                                                int t) {
+  const float4 lp = *l_prev_slot;  // (row g: l_a, l_b; row g + 8: l_a, l_b)
+  const float l_prev[2][2] = {{lp.x, lp.y}, {lp.z, lp.w}};
+#pragma unroll
+  for (int slot = 0; slot < 2; ++slot)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float x = alpha[r] * l_prev[r][slot];
+      const uint32_t hi = tf32_round(x);
+      const uint32_t lo = __float_as_uint(x - __uint_as_float(hi));
+      a[2 * slot + r] = t < 2 ? hi : (t == 2 ? lo : 0u);
+    }
+}
+
 // Before the second PV of a pair adds to the accumulator: its rows rescaled by the second tile's alpha
 // where that row's max moved (alpha == 1 exactly where it did not: no work in the common case).
 template <int D>
@@ -594,6 +677,15 @@ __device__ __forceinline__ void issue_mean(float (&o)[D / 2], const uint32_t (&a
     wgmma_tf32_m64n64k8(o, a, mean_b_desc(b_tile));
 }
 
+// mean_in_pv: the deferred restore into the step's fresh PV accumulator (its first D columns; the
+// row-sum columns D.. are not touched), issued after the FP8 wgmmas of the batch.
+template <int D>
+__device__ __forceinline__ void issue_deferred_mean(float (&pv)[D / 2 + 4], const uint32_t (&a)[4], const uint8_t* b_tile) {
+  issue_mean<D>(*reinterpret_cast<float(*)[D / 2]>(&pv[0]), a, b_tile);
+}
+
+
+
 // The A fragments of P into a 64x128-byte tile in the 128B-swizzled K-major layout the wgmma
 // descriptor reads (16-byte chunk c of row R at chunk c ^ (R % 8)). Register r of k-step kk holds
 // row 16 warp + g + 8 (r & 1), keys 32 kk + 16 (r / 2) + 4t .. +3. Conflict-free: the 8 rows g of a
@@ -620,7 +712,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
                                               uint64_t* bar_empty) {
   constexpr bool kPSmem = p_through_smem<D, EXPCAST>();
   constexpr bool kMeanMma = mean_by_mma<D, EXPCAST, VSMOOTH>();
-  using L = SmemLayout<D, STAGES, kPSmem, kMeanMma>;
+  using L = LayoutFor<D, EXPCAST, VSMOOTH, STAGES>;
   static_assert(!kMeanMma || STAGES <= kMeanChunk, "a mean chunk buffer is rewritten STAGES tiles after its flush");
   const int wg = threadIdx.x / 128 - 1;
   const int tid = threadIdx.x % 128;
@@ -722,6 +814,12 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   auto& p_lo = *reinterpret_cast<uint32_t(*)[4][4]>(&p2[0][0]);
   auto& p_hi = *reinterpret_cast<uint32_t(*)[4][4]>(&p2[4][0]);
   const float one[2] = {1.f, 1.f};
+  // mean_in_pv: the previous step's row sums (zero before the first step) and the deferred restore's A
+  constexpr bool kMeanPv = mean_in_pv<D, EXPCAST, VSMOOTH, STAGES>();
+  float4* l_prev = reinterpret_cast<float4*>(smem + L::kLPrevOff) + (threadIdx.x - 128);
+  if constexpr (kMeanPv) *l_prev = make_float4(0.f, 0.f, 0.f, 0.f);  // read by the first step (times alpha = 0)
+  uint32_t a_mean[4];
+  auto mean_pv_tile = [&](int m) { return smem + L::kMeanOff + (m % (STAGES / 2)) * L::kMeanTileBytes; };
   if constexpr (kEarlyQk) {
     // The 256-key loop (the next branch) with VC_SM90_STEP256_EARLY_QK: the next step's first QK goes out
     // before the fold (its scores' 64 registers are free then: S/2 64 + PV 68 + O 64), the second after
@@ -770,17 +868,22 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
         softmax_keys<EXPCAST, true, 2>(s2, sc2, valid_last, t, row_off, alpha, p2, second_tile);
       else
         softmax_keys<EXPCAST, false, 2>(s2, sc2, kBlockN, t, row_off, alpha, p2, second_tile);
+      if constexpr (kMeanPv) deferred_mean_a(a_mean, l_prev, alpha, t);
       reg_fence(p2);
       reg_fence(pv);
       wgmma_fence();
       issue_pv<D>(pv, p_lo, vt_tile(s0));
       issue_pv<D>(pv, p_hi, vt_tile(s1), true);
+      if constexpr (kMeanPv) issue_deferred_mean<D>(pv, a_mean, mean_pv_tile(m));
       wgmma_commit();
       wgmma_wait<0>();
       reg_fence(pv);
       reg_fence(p2);
       if constexpr (kNext >= 1) issue_qk_tile(s_lo, j0 + 2);
-      fold_pair<D, VSMOOTH>(o, row_sum, pv, alpha, one, mu_smem + s0 * D, mu_smem + s1 * D, t);
+      if constexpr (kMeanPv && kNext == 2)  // a next pair step restores this step's means
+        fold_step_deferred<D>(o, row_sum, pv, alpha, l_prev);
+      else
+        fold_pair<D, VSMOOTH>(o, row_sum, pv, alpha, one, mu_smem + s0 * D, mu_smem + s1 * D, t);
       release(s0);
       release(s1);
       if constexpr (kNext == 2) issue_qk_tile(s_hi, j0 + 3);
@@ -829,7 +932,9 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     };
     const int n_pairs = n_kv / 2;
     const bool odd = n_kv & 1;
-    for (int m = 0; m < n_pairs; ++m) {
+    // step m over tiles 2m, 2m+1; DEFERRED (mean_in_pv): a next pair step restores this step's means
+    auto pair_step = [&](int m, auto deferred_tag) {
+      constexpr bool kDeferred = decltype(deferred_tag)::value;
       const int j0 = 2 * m, s0 = j0 % STAGES, s1 = (j0 + 1) % STAGES;
       const bool last = !odd && m == n_pairs - 1;
       mbar_wait(&bar_full[s0], (j0 / STAGES) & 1);
@@ -848,21 +953,30 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
         softmax_keys<EXPCAST, true, 2>(s2, sc2, valid_last, t, row_off, alpha, p2);
       else
         softmax_keys<EXPCAST, false, 2>(s2, sc2, kBlockN, t, row_off, alpha, p2);
+      if constexpr (kMeanPv) deferred_mean_a(a_mean, l_prev, alpha, t);
       turn_begin();
       reg_fence(p2);
       reg_fence(pv);
       wgmma_fence();
       issue_pv<D>(pv, p_lo, vt_tile(s0));
       issue_pv<D>(pv, p_hi, vt_tile(s1), true);
+      if constexpr (kMeanPv) issue_deferred_mean<D>(pv, a_mean, mean_pv_tile(m));
       wgmma_commit();
       turn_end_of(last);
       wgmma_wait<0>();
       reg_fence(pv);
       reg_fence(p2);
-      fold_pair<D, VSMOOTH>(o, row_sum, pv, alpha, one, mu_smem + s0 * D, mu_smem + s1 * D, t);
+      if constexpr (kDeferred)
+        fold_step_deferred<D>(o, row_sum, pv, alpha, l_prev);
+      else
+        fold_pair<D, VSMOOTH>(o, row_sum, pv, alpha, one, mu_smem + s0 * D, mu_smem + s1 * D, t);
       release(s0);
       release(s1);
-    }
+    };
+    int m = 0;
+    if constexpr (kMeanPv)
+      for (; m + 1 < n_pairs; ++m) pair_step(m, std::true_type{});
+    for (; m < n_pairs; ++m) pair_step(m, std::false_type{});
     if (odd) {  // tile n_kv - 1 (even index: its stage's ones rows are the even columns fold_tile reads)
       const int j = n_kv - 1, sj = j % STAGES;
       mbar_wait(&bar_full[sj], (j / STAGES) & 1);
@@ -1162,7 +1276,7 @@ template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES>
 __global__ void __launch_bounds__(kThreads, 1)
     vc_attention_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                              const __grid_constant__ CUtensorMap tm_vt, const Params p) {
-  using L = SmemLayout<D, STAGES, p_through_smem<D, EXPCAST>(), mean_by_mma<D, EXPCAST, VSMOOTH>()>;
+  using L = LayoutFor<D, EXPCAST, VSMOOTH, STAGES>;
   extern __shared__ uint8_t smem_raw[];
   // offset from the __shared__ array itself (not an integer round trip) so that every pointer below
   // stays provably in shared memory: the compiler then emits LDS/STS, not generic LD/ST

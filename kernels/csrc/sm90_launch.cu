@@ -84,7 +84,7 @@ bool byte_map(CUtensorMap* map, const void* base, int rank, const cuuint64_t* di
 
 template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES>
 int launch(const void* q_q, const void* k_q, const void* v_t, const Params& p, int bh, cudaStream_t stream) {
-  using L = SmemLayout<D, STAGES, p_through_smem<D, EXPCAST>(), mean_by_mma<D, EXPCAST, VSMOOTH>()>;
+  using L = LayoutFor<D, EXPCAST, VSMOOTH, STAGES>;
   const CUtensorMapSwizzle row_swizzle = D == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
   const cuuint64_t rows = static_cast<cuuint64_t>(bh) * p.n_pad;
   CUtensorMap tm_q, tm_k, tm_vt;

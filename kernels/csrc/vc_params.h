@@ -22,8 +22,10 @@ struct PrepareParams {
   uint8_t* v_t;         // (B,H,D,n_pad) e4m3
   float* v_scale;       // (B,H,D)
   uint16_t* v_mean;     // (B,H,n_pad/128,D) fp16 (written only for vsmooth)
-  float* k_sum;         // workspace (B,H,D), zeroed by the caller
+  float* k_sum;         // workspace (B,H,D), written by the last stats block of each head
   float* v_amax;        // workspace (B,H,D), zeroed by the caller
+  float* k_partial;     // workspace (B,H,n_pad/128,D): each stats block's K column sums
+  unsigned int* k_done; // workspace (B,H), zeroed by the caller: stats blocks of the head done
   int batch, heads, n, n_pad, head_dim;
   float qk_scale;       // sm_scale * log2(e)
   bool input_bf16, qk_fp8, vsmooth, smooth_k;
