@@ -157,7 +157,9 @@ constexpr bool step256(int head_dim, int consumers, int stages) {
 // The producer writes that B tile (the means of tiles j - 2, j - 1, in the mean_b_offset layout) for
 // the step of tiles j, j + 1 beside its stages; the loop's last pair step (and the odd tail tile)
 // restore their own means with the FFMAs. Per 256 keys: -128 FFMA and -32 shared loads on the
-// consumers' instruction stream for +1 TF32 wgmma (~1/8 of the step's PV tensor time).
+// consumers' instruction stream for +1 TF32 wgmma (~1/8 of the step's PV tensor time). Measured slower
+// on the H200 (speed +5.8%, fidelity +1.7% at Wan2.2-14B: the wgmma lengthens the PV batch the fold
+// waits for; docs/kernel-notes.md section 20): a documented variant, default off.
 template <int D, bool EXPCAST, bool VSMOOTH, int STAGES>
 constexpr bool mean_in_pv() {
   return (VC_SM90_STEP256_MEAN_PV == 1 || (VC_SM90_STEP256_MEAN_PV == 2 && !EXPCAST)) && VSMOOTH &&
@@ -817,7 +819,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   // mean_in_pv: the previous step's row sums (zero before the first step) and the deferred restore's A
   constexpr bool kMeanPv = mean_in_pv<D, EXPCAST, VSMOOTH, STAGES>();
   float4* l_prev = reinterpret_cast<float4*>(smem + L::kLPrevOff) + (threadIdx.x - 128);
-  if constexpr (kMeanPv) *l_prev = make_float4(0.f, 0.f, 0.f, 0.f);  // read by the first step (times alpha = 0)
+  if constexpr (kMeanPv) *l_prev = make_float4(0.f, 0.f, 0.f, 0.f);  // the first step's A: zeros (its B rows are zeros too)
   uint32_t a_mean[4];
   auto mean_pv_tile = [&](int m) { return smem + L::kMeanOff + (m % (STAGES / 2)) * L::kMeanTileBytes; };
   if constexpr (kEarlyQk) {
