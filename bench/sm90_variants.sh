@@ -10,6 +10,7 @@
 #   bash bench/sm90_variants.sh            # on the H200, from the repository root; ~4-6 minutes
 #   SM90_VARIANTS="base mean" SM90_BUILD_ONLY=1 bash bench/sm90_variants.sh   # CPU: builds + ptxas only
 #   SM90_NCU=psmem_mean bash bench/sm90_variants.sh   # + one ncu-profiled launch of that variant
+#   SM90_NCU=split SM90_NCU_SOURCE=1 ...  # + its per-instruction samples (bench/sass_stalls.py)
 #   SM90_BUILD_ONLY=1 ...; then SM90_REUSE_BUILD=1 ...  # build beside other work, then check + time
 #   SM90_SHAPES="1,40,75600,128" ...   # time only these (B,H,N,D) shapes (default: the four issue-11 shapes)
 set -euo pipefail
@@ -74,7 +75,11 @@ CONSTANTS=$(python3 -c "from vc_attention.kernels.constants import cuda_defines;
 build() {  # name: one nvcc process per variant (16 kernel instantiations each)
   local name=$1
   # SM90_REUSE_BUILD=1: keep a library built by an earlier SM90_BUILD_ONLY call of the same tree
-  [[ -n "${SM90_REUSE_BUILD:-}" && -f "$BUILD/sm90_$name.so" ]] && return 0
+  # (its ptxas log travels beside it in $BUILD, so the summary below has it either way)
+  if [[ -n "${SM90_REUSE_BUILD:-}" && -f "$BUILD/sm90_$name.so" ]]; then
+    cp "$BUILD/build_$name.log" "$OUT/" 2>/dev/null || echo "(no ptxas log kept for $name)" >"$OUT/build_$name.log"
+    return 0
+  fi
   rm -f "$BUILD/sm90_$name.so"  # a stale library must not pass for a fresh build
   # the product library (split): the three-consumer file links beside the two-consumer one
   local sources=""; [[ "${FLAGS[$name]}" == *VC_SM90_SPLIT=1* ]] && sources=kernels/csrc/sm90_launch_c3.cu
@@ -82,6 +87,7 @@ build() {  # name: one nvcc process per variant (16 kernel instantiations each)
   "$NVCC" -shared -Xcompiler -fPIC -std=c++17 -O3 --expt-relaxed-constexpr -lineinfo -DNDEBUG \
     -gencode=arch=compute_90a,code=sm_90a -Ikernels/csrc $CONSTANTS ${FLAGS[$name]} -Xptxas=-v \
     -o "$BUILD/sm90_$name.so" kernels/csrc/sm90_launch.cu $sources >"$OUT/build_$name.log" 2>&1
+  [[ "$OUT" -ef "$BUILD" ]] || cp "$OUT/build_$name.log" "$BUILD/"
 }
 
 start=$(date +%s)
@@ -142,9 +148,19 @@ if [[ -n "${SM90_NCU:-}" ]]; then
     grep -E "SM Frequency|Duration|Issue Slots Busy|Eligible Warps|Issued Warp|No Eligible|Registers Per|Compute \(SM\)" \
       "$OUT/ncu_$name.txt" | head -12
     grep -E "issue_stalled" "$OUT/ncu_$name.txt" | awk '{print $NF, $1}' | sort -rn | head -8
+    # SM90_NCU_SOURCE=1: the per-instruction warp-state samples of the same launch (ncu's source page),
+    # kept as CSV; bench/sass_stalls.py sums them by opcode and stall reason here and, given the cubin's
+    # `nvdisasm -gi` listing (built on any machine with the same flags), by source region
+    if [[ -n "${SM90_NCU_SOURCE:-}" ]]; then
+      ncu --clock-control none --set full --import-source no -k regex:vc_attention_sm90 -c 1 -f -o "$OUT/ncu_src_$name" \
+        python3 bench/sm90_check.py --lib "$BUILD/sm90_$name.so" --profile-once "${SM90_NCU_MODE:-speed}" >"$OUT/ncu_src_$name.txt" 2>&1 || true
+      ncu -i "$OUT/ncu_src_$name.ncu-rep" --page source --csv --print-source sass >"$OUT/ncu_src_$name.csv" 2>>"$OUT/ncu_src_$name.txt" || true
+      python3 bench/sass_stalls.py "$OUT/ncu_src_$name.csv" --top 25 --json "$OUT/stalls_$name.json" | head -60 || true
+      gzip -f "$OUT/ncu_src_$name.csv"; rm -f "$OUT/ncu_src_$name.ncu-rep"
+    fi
   done
 fi
 
 # at most 8 files come back from a device call: keep the timing JSON (sm90_check.json), pack the rest
-(cd "$OUT" && shopt -s nullglob && rest=(build_*.log check_* ./*.sass ncu_*.txt) && ((${#rest[@]})) &&
+(cd "$OUT" && shopt -s nullglob && rest=(build_*.log check_* ./*.sass ncu_*.txt ncu_src_*.csv.gz stalls_*.json) && ((${#rest[@]})) &&
   tar czf sm90_variants_logs.tgz "${rest[@]}" && rm -rf "${rest[@]}") || true
