@@ -57,7 +57,7 @@ class Knobs:
     p: str = "exp2"
     q_groups: str = "1"  # rows per scale ("1": the spec), or "thread" (rows g, g+8 of each 16)
     k_block: int = 128
-    v_scale: str = "channel"  # or "block" (per 128-key block and channel), "mean64" / "mean32" (V-Smooth means per 64 / 32 rows)
+    v_scale: str = "channel"  # or "block" (per 128-key block and channel), "mean64" / "mean32" (V-Smooth means per 64 / 32 rows), "lowrank3" / "lowrank6" / "lowrank6s" (v_hat_lowrank)
     p_max: int = 0  # 0: the spec's row max of the encoding (SPEC_P_MAX)
     offset: str = "exact"  # or "integer" (ceil of the running max: the previous spec)
     label: str = field(default="", compare=False)
@@ -69,7 +69,8 @@ class Knobs:
 
 # the V-quantization knobs other than the spec's ("channel"): label suffix of each
 V_SCALE_LABELS = {"block": "V residual scale per block x channel", "mean64": "V-Smooth means per 64 rows",
-                  "mean32": "V-Smooth means per 32 rows"}
+                  "mean32": "V-Smooth means per 32 rows", "lowrank3": "+ head-global rank-3 term",
+                  "lowrank6": "+ head-global rank-6 term", "lowrank6s": "+ rank-6 term from 4,096 tokens"}
 
 
 def knob_rows(p: str) -> list[Knobs]:
@@ -129,6 +130,27 @@ def v_hat_mean_rows(v_perm: torch.Tensor, rows: int) -> torch.Tensor:
     mean = ref.expand_rows(ref.block_means_fp16(v_perm, rows).float(), rows, v_perm.shape[-2])
     r_q, r_scale = ref.quantize_fp8_per_channel(v_perm.float() - mean)
     return r_q * r_scale + mean
+
+
+def v_hat_lowrank(v_perm: torch.Tensor, k: int, sample: int = 0) -> torch.Tensor:
+    """V-Smooth plus a head-global rank-k term: V = mu_block + A W + R, with W (k x D, fp16) the top-k
+    principal directions of the residual V - mu_block over the head's tokens (over `sample` evenly spaced
+    tokens if non-zero), A = (V - mu) W^T per token in E4M3 with one scale per head and component, and R
+    = V - mu - A W the FP8 residual with the spec's per-channel scale (A's rounding lands in R). A kernel
+    gets sum_j P_j A_j from spare columns of the PV MMA (the V tile's extra rows beside the row-sum
+    ones) accumulated like the row sum, and adds (sum P A) W once in the epilogue."""
+    n = v_perm.shape[-2]
+    mean = ref.expand_rows(ref.block_means_fp16(v_perm).float(), ref.V_BLOCK, n)
+    resid = v_perm.float() - mean
+    basis = resid if not sample else resid[:, :, torch.linspace(0, n - 1, sample).long()]
+    _, evecs = torch.linalg.eigh(basis.transpose(-1, -2) @ basis)  # ascending eigenvalues
+    w = evecs[..., -k:].transpose(-1, -2).half().float()  # (B,H,k,D) as a kernel would hold it
+    a = resid @ w.transpose(-1, -2)  # (B,H,N,k)
+    a_scale = a.abs().amax(dim=-2, keepdim=True) / ref.E4M3_MAX
+    a_hat = ref.fp8_e4m3(a / torch.where(a_scale > 0, a_scale, torch.ones_like(a_scale))) * a_scale
+    low = a_hat @ w
+    r_q, r_scale = ref.quantize_fp8_per_channel(resid - low)
+    return r_q * r_scale + low + mean
 
 
 def quantized_p(s: torch.Tensor, knobs: Knobs) -> torch.Tensor:
@@ -220,7 +242,9 @@ def make_case(kind: str, n: int, heads: int, rows: int, seed: int, grouping: Gro
     logits = q[:, :, idx].double() @ kp.double().transpose(-1, -2) / math.sqrt(q.shape[-1])
     p_exact = torch.softmax(logits, dim=-1)
     v_hat = {"channel": ref.dequantized_v(vp, ref.VCConfig()).float(), "block": v_hat_block_scale(vp).float(),
-             "mean64": v_hat_mean_rows(vp, 64).float(), "mean32": v_hat_mean_rows(vp, 32).float()}
+             "mean64": v_hat_mean_rows(vp, 64).float(), "mean32": v_hat_mean_rows(vp, 32).float(),
+             "lowrank3": v_hat_lowrank(vp, 3), "lowrank6": v_hat_lowrank(vp, 6),
+             "lowrank6s": v_hat_lowrank(vp, 6, sample=4096)}
     return Case(q, kp, vp, idx, p_exact @ vp.double(), p_exact, v_hat)
 
 
@@ -262,6 +286,8 @@ def main(argv=None) -> None:
                         help="groupings that also get a row with the V residual scale per block x channel")
     parser.add_argument("--v-mean-rows", type=parse_grouping, nargs="*", default=[],
                         help="groupings that also get rows with the V-Smooth means per 64 and per 32 rows")
+    parser.add_argument("--v-lowrank", type=parse_grouping, nargs="*", default=[],
+                        help="groupings that also get rows with a head-global rank-3 / rank-6 term in V (v_hat_lowrank)")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     if args.grouping_sweep:
@@ -298,7 +324,8 @@ def grouping_sweep(args) -> None:
     """rel-L2, QK term and V term per grouping candidate and mode (each mode's spec quantizers)."""
     modes = [m for m in args.modes if m != "expcast_paper"] or ["exp2"]
     variants_of = {g: [Knobs(p=m) for m in modes] for g in args.groupings}
-    for groupings, v_scales in ((args.v_block_scale, ["block"]), (args.v_mean_rows, ["mean64", "mean32"])):
+    for groupings, v_scales in ((args.v_block_scale, ["block"]), (args.v_mean_rows, ["mean64", "mean32"]),
+                                (args.v_lowrank, ["lowrank3", "lowrank6", "lowrank6s"])):
         for g in groupings:
             variants_of.setdefault(g, [Knobs(p=m) for m in modes])
             variants_of[g] = variants_of[g] + [Knobs(p=m, v_scale=s) for m in modes for s in v_scales]
