@@ -133,24 +133,14 @@ def v_hat_mean_rows(v_perm: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def v_hat_lowrank(v_perm: torch.Tensor, k: int, sample: int = 0) -> torch.Tensor:
-    """V-Smooth plus a head-global rank-k term: V = mu_block + A W + R, with W (k x D, fp16) the top-k
-    principal directions of the residual V - mu_block over the head's tokens (over `sample` evenly spaced
-    tokens if non-zero), A = (V - mu) W^T per token in E4M3 with one scale per head and component, and R
-    = V - mu - A W the FP8 residual with the spec's per-channel scale (A's rounding lands in R). A kernel
-    gets sum_j P_j A_j from spare columns of the PV MMA (the V tile's extra rows beside the row-sum
-    ones) accumulated like the row sum, and adds (sum P A) W once in the epilogue."""
-    n = v_perm.shape[-2]
-    mean = ref.expand_rows(ref.block_means_fp16(v_perm).float(), ref.V_BLOCK, n)
-    resid = v_perm.float() - mean
-    basis = resid if not sample else resid[:, :, torch.linspace(0, n - 1, sample).long()]
-    _, evecs = torch.linalg.eigh(basis.transpose(-1, -2) @ basis)  # ascending eigenvalues
-    w = evecs[..., -k:].transpose(-1, -2).half().float()  # (B,H,k,D) as a kernel would hold it
-    a = resid @ w.transpose(-1, -2)  # (B,H,N,k)
-    a_scale = a.abs().amax(dim=-2, keepdim=True) / ref.E4M3_MAX
-    a_hat = ref.fp8_e4m3(a / torch.where(a_scale > 0, a_scale, torch.ones_like(a_scale))) * a_scale
-    low = a_hat @ w
-    r_q, r_scale = ref.quantize_fp8_per_channel(resid - low)
-    return r_q * r_scale + low + mean
+    """V-Smooth plus a head-global rank-k term (reference.quantize_v_vsmooth with the basis of
+    reference.lowrank_basis over `sample` evenly spaced tokens, every token if 0): V = mu_block + A W + R,
+    W (k x D, fp16) the residual's top-k principal directions, A in E4M3 with one scale per head and
+    component, R the FP8 residual as the spec's. A kernel gets sum_j P_j A_j from spare columns of the
+    PV MMA (the V tile's extra rows beside the row-sum ones), accumulated like the row sum, and adds
+    (sum P A) W once in the epilogue."""
+    basis = ref.lowrank_basis(v_perm, k, sample or v_perm.shape[-2])
+    return ref.quantize_v_vsmooth(v_perm, basis).dequantized()
 
 
 def quantized_p(s: torch.Tensor, knobs: Knobs) -> torch.Tensor:

@@ -57,13 +57,14 @@ def _attention_op(
     v_format: str,
     p: str,
     smooth_k: bool,
+    v_rank: int,
     sm_scale: Optional[float],
     backend: str,
     selected: bool,
     perm_from_grouping: bool,
 ) -> torch.Tensor:
     inputs.check_perm_values(perm, perm_from_grouping)
-    config = VCConfig(qk=qk, v=v_format, p=p, smooth_k=smooth_k)
+    config = VCConfig(qk=qk, v=v_format, p=p, smooth_k=smooth_k, v_rank=v_rank)
     # the one selection of this call: here, or by the caller that passed the Backend it selected
     chosen = backends.get(backend) if selected else backends.select(q, config, layout, backend, kv=(k, v))
     if chosen.slow and backend == "auto" and q.device.type not in SILENT_EMULATION_DEVICES:
@@ -73,7 +74,7 @@ def _attention_op(
 
 
 @_attention_op.register_fake
-def _attention_fake(q, k, v, perm, layout, qk, v_format, p, smooth_k, sm_scale, backend, selected, perm_from_grouping):
+def _attention_fake(q, k, v, perm, layout, qk, v_format, p, smooth_k, v_rank, sm_scale, backend, selected, perm_from_grouping):
     return torch.empty_like(q)
 
 
@@ -111,5 +112,5 @@ def vc_attention(
         return torch.empty_like(q)
     selected = isinstance(backend, backends.Backend)
     name = backend.name if selected else backend
-    return _attention_op(q, k, v, perm, layout, config.qk, config.v, config.p, config.smooth_k, sm_scale, name, selected,
+    return _attention_op(q, k, v, perm, layout, config.qk, config.v, config.p, config.smooth_k, config.v_rank, sm_scale, name, selected,
                          perm_from_grouping)

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from . import reference
 from .backends import Backend, Constraints, register
-from .config import VCConfig
+from .config import MAX_V_RANK, VCConfig
 
 # the emulation takes any device, dtype, head dim, configuration and strides
-CONSTRAINTS = Constraints(device_type="any")
+CONSTRAINTS = Constraints(device_type="any", max_v_rank=MAX_V_RANK)
 
 
 def _run(q, k, v, perm, config: VCConfig, layout: str, sm_scale):

@@ -40,6 +40,7 @@ class Constraints:
     p_encodings: tuple[str, ...] = P_ENCODINGS
     layouts: tuple[str, ...] = LAYOUTS
     aligned_rows: bool = False  # q, k, v: contiguous head dim, 16-byte aligned rows (operands.rows_aligned)
+    max_v_rank: int = 0  # VCConfig.v_rank it implements (the low-rank V term: the emulation only so far)
     jit_arch: Optional[str] = None  # arch its JIT build targets ("9.0a"); None: the GPU's own
     needs_jit: bool = False  # built by kernels/jit.py: needs a toolchain (or a cached build)
 
@@ -97,6 +98,9 @@ def call_reason(c: Constraints, config: VCConfig, layout: str, q: torch.Tensor, 
                                  ("P encoding", config.p, c.p_encodings), ("layout", layout, c.layouts)):
         if value not in allowed:
             return f"{what} {value!r} is not implemented in this kernel (supported: {_names(allowed)})"
+    if config.v_rank > c.max_v_rank:
+        return (f"a rank-{config.v_rank} low-rank V term is not implemented in this kernel "
+                f"(v_rank up to {c.max_v_rank}; the spec's emulation runs any)")
     if c.aligned_rows:
         for name, t in zip("qkv", (q, *kv)):
             if not rows_aligned(t):

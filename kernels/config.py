@@ -11,6 +11,9 @@ QK_FORMATS = ("int8", "fp8")
 V_FORMATS = ("vsmooth", "per_channel")
 P_ENCODINGS = ("exp2", "expcast", "expcast_paper")
 KERNEL_P_ENCODINGS = ("exp2", "expcast")  # what the CUDA kernels implement; the rest is emulation only
+# V-Smooth's optional head-global low-rank term: at most the PV MMA's spare columns beside the row sums
+# (docs/fidelity-study.md, "A head-global low-rank term in V")
+MAX_V_RANK = 6
 LAYOUTS = ("bhnd", "bnhd")
 
 
@@ -24,12 +27,16 @@ class VCConfig:
         then E4M3 cast, row max at 448, no MUFU: speed mode) or "expcast_paper" (the paper's direct E4M3 codes, whose
         subnormal codes mis-decode; emulation only, kept for comparison).
     smooth_k: subtract the per-channel mean of K over tokens (softmax-invariant, always cheap).
+    v_rank: with V-Smooth, a head-global rank-`v_rank` term taken out of the residual before its FP8
+        rounding (reference.lowrank_basis, quantize_v_vsmooth); 0 (the default) is V-Smooth as the
+        paper has it. In the spec and the emulation only so far: the CUDA kernels run v_rank 0.
     """
 
     qk: str = "int8"
     v: str = "vsmooth"
     p: str = "exp2"
     smooth_k: bool = True
+    v_rank: int = 0
 
     def __post_init__(self) -> None:
         if self.qk not in QK_FORMATS:
@@ -38,6 +45,10 @@ class VCConfig:
             raise ValueError(f"VCConfig.v must be one of {V_FORMATS}, got {self.v!r}.")
         if self.p not in P_ENCODINGS:
             raise ValueError(f"VCConfig.p must be one of {P_ENCODINGS}, got {self.p!r}.")
+        if not isinstance(self.v_rank, int) or not 0 <= self.v_rank <= MAX_V_RANK:
+            raise ValueError(f"VCConfig.v_rank must be an integer from 0 to {MAX_V_RANK}, got {self.v_rank!r}.")
+        if self.v_rank and self.v != "vsmooth":
+            raise ValueError(f"VCConfig.v_rank needs v='vsmooth' (the term is taken out of its residual), got v={self.v!r}.")
 
     def with_(self, **changes) -> "VCConfig":
         return replace(self, **changes)
@@ -49,7 +60,8 @@ class VCConfig:
     @property
     def tag(self) -> str:
         """Short stable name, used in benchmark tables, stats and kernel instantiation keys."""
-        return f"{self.qk}-{self.v}-{self.p}" + ("" if self.smooth_k else "-nosmoothk")
+        return (f"{self.qk}-{self.v}-{self.p}" + ("" if self.smooth_k else "-nosmoothk")
+                + (f"-rank{self.v_rank}" if self.v_rank else ""))
 
 
 # The three configurations the product talks about.

@@ -24,6 +24,9 @@ def _qk_storage(values: torch.Tensor, config: VCConfig) -> torch.Tensor:
 def prepare_reference(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout: str = "bhnd",
                       sm_scale: Optional[float] = None) -> PreparedOperands:
     """The operand contract computed with reference.py (any device; float32 math)."""
+    if config.v_rank:
+        raise ValueError(f"the operand contract has no low-rank V term yet (v_rank={config.v_rank}): "
+                         "only the reference backend runs it.")
     qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))
     if perm is not None:
         kb, vb = reference.permute_tokens(kb, perm.long()), reference.permute_tokens(vb, perm.long())
