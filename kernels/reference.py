@@ -399,7 +399,7 @@ def lowrank_basis(v_perm: torch.Tensor, rank: int, sample: int = LOWRANK_SAMPLE)
 
     A policy, not part of the quantizer's arithmetic: the kernels take the basis as an operand, and
     any basis gives a correct V (what the basis misses stays in the FP8 residual). On the video-like
-    data rank 6 from 4,096 tokens takes 7-10% off the output error (docs/fidelity-study.md)."""
+    data rank 6 from 4,096 tokens takes 6-9% off the output error (docs/fidelity-study.md)."""
     n = v_perm.shape[-2]
     mean = expand_rows(block_means_fp16(v_perm).float(), V_BLOCK, n)
     rows = torch.linspace(0, n - 1, min(sample, n), device=v_perm.device).round().long()
