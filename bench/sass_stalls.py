@@ -70,10 +70,10 @@ def _columns(header: list[str]) -> tuple[int, int, int, int | None, dict[str, in
         return next((i for i, h in enumerate(low) if all(n in h for n in needles)), None)
 
     address, source = find("address"), find("source")
-    total = find("stall sampling", "all") if find("stall sampling", "all") is not None else find("sampl")
+    total = find("all samples") if find("all samples") is not None else find("sampl")
     if address is None or source is None or total is None:
         raise ValueError("not an ncu source-page CSV (need address, source and sample columns); header: " + ", ".join(header))
-    not_issued = find("stall sampling", "not")
+    not_issued = find("not-issued") if find("not-issued") is not None else find("not issued")
     reasons = {low[i].replace("stall_", "").strip(): i for i in range(len(low))
                if low[i].startswith("stall_") or low[i].startswith("smsp__pcsamp_warps_issue_stalled")}
     return address, source, total, not_issued, reasons
@@ -106,8 +106,13 @@ def read_source_csv(text: str) -> list[Row]:
 
 
 def line_table(sass: str, kernel: str = "") -> dict[int, list[tuple[str, int]]]:
-    """Instruction offset -> location chain (innermost first) of the first function in an `nvdisasm -gi`
-    listing whose name contains `kernel`."""
+    """Instruction offset -> location chain (innermost first) of the one function in an `nvdisasm -gi`
+    listing whose name contains `kernel` (ValueError when several do: a library holds many
+    instantiations, and samples joined with the wrong one's lines would mislead quietly)."""
+    names = [m.group(1) or m.group(2) for m in map(_FUNC_HEADER.search, sass.splitlines()) if m]
+    matching = [name for name in names if kernel in name]
+    if len(matching) > 1:
+        raise ValueError(f"{len(matching)} functions contain {kernel!r}; give more of the name: " + ", ".join(matching[:4]))
     table: dict[int, list[tuple[str, int]]] = {}
     # nvdisasm writes one `//##` line per inlining level before the instructions they cover, innermost
     # first ('File "a", line 400 inlined at "b", line 865', then 'File "b", line 865 inlined at ...');

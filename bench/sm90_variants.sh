@@ -77,7 +77,8 @@ build() {  # name: one nvcc process per variant (16 kernel instantiations each)
   # SM90_REUSE_BUILD=1: keep a library built by an earlier SM90_BUILD_ONLY call of the same tree
   # (its ptxas log travels beside it in $BUILD, so the summary below has it either way)
   if [[ -n "${SM90_REUSE_BUILD:-}" && -f "$BUILD/sm90_$name.so" ]]; then
-    cp "$BUILD/build_$name.log" "$OUT/" 2>/dev/null || echo "(no ptxas log kept for $name)" >"$OUT/build_$name.log"
+    [[ "$OUT" -ef "$BUILD" ]] || cp "$BUILD/build_$name.log" "$OUT/" 2>/dev/null ||
+      echo "(no ptxas log kept for $name)" >"$OUT/build_$name.log"
     return 0
   fi
   rm -f "$BUILD/sm90_$name.so"  # a stale library must not pass for a fresh build
@@ -104,8 +105,9 @@ for name in $NAMES; do
     echo "[$name] BUILD FAILED:"; tail -20 "$log"; failed=1; continue
   fi
   warn=$(grep -c -E "C751[0-9]|C7508|warning" "$log" || true)
-  stack=$(grep -oE "[0-9]+ bytes stack frame" "$log" | sort -n | tail -1)
-  spill=$(grep -oE "[0-9]+ bytes spill stores" "$log" | sort -n | tail -1)
+  # (no match is not an error: a reused library's log may be the placeholder)
+  stack=$({ grep -oE "[0-9]+ bytes stack frame" "$log" || true; } | sort -n | tail -1)
+  spill=$({ grep -oE "[0-9]+ bytes spill stores" "$log" || true; } | sort -n | tail -1)
   echo "[$name] ${FLAGS[$name]:-(default)}: worst ${stack:-0 bytes stack frame}, ${spill:-0 bytes spill stores}, $warn ptxas warnings"
 done
 [[ $failed == 0 ]] || echo "some variants failed to build; continuing with the rest"

@@ -45,7 +45,7 @@ class VCConfig:
             raise ValueError(f"VCConfig.v must be one of {V_FORMATS}, got {self.v!r}.")
         if self.p not in P_ENCODINGS:
             raise ValueError(f"VCConfig.p must be one of {P_ENCODINGS}, got {self.p!r}.")
-        if not isinstance(self.v_rank, int) or not 0 <= self.v_rank <= MAX_V_RANK:
+        if isinstance(self.v_rank, bool) or not isinstance(self.v_rank, int) or not 0 <= self.v_rank <= MAX_V_RANK:
             raise ValueError(f"VCConfig.v_rank must be an integer from 0 to {MAX_V_RANK}, got {self.v_rank!r}.")
         if self.v_rank and self.v != "vsmooth":
             raise ValueError(f"VCConfig.v_rank needs v='vsmooth' (the term is taken out of its residual), got v={self.v!r}.")

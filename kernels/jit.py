@@ -47,7 +47,7 @@ MIN_CAPABILITY = (8, 9)
 # Flags every extension is built with (torch adds its own -std); the JIT hash covers them. The
 # numeric constants shared with the Python spec come in as -D flags (kernels/constants.py).
 BASE_CUDA_FLAGS = ("-O3", "--expt-relaxed-constexpr", "-lineinfo", "-DNDEBUG", *constants.cuda_defines())
-BASE_CXX_FLAGS = ("-O3",)
+BASE_CXX_FLAGS = ("-O3", *constants.cuda_defines())  # the bindings include vc_constants.h too
 
 
 class JitError(RuntimeError):

@@ -75,7 +75,7 @@ def test_coefficient_rounding_lands_in_the_residual():
     assert _rel(vs.dequantized(), v) < 0.5 * _rel(R.quantize_v_vsmooth(v).dequantized(), v)
 
 
-@pytest.mark.parametrize("bad", [-1, MAX_V_RANK + 1, 2.0])
+@pytest.mark.parametrize("bad", [-1, MAX_V_RANK + 1, 2.0, True])
 def test_config_rejects_ranks_out_of_range(bad):
     with pytest.raises(ValueError, match="v_rank must be an integer"):
         VCConfig(v_rank=bad)

@@ -106,3 +106,10 @@ def test_main_without_the_kernel_in_the_listing_fails_clearly(tmp_path, capsys):
     (tmp_path / "k.sass").write_text(_listing(tmp_path / "k.cuh"))
     assert sass_stalls.main([str(tmp_path / "r.csv"), "--sass", str(tmp_path / "k.sass"), "--kernel", "nope"]) == 2
     assert "no function containing 'nope'" in capsys.readouterr().err
+
+
+def test_a_kernel_name_that_matches_several_functions_is_refused(tmp_path):
+    listing = _listing(tmp_path / "k.cuh").replace("_Z5thirdv", "_Z7kernel2v")
+    with pytest.raises(ValueError, match="2 functions contain 'kernel'"):
+        sass_stalls.line_table(listing, "kernel")
+    assert sass_stalls.line_table(listing, "_Z6kernelPf")  # the exact name still works

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "binding_checks.h"
+#include "vc_constants.h"
 #include "vc_params.h"
 
 namespace {
@@ -37,6 +38,9 @@ void prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
   for (const auto* t : {&q_q, &q_scale, &k_q, &k_scale, &v_t, &v_scale, &v_mean}) check_cuda_contiguous(*t, "prepared operand");
   TORCH_CHECK_VALUE(q_scale.numel() == q_q.size(0) * q_q.size(1) * q_q.size(2),
                     "q_scale must hold one scale per query row, shape (B, H, n_pad).");
+  // the stats kernel's grid and the per-block K sums below are sized from it
+  TORCH_CHECK_VALUE(q_q.size(2) % vc::kKBlock == 0 && k_scale.numel() == q_q.size(0) * q_q.size(1) * (q_q.size(2) / vc::kKBlock),
+                    "k_scale must hold one scale per ", vc::kKBlock, "-key block, shape (B, H, n_pad / ", vc::kKBlock, ").");
   vc::PrepareParams p{};
   p.q = q.data_ptr();
   p.k = k.data_ptr();

@@ -821,7 +821,10 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   float4* l_prev = reinterpret_cast<float4*>(smem + L::kLPrevOff) + (threadIdx.x - 128);
   if constexpr (kMeanPv) *l_prev = make_float4(0.f, 0.f, 0.f, 0.f);  // the first step's A: zeros (its B rows are zeros too)
   uint32_t a_mean[4];
-  auto mean_pv_tile = [&](int m) { return smem + L::kMeanOff + (m % (STAGES / 2)) * L::kMeanTileBytes; };
+  auto mean_pv_tile = [&](int m) -> const uint8_t* {
+    if constexpr (kMeanPv) return smem + L::kMeanOff + (m % (STAGES / 2)) * L::kMeanTileBytes;
+    return nullptr;
+  };
   if constexpr (kEarlyQk) {
     // The 256-key loop (the next branch) with VC_SM90_STEP256_EARLY_QK: the next step's first QK goes out
     // before the fold (its scores' 64 registers are free then: S/2 64 + PV 68 + O 64), the second after
