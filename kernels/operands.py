@@ -13,6 +13,12 @@ portable `mma` kernel and the Hopper `sm90` one read exactly this):
   channel's amax is 0 (its codes are all 0, so any scale gives the same V; a nonzero one lets a
   kernel pre-divide the mean by it); v_mean (B,H,n_pad/128,D) float16 block means of the permuted V,
   all zeros for per_channel (kernels may skip the restore at compile time for per_channel).
+- with VCConfig.v_rank = k > 0 (V-Smooth's head-global low-rank term; reference.quantize_v_vsmooth
+  with the basis of reference.lowrank_basis), also v_low_t (B,H,k,n_pad) float8_e4m3fn, the codes of
+  the coefficients A TRANSPOSED like v_t (zeros on padded keys), v_low_scale (B,H,k) float32 (one
+  scale per head and component) and v_low_basis (B,H,k,D) float16 (W); the residual in v_t is then
+  R - A_q W and V = mean + A_q W + v_scale R. None for v_rank 0. Only prepare_reference builds them
+  so far: prepare_cuda refuses a rank, and no kernel reads them yet.
 
 Who builds and reads it: prepare_reference.py (reference.py's quantizers: the defining values),
 prepare_cuda.py (the fused CUDA kernels, the same values up to the K mean's float32 summation order),
@@ -21,6 +27,7 @@ operand_emulation.py (what a kernel computes from them, in float64) and the CUDA
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -39,6 +46,9 @@ class PreparedOperands:
     v_scale: torch.Tensor
     v_mean: torch.Tensor
     n_tokens: int  # N, the number of valid rows (n_pad = q_q.shape[2])
+    v_low_t: Optional[torch.Tensor] = None  # the low-rank term's coefficient codes (v_rank > 0)
+    v_low_scale: Optional[torch.Tensor] = None
+    v_low_basis: Optional[torch.Tensor] = None
 
     @property
     def n_pad(self) -> int:

@@ -41,7 +41,7 @@ def prepare_cuda(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout
     """The operand contract computed on the GPU (q, k, v fp16/bf16 CUDA tensors in `layout`);
     variant_flags: a build of VARIANTS (the default build without)."""
     if config.v_rank:
-        raise ValueError(f"the operand contract has no low-rank V term yet (v_rank={config.v_rank}): "
+        raise ValueError(f"the CUDA prepare has no low-rank V term yet (v_rank={config.v_rank}): "
                          "only the reference backend runs it.")
     qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))
     b, h, n, d = qb.shape

@@ -24,18 +24,20 @@ def _qk_storage(values: torch.Tensor, config: VCConfig) -> torch.Tensor:
 def prepare_reference(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout: str = "bhnd",
                       sm_scale: Optional[float] = None) -> PreparedOperands:
     """The operand contract computed with reference.py (any device; float32 math)."""
-    if config.v_rank:
-        raise ValueError(f"the operand contract has no low-rank V term yet (v_rank={config.v_rank}): "
-                         "only the reference backend runs it.")
     qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))
     if perm is not None:
         kb, vb = reference.permute_tokens(kb, perm.long()), reference.permute_tokens(vb, perm.long())
     n = qb.shape[2]
     n_pad = padded_length(n)
     q_q, q_scale, k_q, k_scale = reference.quantize_qk(qb, kb, config, sm_scale)
+    low = {}
     if config.v == "vsmooth":
-        vs = reference.quantize_v_vsmooth(vb)
+        basis = reference.lowrank_basis(vb, config.v_rank) if config.v_rank else None
+        vs = reference.quantize_v_vsmooth(vb, basis)
         resid, scale, mean = vs.residual_q, vs.scale, vs.mean
+        if basis is not None:
+            low = dict(v_low_t=_pad_to_length(vs.coeff_q, n_pad).transpose(-1, -2).contiguous().to(torch.float8_e4m3fn),
+                       v_low_scale=vs.coeff_scale.squeeze(-2).contiguous(), v_low_basis=basis.contiguous())
     else:
         resid, scale = reference.quantize_fp8_per_channel(vb)
         b, h, _, d = vb.shape
@@ -51,4 +53,5 @@ def prepare_reference(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, l
         v_scale=torch.where(scale > 0, scale, torch.ones_like(scale)).contiguous(),
         v_mean=mean.contiguous(),
         n_tokens=n,
+        **low,
     )

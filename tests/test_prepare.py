@@ -53,7 +53,8 @@ def test_zero_channel_gets_unit_scale():
     assert torch.equal(ops.v_scale, torch.ones_like(ops.v_scale))
 
 
-@pytest.mark.parametrize("config", [FIDELITY, SPEED, PLAIN_8BIT])
+@pytest.mark.parametrize("config", [FIDELITY, SPEED, PLAIN_8BIT, FIDELITY.with_(v_rank=3), SPEED.with_(v_rank=6)],
+                         ids=["fidelity", "speed", "plain8", "fidelity-rank3", "speed-rank6"])
 @pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
 def test_emulated_attention_from_operands_is_the_reference(config, layout):
     q, k, v = _qkv(n=130, layout=layout)
@@ -73,3 +74,16 @@ def test_rows_aligned_is_the_cuda_kernels_load_precondition():
     assert not rows_aligned(torch.zeros(1, 2, 64, 68, dtype=torch.float16)[..., :64])  # rows 136 B apart
     misaligned = x.flatten()[1:1 + 2 * 64 * 64].view(1, 2, 64, 64)
     assert not rows_aligned(misaligned)  # base pointer off by 2 bytes
+
+
+def test_low_rank_operands_follow_the_contract():
+    q, k, v = _qkv(n=200)
+    ops = prepare_reference(q, k, v, None, FIDELITY.with_(v_rank=2))
+    assert ops.v_low_t.shape == (2, 3, 2, 256) and ops.v_low_t.dtype == torch.float8_e4m3fn
+    assert not ops.v_low_t[..., 200:].float().any()  # padded keys carry no coefficient
+    assert ops.v_low_scale.shape == (2, 3, 2) and ops.v_low_basis.shape == (2, 3, 2, 64)
+    assert ops.v_low_basis.dtype == torch.float16 and ops.v_low_t.is_contiguous()
+    plain = prepare_reference(q, k, v, None, FIDELITY)
+    assert plain.v_low_t is None and plain.v_low_scale is None and plain.v_low_basis is None
+    # the residual in v_t is what the low-rank term leaves: it differs from the plain one
+    assert not torch.equal(ops.v_t.float(), plain.v_t.float())

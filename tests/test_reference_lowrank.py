@@ -3,8 +3,8 @@ quantize_v_vsmooth with a basis), CPU only.
 
 What the spec promises: v_rank 0 is V-Smooth unchanged; with a basis, V = mean + A_q W + residual up to
 the residual's FP8 rounding (A's rounding lands in the residual); the basis is deterministic and
-orthonormal up to fp16; only backends that declare it take such a call, the kernels' operand
-contract refuses it instead of dropping the term; and on V whose residual has a few strong
+orthonormal up to fp16; only backends that declare it take such a call, the CUDA prepare refuses it
+instead of dropping the term (the reference prepare builds its operands); and on V whose residual has a few strong
 directions the attention output is closer to exact attention than without it.
 """
 import pytest
@@ -13,6 +13,7 @@ import torch
 from vc_attention.kernels import api, backends
 from vc_attention.kernels import reference as R
 from vc_attention.kernels.config import MAX_V_RANK, VCConfig
+from vc_attention.kernels.prepare_cuda import prepare_cuda
 from vc_attention.kernels.prepare_reference import prepare_reference
 
 
@@ -93,7 +94,8 @@ def test_config_needs_v_smooth_for_a_rank():
 def test_kernels_contract_refuses_instead_of_dropping_the_term():
     v = _structured_v(n=256)
     with pytest.raises(ValueError, match="no low-rank V term yet"):
-        prepare_reference(v, v, v, None, VCConfig(v_rank=2))
+        prepare_cuda(v, v, v, None, VCConfig(v_rank=2))  # refused before anything touches a GPU
+    assert prepare_reference(v, v, v, None, VCConfig(v_rank=2)).v_low_t is not None  # the contract has it
     kernel_like = backends.Constraints(device_type="any")  # a CUDA backend's max_v_rank (0)
     reason = backends.call_reason(kernel_like, VCConfig(v_rank=2), "bhnd", v)
     assert reason is not None and "rank-2 low-rank V term is not implemented" in reason
