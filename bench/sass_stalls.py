@@ -70,10 +70,10 @@ def _columns(header: list[str]) -> tuple[int, int, int, int | None, dict[str, in
         return next((i for i, h in enumerate(low) if all(n in h for n in needles)), None)
 
     address, source = find("address"), find("source")
-    total = find("all samples") if find("all samples") is not None else find("sampl")
+    total = next((i for i in (find("all samples"), find("sampl")) if i is not None), None)
     if address is None or source is None or total is None:
         raise ValueError("not an ncu source-page CSV (need address, source and sample columns); header: " + ", ".join(header))
-    not_issued = find("not-issued") if find("not-issued") is not None else find("not issued")
+    not_issued = next((i for i in (find("not-issued"), find("not issued")) if i is not None), None)
     reasons = {low[i].replace("stall_", "").strip(): i for i in range(len(low))
                if low[i].startswith("stall_") or low[i].startswith("smsp__pcsamp_warps_issue_stalled")}
     return address, source, total, not_issued, reasons

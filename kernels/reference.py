@@ -339,10 +339,11 @@ def channel_absmax(x: torch.Tensor) -> torch.Tensor:
     return x.abs().amax(dim=-2, keepdim=True)
 
 
-def quantize_fp8_per_channel(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """E4M3 with one scale per (b, h, channel): inv = 448/amax, x_q = E4M3(x*inv), scale = amax/448."""
+def quantize_fp8_per_channel(x: torch.Tensor, amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """E4M3 with one scale per (b, h, channel): inv = 448/amax, x_q = E4M3(x*inv), scale = amax/448.
+    amax: the channel amax (default) or a bound on it given by the caller (B,H,1,D)."""
     x = x.float()
-    amax = channel_absmax(x)
+    amax = channel_absmax(x) if amax is None else amax
     inv = torch.where(amax > 0, E4M3_MAX / amax, torch.zeros_like(amax))
     return fp8_e4m3(x * inv), amax / E4M3_MAX
 
@@ -431,13 +432,10 @@ def quantize_v_vsmooth(v_perm: torch.Tensor, basis: torch.Tensor | None = None) 
         return VSmoothV(mean, r_q, r_scale)
     w = basis.float()
     coeff = resid @ w.transpose(-1, -2)
-    c_amax = channel_absmax(coeff)
-    c_inv = torch.where(c_amax > 0, E4M3_MAX / c_amax, torch.zeros_like(c_amax))
-    c_q, c_scale = fp8_e4m3(coeff * c_inv), c_amax / E4M3_MAX
-    bound = channel_absmax(resid - coeff @ w) + 2.0**-4 * (c_amax @ w.abs())
-    r_inv = torch.where(bound > 0, E4M3_MAX / bound, torch.zeros_like(bound))
-    r_q = fp8_e4m3((resid - (c_q * c_scale) @ w) * r_inv)
-    return VSmoothV(mean, r_q, bound / E4M3_MAX, basis, c_q, c_scale)
+    c_q, c_scale = quantize_fp8_per_channel(coeff)  # one scale per head and component
+    bound = channel_absmax(resid - coeff @ w) + 2.0**-4 * (channel_absmax(coeff) @ w.abs())
+    r_q, r_scale = quantize_fp8_per_channel(resid - (c_q * c_scale) @ w, bound)
+    return VSmoothV(mean, r_q, r_scale, basis, c_q, c_scale)
 
 
 def dequantized_v(v_perm: torch.Tensor, config: VCConfig) -> torch.Tensor:
