@@ -52,6 +52,7 @@ def _attention_op(
     k: torch.Tensor,
     v: torch.Tensor,
     perm: Optional[torch.Tensor],
+    v_basis: Optional[torch.Tensor],
     layout: str,
     qk: str,
     v_format: str,
@@ -70,11 +71,13 @@ def _attention_op(
     if chosen.slow and backend == "auto" and q.device.type not in SILENT_EMULATION_DEVICES:
         _announce_emulation(q, config, layout)
     BACKEND_CALLS[chosen.name] += 1
-    return chosen.run(q, k, v, perm, config, layout, sm_scale)
+    if v_basis is None:  # a backend's run takes v_basis only if it declares the low-rank term (max_v_rank)
+        return chosen.run(q, k, v, perm, config, layout, sm_scale)
+    return chosen.run(q, k, v, perm, config, layout, sm_scale, v_basis)
 
 
 @_attention_op.register_fake
-def _attention_fake(q, k, v, perm, layout, qk, v_format, p, smooth_k, v_rank, sm_scale, backend, selected, perm_from_grouping):
+def _attention_fake(q, k, v, perm, v_basis, layout, qk, v_format, p, smooth_k, v_rank, sm_scale, backend, selected, perm_from_grouping):
     return torch.empty_like(q)
 
 
@@ -89,6 +92,7 @@ def vc_attention(
     sm_scale: Optional[float] = None,
     backend: Union[str, backends.Backend] = "auto",
     perm_from_grouping: bool = False,
+    v_basis: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Non-causal self-attention with VC-Attention quantization (inference only: no backward).
 
@@ -97,7 +101,9 @@ def vc_attention(
     of the key/value tokens (V-Smooth grouping, from kernels.grouping); None keeps the original order.
     Its range is always checked; that it is a permutation too (one bincount), unless
     perm_from_grouping=True promises it is kernels.grouping's perm() (a permutation by construction:
-    the node's path). sm_scale: defaults to 1/sqrt(D). backend: "auto", a registered name (see
+    the node's path). v_basis: with config.v_rank > 0, the low-rank V term's basis W (B,H,v_rank,D)
+    fp16 of the PERMUTED V (kernels.reference.lowrank_basis; the node caches one per layer); None
+    computes it on every call (a gather of V and an eigensolve per head: slow). sm_scale: defaults to 1/sqrt(D). backend: "auto", a registered name (see
     `vc-attention doctor`), or the Backend that `backends.select` returned for this very call (a caller
     that must know the backend before it runs, like the node: the call is then not checked a second
     time). "auto" runs the slow exact emulation where no kernel can take the call: quietly on the CPU,
@@ -112,5 +118,6 @@ def vc_attention(
         return torch.empty_like(q)
     selected = isinstance(backend, backends.Backend)
     name = backend.name if selected else backend
-    return _attention_op(q, k, v, perm, layout, config.qk, config.v, config.p, config.smooth_k, config.v_rank, sm_scale, name, selected,
+    inputs.check_basis(v_basis, config, b, h, to_bhnd(q, layout).shape[-1], q.device)
+    return _attention_op(q, k, v, perm, v_basis, layout, config.qk, config.v, config.p, config.smooth_k, config.v_rank, sm_scale, name, selected,
                          perm_from_grouping)

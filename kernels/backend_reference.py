@@ -9,8 +9,8 @@ from .config import MAX_V_RANK, VCConfig
 CONSTRAINTS = Constraints(device_type="any", max_v_rank=MAX_V_RANK)
 
 
-def _run(q, k, v, perm, config: VCConfig, layout: str, sm_scale):
-    return reference.vc_attention_reference(q, k, v, config, layout=layout, perm=perm, sm_scale=sm_scale)
+def _run(q, k, v, perm, config: VCConfig, layout: str, sm_scale, v_basis=None):
+    return reference.vc_attention_reference(q, k, v, config, layout=layout, perm=perm, sm_scale=sm_scale, v_basis=v_basis)
 
 
 register(Backend(name="reference", priority=0, constraints=CONSTRAINTS, run=_run, slow=True))

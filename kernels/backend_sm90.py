@@ -13,7 +13,7 @@ import torch
 
 from . import jit
 from .backends import Backend, Constraints, register
-from .config import KERNEL_P_ENCODINGS, VCConfig
+from .config import KERNEL_P_ENCODINGS, MAX_V_RANK, VCConfig
 from .constants import K_BLOCK
 from .layout import to_bhnd
 from .operands import PreparedOperands
@@ -36,6 +36,9 @@ CONSTRAINTS = Constraints(
     qk_formats=("int8",),  # the wgmma QK path is INT8 only
     p_encodings=KERNEL_P_ENCODINGS,
     aligned_rows=True,
+    # V-Smooth's low-rank term: the 256-key loops of head dim 128 (vc_sm90_low_rank in sm90_launch.cu)
+    max_v_rank=MAX_V_RANK,
+    v_rank_head_dims=(128,),
     jit_arch=ARCH,
     needs_jit=True,
 )
@@ -58,7 +61,8 @@ def extension():
 def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.Tensor, layout: str) -> torch.Tensor:
     """Run the Hopper kernel on prepared operands into `out` (q's shape in `layout`)."""
     extension().attention(
-        ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean, to_bhnd(out, layout),
+        ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean, ops.v_low_t, ops.v_low_basis,
+        ops.v_low_scale, to_bhnd(out, layout),
         ops.n_tokens, config.p == "expcast", config.v == "vsmooth", torch.cuda.current_stream(out.device).cuda_stream,
     )
     return out

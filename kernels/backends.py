@@ -22,7 +22,8 @@ from .constants import K_BLOCK
 from .operands import rows_aligned
 from .prepared_run import AttendFn, prepared_run
 
-# run(q, k, v, perm, config, layout, sm_scale) -> out (same dtype as q, in `layout`)
+# run(q, k, v, perm, config, layout, sm_scale[, v_basis]) -> out (same dtype as q, in `layout`); v_basis (the
+# low-rank V term's basis) is passed only when the caller gave one, to backends that declare max_v_rank
 RunFn = Callable[..., torch.Tensor]
 
 
@@ -40,7 +41,8 @@ class Constraints:
     p_encodings: tuple[str, ...] = P_ENCODINGS
     layouts: tuple[str, ...] = LAYOUTS
     aligned_rows: bool = False  # q, k, v: contiguous head dim, 16-byte aligned rows (operands.rows_aligned)
-    max_v_rank: int = 0  # VCConfig.v_rank it implements (the low-rank V term: the emulation only so far)
+    max_v_rank: int = 0  # VCConfig.v_rank it implements (V-Smooth's low-rank V term)
+    v_rank_head_dims: Optional[tuple[int, ...]] = None  # the head dims it implements the term for (None: all)
     jit_arch: Optional[str] = None  # arch its JIT build targets ("9.0a"); None: the GPU's own
     needs_jit: bool = False  # built by kernels/jit.py: needs a toolchain (or a cached build)
 
@@ -101,6 +103,9 @@ def call_reason(c: Constraints, config: VCConfig, layout: str, q: torch.Tensor, 
     if config.v_rank > c.max_v_rank:
         return (f"a rank-{config.v_rank} low-rank V term is not implemented in this kernel "
                 f"(v_rank up to {c.max_v_rank}; the spec's emulation runs any)")
+    if config.v_rank and c.v_rank_head_dims is not None and q.shape[-1] not in c.v_rank_head_dims:
+        return (f"the low-rank V term is not implemented in this kernel at head dim {q.shape[-1]} "
+                f"(head dims {_names(c.v_rank_head_dims)})")
     if c.aligned_rows:
         for name, t in zip("qkv", (q, *kv)):
             if not rows_aligned(t):

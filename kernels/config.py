@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .constants import MAX_V_RANK  # V-Smooth's low-rank term: at most the PV MMA's spare columns (6)
+
 QK_FORMATS = ("int8", "fp8")
 V_FORMATS = ("vsmooth", "per_channel")
 P_ENCODINGS = ("exp2", "expcast", "expcast_paper")
 KERNEL_P_ENCODINGS = ("exp2", "expcast")  # what the CUDA kernels implement; the rest is emulation only
-# V-Smooth's optional head-global low-rank term: at most the PV MMA's spare columns beside the row sums
-# (docs/fidelity-study.md, "A head-global low-rank term in V")
-MAX_V_RANK = 6
 LAYOUTS = ("bhnd", "bnhd")
 
 
@@ -29,7 +28,7 @@ class VCConfig:
     smooth_k: subtract the per-channel mean of K over tokens (softmax-invariant, always cheap).
     v_rank: with V-Smooth, a head-global rank-`v_rank` term taken out of the residual before its FP8
         rounding (reference.lowrank_basis, quantize_v_vsmooth); 0 (the default) is V-Smooth as the
-        paper has it. In the spec and the emulation only so far: the CUDA kernels run v_rank 0.
+        paper has it. Kernels: sm90 at head dim 128 (measured slower: opt-in, docs/kernel-notes.md 21).
     """
 
     qk: str = "int8"

@@ -36,6 +36,13 @@ EXPCAST_SLOPE_BITS = 23  # t per log2 unit = 2^23: one unit of the float32 expon
 # A is capped at 2^28 (32 log2 units per integer step): every code a larger slope could change is 0
 EXPCAST_SLOPE_CAP = 2.0**28
 
+# V-Smooth's low-rank term rides in the PV MMA's spare output columns: the 8 extra V^T rows after the
+# D channel rows (n = D + 8) hold E4M3 ones in row 0 for even 128-key tiles and in row 1 for odd ones (the
+# row sums of the two tiles of a 256-key step stay apart) and the coefficient codes in rows 2..7
+V_LOW_ROWS = 8
+V_LOW_FIRST = 2  # the first coefficient row
+MAX_V_RANK = V_LOW_ROWS - V_LOW_FIRST
+
 # name in CUDA (VC_<NAME>) -> value; floats are written as float literals
 SHARED_WITH_CUDA = {
     "LOG2E": LOG2E,
@@ -52,6 +59,8 @@ SHARED_WITH_CUDA = {
     "EXPCAST_P_LOG2_SCALE": EXPCAST_P_LOG2_SCALE,
     "EXPCAST_TOP": EXPCAST_TOP,
     "EXPCAST_SLOPE_CAP": EXPCAST_SLOPE_CAP,
+    "V_LOW_ROWS": V_LOW_ROWS,
+    "V_LOW_FIRST": V_LOW_FIRST,
 }
 
 

@@ -55,6 +55,18 @@ def check_perm_shape(perm: Optional[torch.Tensor], b: int, h: int, n: int) -> No
         raise ValueError(f"perm must have shape (B, H, N) = {(b, h, n)}, got {tuple(perm.shape)}.")
 
 
+def check_basis(basis: Optional[torch.Tensor], config, b: int, h: int, d: int, device: torch.device) -> None:
+    """The low-rank term's basis: None, or (B,H,config.v_rank,D) float16 on q's device (config.v_rank > 0)."""
+    if basis is None:
+        return
+    if not config.v_rank:
+        raise ValueError("v_basis was given, but the configuration has v_rank=0 (no low-rank V term).")
+    want = (b, h, config.v_rank, d)
+    if not isinstance(basis, torch.Tensor) or basis.dtype != torch.float16 or tuple(basis.shape) != want or basis.device != device:
+        raise ValueError(f"v_basis must be a float16 tensor of shape (B, H, v_rank, D) = {want} on {device}, got "
+                         f"{getattr(basis, 'dtype', type(basis).__name__)} {tuple(getattr(basis, 'shape', ()))}.")
+
+
 def check_perm_values(perm: Optional[torch.Tensor], from_grouping: bool) -> None:
     """Every value of the (B,H,N) perm in [0, N) and a permutation in every (batch, head): one
     bincount over all (batch, head) rows, offset so rows never share a bin, finds a repeated or

@@ -9,23 +9,25 @@ import torch
 
 from . import reference
 from .config import VCConfig
-from .operands import N_ALIGN, PreparedOperands
+from .operands import N_ALIGN, PreparedOperands, low_coefficients
 
 
-def emulate_attention(ops: PreparedOperands, config: VCConfig, out_dtype: torch.dtype) -> torch.Tensor:
+def emulate_attention(ops: PreparedOperands, config: VCConfig, out_dtype: torch.dtype,
+                      offset_block: int = N_ALIGN) -> torch.Tensor:
     """The kernel's output (B,H,N,D) from the operands, in float64 rounded to out_dtype.
 
     O = (sum_j P_j (v_scale * R_j) + l_j mu_j) / sum_j l_j with P from the running-max softmax of
     reference.quantize_p and l_j the row sums of the same quantized P over key block j; with the
-    low-rank operands, plus (sum_j P_j A_j) W / sum_j l_j.
+    low-rank operands, plus (sum_j P_j A_j) W / sum_j l_j. offset_block: keys per online-softmax step of
+    the kernel emulated (Backend.softmax_step).
     """
     n = ops.n_tokens
     acc, scale = reference.score_parts(ops.q_q[:, :, :n], ops.q_scale, ops.k_q[:, :, :n], ops.k_scale, n)
-    p = reference.quantize_p(acc * scale, config, acc=acc, scale=scale).double()
+    p = reference.quantize_p(acc * scale, config, offset_block, acc=acc, scale=scale).double()
     v_res = ops.v_t.float()[:, :, :, :n].transpose(-1, -2).double() * ops.v_scale.double().unsqueeze(-2)
     mean = reference.expand_rows(ops.v_mean.double(), N_ALIGN, n)
     v_hat = v_res + mean
     if ops.v_low_t is not None:
-        coeff = ops.v_low_t.float()[:, :, :, :n].transpose(-1, -2).double() * ops.v_low_scale.double().unsqueeze(-2)
+        coeff = low_coefficients(ops)[:, :, :n].double() * ops.v_low_scale.double().unsqueeze(-2)
         v_hat = v_hat + coeff @ ops.v_low_basis.double()
     return reference.to_output_dtype((p @ v_hat) / p.sum(-1, keepdim=True), out_dtype)

@@ -14,12 +14,12 @@ portable `mma` kernel and the Hopper `sm90` one read exactly this):
   kernel pre-divide the mean by it); v_mean (B,H,n_pad/128,D) float16 block means of the permuted V,
   all zeros for per_channel (kernels may skip the restore at compile time for per_channel).
 - with VCConfig.v_rank = k > 0 (V-Smooth's head-global low-rank term; reference.quantize_v_vsmooth
-  with the basis of reference.lowrank_basis), also v_low_t (B,H,k,n_pad) float8_e4m3fn, the codes of
-  the coefficients A TRANSPOSED like v_t (zeros on padded keys), v_low_scale (B,H,k) float32 (one
-  scale per head and component) and v_low_basis (B,H,k,D) float16 (W); the residual in v_t is then
-  R - A_q W and V = mean + A_q W + v_scale R. None for v_rank 0. Only prepare_reference builds them
-  so far: prepare_cuda refuses a rank, and no kernel reads them yet.
-
+  on a basis W, by default reference.lowrank_basis's), also v_low_t (B,H,V_LOW_ROWS=8,n_pad)
+  float8_e4m3fn, the PV MMA's extra B rows after V^T (constants.V_LOW_ROWS): row 0 holds E4M3 ones on
+  the keys of even 128-key tiles, row 1 on odd ones (so the MMA returns each tile's row sum of P), rows
+  2 .. 2+k-1 the codes of the coefficients A (zeros on padded keys), the rest zeros; v_low_scale
+  (B,H,k) float32 (one scale per head and component) and v_low_basis (B,H,k,D) float16 (W). The
+  residual in v_t is then R - A_q W and V = mean + A_q W + v_scale R. None for v_rank 0.
 Who builds and reads it: prepare_reference.py (reference.py's quantizers: the defining values),
 prepare_cuda.py (the fused CUDA kernels, the same values up to the K mean's float32 summation order),
 operand_emulation.py (what a kernel computes from them, in float64) and the CUDA backends' kernels.
@@ -32,6 +32,7 @@ from typing import Optional
 import torch
 
 from . import reference
+from .constants import V_LOW_FIRST, V_LOW_ROWS
 
 N_ALIGN = reference.K_BLOCK
 
@@ -46,13 +47,31 @@ class PreparedOperands:
     v_scale: torch.Tensor
     v_mean: torch.Tensor
     n_tokens: int  # N, the number of valid rows (n_pad = q_q.shape[2])
-    v_low_t: Optional[torch.Tensor] = None  # the low-rank term's coefficient codes (v_rank > 0)
+    v_low_t: Optional[torch.Tensor] = None  # the low-rank term's extra V^T rows (v_rank > 0)
     v_low_scale: Optional[torch.Tensor] = None
     v_low_basis: Optional[torch.Tensor] = None
 
     @property
     def n_pad(self) -> int:
         return self.q_q.shape[2]
+
+
+def low_rows(coeff_q: torch.Tensor, n_pad: int) -> torch.Tensor:
+    """v_low_t (B,H,V_LOW_ROWS,n_pad) E4M3 from the coefficient codes' values (B,H,N,k): the two
+    tile-parity rows of ones, the codes transposed (zeros on padded keys), zero rows up to V_LOW_ROWS."""
+    b, h, n, rank = coeff_q.shape
+    rows = torch.zeros(b, h, V_LOW_ROWS, n_pad, dtype=torch.float32, device=coeff_q.device)
+    parity = (torch.arange(n_pad, device=coeff_q.device) // N_ALIGN) % 2
+    rows[:, :, 0] = (parity == 0).float()
+    rows[:, :, 1] = (parity == 1).float()
+    rows[:, :, V_LOW_FIRST:V_LOW_FIRST + rank, :n] = coeff_q.float().transpose(-1, -2)
+    return rows.to(torch.float8_e4m3fn)
+
+
+def low_coefficients(ops: "PreparedOperands") -> torch.Tensor:
+    """The coefficient codes' values (B,H,n_pad,k) float32 of v_low_t (its rows 2 .. 2+k-1)."""
+    rank = ops.v_low_scale.shape[-1]
+    return ops.v_low_t[:, :, V_LOW_FIRST:V_LOW_FIRST + rank].float().transpose(-1, -2)
 
 
 def padded_length(n: int) -> int:

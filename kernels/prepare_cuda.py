@@ -14,6 +14,7 @@ import torch
 from . import jit, reference
 from .config import VCConfig
 from .layout import to_bhnd
+from .constants import V_LOW_ROWS
 from .operands import N_ALIGN, PreparedOperands, padded_length
 
 EXTENSION_NAME = "vc_attention_prepare"
@@ -37,16 +38,21 @@ def extension(variant_flags: tuple[str, ...] = ()):
 
 
 def prepare_cuda(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout: str = "bhnd",
-                 sm_scale: Optional[float] = None, variant_flags: tuple[str, ...] = ()) -> PreparedOperands:
+                 sm_scale: Optional[float] = None, variant_flags: tuple[str, ...] = (),
+                 basis: Optional[torch.Tensor] = None) -> PreparedOperands:
     """The operand contract computed on the GPU (q, k, v fp16/bf16 CUDA tensors in `layout`);
-    variant_flags: a build of VARIANTS (the default build without)."""
-    if config.v_rank:
-        raise ValueError(f"the CUDA prepare has no low-rank V term yet (v_rank={config.v_rank}): "
-                         "only the reference backend runs it.")
+    variant_flags: a build of VARIANTS (the default build without). basis: the low-rank term's W
+    (B,H,config.v_rank,D) fp16 (the node's cached one); None with config.v_rank > 0 computes
+    reference.lowrank_basis's on the permuted V (a gather of V and an eigensolve per head: slow)."""
     qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))
     b, h, n, d = qb.shape
     n_pad = padded_length(n)
     dev = q.device
+    if config.v_rank:
+        v_perm = vb if basis is not None or perm is None else reference.permute_tokens(vb, perm.long())
+        basis = reference.resolve_basis(v_perm, config.v_rank, basis).contiguous()
+    elif basis is not None:
+        raise ValueError("a low-rank basis was given, but the configuration has v_rank=0.")
     qk_dtype = torch.int8 if config.qk == "int8" else torch.float8_e4m3fn
     ops = PreparedOperands(
         q_q=torch.empty(b, h, n_pad, d, dtype=qk_dtype, device=dev),
@@ -58,9 +64,14 @@ def prepare_cuda(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout
         v_mean=(torch.empty if config.v == "vsmooth" else torch.zeros)(b, h, n_pad // N_ALIGN, d, dtype=torch.float16, device=dev),
         n_tokens=n,
     )
+    if config.v_rank:
+        ops.v_low_t = torch.empty(b, h, V_LOW_ROWS, n_pad, dtype=torch.float8_e4m3fn, device=dev)
+        ops.v_low_scale = torch.empty(b, h, config.v_rank, dtype=torch.float32, device=dev)
+        ops.v_low_basis = basis
     perm32 = None if perm is None else perm.to(device=dev, dtype=torch.int32).contiguous()
     extension(tuple(variant_flags)).prepare(
         qb, kb, vb, perm32, ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean,
+        ops.v_low_basis, ops.v_low_t, ops.v_low_scale,
         reference.qk_scale(d, sm_scale), config.qk == "fp8", config.v == "vsmooth", config.smooth_k,
         torch.cuda.current_stream(dev).cuda_stream,
     )

@@ -9,7 +9,7 @@ import torch
 from . import reference
 from .config import VCConfig
 from .layout import to_bhnd
-from .operands import N_ALIGN, PreparedOperands, padded_length
+from .operands import N_ALIGN, PreparedOperands, low_rows, padded_length
 
 
 def _pad_to_length(x: torch.Tensor, n_pad: int) -> torch.Tensor:
@@ -22,8 +22,9 @@ def _qk_storage(values: torch.Tensor, config: VCConfig) -> torch.Tensor:
 
 
 def prepare_reference(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout: str = "bhnd",
-                      sm_scale: Optional[float] = None) -> PreparedOperands:
-    """The operand contract computed with reference.py (any device; float32 math)."""
+                      sm_scale: Optional[float] = None, basis: Optional[torch.Tensor] = None) -> PreparedOperands:
+    """The operand contract computed with reference.py (any device; float32 math). basis: the low-rank
+    term's W (B,H,config.v_rank,D) fp16; None: reference.lowrank_basis's (config.v_rank > 0)."""
     qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))
     if perm is not None:
         kb, vb = reference.permute_tokens(kb, perm.long()), reference.permute_tokens(vb, perm.long())
@@ -32,11 +33,11 @@ def prepare_reference(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, l
     q_q, q_scale, k_q, k_scale = reference.quantize_qk(qb, kb, config, sm_scale)
     low = {}
     if config.v == "vsmooth":
-        basis = reference.lowrank_basis(vb, config.v_rank) if config.v_rank else None
+        basis = reference.resolve_basis(vb, config.v_rank, basis)
         vs = reference.quantize_v_vsmooth(vb, basis)
         resid, scale, mean = vs.residual_q, vs.scale, vs.mean
         if basis is not None:
-            low = dict(v_low_t=_pad_to_length(vs.coeff_q, n_pad).transpose(-1, -2).contiguous().to(torch.float8_e4m3fn),
+            low = dict(v_low_t=low_rows(vs.coeff_q, n_pad),
                        v_low_scale=vs.coeff_scale.squeeze(-2).contiguous(), v_low_basis=basis.contiguous())
     else:
         resid, scale = reference.quantize_fp8_per_channel(vb)

@@ -19,11 +19,12 @@ AttendFn = Callable[[PreparedOperands, VCConfig, torch.Tensor, str], torch.Tenso
 
 
 def prepared_run(attend: AttendFn):
-    """The backend `run(q, k, v, perm, config, layout, sm_scale)` that prepares, then calls `attend`."""
+    """The backend `run(q, k, v, perm, config, layout, sm_scale, v_basis=None)` that prepares, then calls
+    `attend`."""
 
-    def run(q, k, v, perm, config: VCConfig, layout: str, sm_scale) -> torch.Tensor:
+    def run(q, k, v, perm, config: VCConfig, layout: str, sm_scale, v_basis=None) -> torch.Tensor:
         with torch.cuda.device(q.device):
-            ops = prepare_cuda(q, k, v, perm, config, layout, sm_scale)
+            ops = prepare_cuda(q, k, v, perm, config, layout, sm_scale, basis=v_basis)
             return attend(ops, config, torch.empty(q.shape, dtype=q.dtype, device=q.device), layout)
 
     return run

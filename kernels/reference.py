@@ -411,6 +411,22 @@ def lowrank_basis(v_perm: torch.Tensor, rank: int, sample: int = LOWRANK_SAMPLE)
     return (basis * torch.where(peak < 0, -1.0, 1.0)).to(torch.float16)
 
 
+def resolve_basis(v_perm: torch.Tensor, rank: int, basis: torch.Tensor | None) -> torch.Tensor | None:
+    """The low-rank basis a call uses: None for rank 0, else the caller's (checked: (B,H,rank,D) fp16
+    on V's device) or lowrank_basis's."""
+    if not rank:
+        if basis is not None:
+            raise ValueError("a low-rank basis was given, but the configuration has v_rank=0.")
+        return None
+    if basis is None:
+        return lowrank_basis(v_perm, rank)
+    want = (*v_perm.shape[:2], rank, v_perm.shape[-1])
+    if tuple(basis.shape) != want or basis.dtype != torch.float16 or basis.device != v_perm.device:
+        raise ValueError(f"the low-rank basis must be float16 of shape (B, H, v_rank, D) = {want} on {v_perm.device}, "
+                         f"got {basis.dtype} {tuple(basis.shape)} on {basis.device}.")
+    return basis
+
+
 def quantize_v_vsmooth(v_perm: torch.Tensor, basis: torch.Tensor | None = None) -> VSmoothV:
     """V-Smooth on an already permuted V: R = V - mu (fp16 mean as float32), then per-channel FP8.
 
@@ -438,11 +454,11 @@ def quantize_v_vsmooth(v_perm: torch.Tensor, basis: torch.Tensor | None = None) 
     return VSmoothV(mean, r_q, r_scale, basis, c_q, c_scale)
 
 
-def dequantized_v(v_perm: torch.Tensor, config: VCConfig) -> torch.Tensor:
+def dequantized_v(v_perm: torch.Tensor, config: VCConfig, basis: torch.Tensor | None = None) -> torch.Tensor:
     """The V the PV product effectively uses, float32 (mean restore included for V-Smooth; with
-    config.v_rank the low-rank term on the basis lowrank_basis proposes)."""
+    config.v_rank the low-rank term on `basis`, by default the one lowrank_basis proposes)."""
     if config.v == "vsmooth":
-        basis = lowrank_basis(v_perm, config.v_rank) if config.v_rank else None
+        basis = resolve_basis(v_perm, config.v_rank, basis)
         return quantize_v_vsmooth(v_perm, basis).dequantized()
     v_q, v_scale = quantize_fp8_per_channel(v_perm)
     return v_q * v_scale
@@ -557,6 +573,7 @@ def vc_attention_reference(
     query_chunk: int = 1024,
     parts: bool = False,
     offset_block: int = K_BLOCK,
+    v_basis: torch.Tensor | None = None,
 ):
     """Emulate one VC-Attention call exactly (quantizers bit-exact, sums in float64).
 
@@ -564,6 +581,7 @@ def vc_attention_reference(
     Returns the output in q's dtype and `layout`, or ReferenceParts (float64, bhnd) if parts=True.
     Query rows are processed in chunks so memory is O(query_chunk * N). offset_block: keys per
     online-softmax step of the kernel being emulated (Backend.softmax_step(head_dim, config)).
+    v_basis: the low-rank term's W (B,H,config.v_rank,D) fp16; None: lowrank_basis's.
     """
     check_inputs(q, k, v)
     qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))
@@ -571,7 +589,7 @@ def vc_attention_reference(
         kb, vb = permute_tokens(kb, perm), permute_tokens(vb, perm)
     n_k = kb.shape[-2]
     q_q, q_sc, k_q, k_sc = quantize_qk(qb, kb, config, sm_scale)
-    v_hat = dequantized_v(vb, config).double()
+    v_hat = dequantized_v(vb, config, v_basis).double()
     scale = qk_scale(qb.shape[-1], sm_scale)
 
     outs, outs_v, tvs = [], [], []

@@ -79,11 +79,31 @@ def test_rows_aligned_is_the_cuda_kernels_load_precondition():
 def test_low_rank_operands_follow_the_contract():
     q, k, v = _qkv(n=200)
     ops = prepare_reference(q, k, v, None, FIDELITY.with_(v_rank=2))
-    assert ops.v_low_t.shape == (2, 3, 2, 256) and ops.v_low_t.dtype == torch.float8_e4m3fn
-    assert not ops.v_low_t[..., 200:].float().any()  # padded keys carry no coefficient
+    assert ops.v_low_t.shape == (2, 3, 8, 256) and ops.v_low_t.dtype == torch.float8_e4m3fn
+    rows = ops.v_low_t.float()
+    # rows 0 and 1: ones on the even / odd 128-key tiles (padded keys too: P is 0 there)
+    assert torch.equal(rows[:, :, 0, :128], torch.ones_like(rows[:, :, 0, :128])) and not rows[:, :, 0, 128:].any()
+    assert torch.equal(rows[:, :, 1, 128:], torch.ones_like(rows[:, :, 1, 128:])) and not rows[:, :, 1, :128].any()
+    assert rows[:, :, 2:4, :200].any() and not rows[:, :, 2:, 200:].any()  # padded keys carry no coefficient
+    assert not rows[:, :, 4:].any()  # rows past the rank are zero
     assert ops.v_low_scale.shape == (2, 3, 2) and ops.v_low_basis.shape == (2, 3, 2, 64)
     assert ops.v_low_basis.dtype == torch.float16 and ops.v_low_t.is_contiguous()
     plain = prepare_reference(q, k, v, None, FIDELITY)
     assert plain.v_low_t is None and plain.v_low_scale is None and plain.v_low_basis is None
     # the residual in v_t is what the low-rank term leaves: it differs from the plain one
     assert not torch.equal(ops.v_t.float(), plain.v_t.float())
+
+
+def test_a_given_basis_is_used_and_checked():
+    q, k, v = _qkv(n=200)
+    config = FIDELITY.with_(v_rank=2)
+    basis = torch.nn.functional.normalize(torch.randn(2, 3, 2, 64), dim=-1).half()
+    ops = prepare_reference(q, k, v, None, config, basis=basis)
+    assert torch.equal(ops.v_low_basis, basis)
+    default = prepare_reference(q, k, v, None, config)
+    assert not torch.equal(ops.v_low_t.float(), default.v_low_t.float())
+    for bad in (basis.float(), basis[:, :, :1], basis[..., :32]):
+        with pytest.raises(ValueError, match="low-rank basis must be float16 of shape"):
+            prepare_reference(q, k, v, None, config, basis=bad)
+    with pytest.raises(ValueError, match="v_rank=0"):
+        prepare_reference(q, k, v, None, FIDELITY, basis=basis)

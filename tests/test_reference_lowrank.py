@@ -7,13 +7,14 @@ orthonormal up to fp16; only backends that declare it take such a call, the CUDA
 instead of dropping the term (the reference prepare builds its operands); and on V whose residual has a few strong
 directions the attention output is closer to exact attention than without it.
 """
+import dataclasses
+
 import pytest
 import torch
 
 from vc_attention.kernels import api, backends
 from vc_attention.kernels import reference as R
 from vc_attention.kernels.config import MAX_V_RANK, VCConfig
-from vc_attention.kernels.prepare_cuda import prepare_cuda
 from vc_attention.kernels.prepare_reference import prepare_reference
 
 
@@ -91,18 +92,30 @@ def test_config_needs_v_smooth_for_a_rank():
         VCConfig(v="per_channel", v_rank=2)
 
 
-def test_kernels_contract_refuses_instead_of_dropping_the_term():
+def test_backends_declare_the_term_where_their_kernels_carry_it():
     v = _structured_v(n=256)
-    with pytest.raises(ValueError, match="no low-rank V term yet"):
-        prepare_cuda(v, v, v, None, VCConfig(v_rank=2))  # refused before anything touches a GPU
     assert prepare_reference(v, v, v, None, VCConfig(v_rank=2)).v_low_t is not None  # the contract has it
-    kernel_like = backends.Constraints(device_type="any")  # a CUDA backend's max_v_rank (0)
+    kernel_like = backends.Constraints(device_type="any")  # a backend that declares no rank
     reason = backends.call_reason(kernel_like, VCConfig(v_rank=2), "bhnd", v)
     assert reason is not None and "rank-2 low-rank V term is not implemented" in reason
     assert backends.call_reason(backends.get("reference").constraints, VCConfig(v_rank=2), "bhnd", v) is None
-    for b in backends.backends():
-        if b.constraints.device_type == "cuda":
-            assert b.constraints.max_v_rank == 0  # until the kernels carry the term
+    # sm90: the 256-key loops of head dim 128 only (v is head dim 64 here); the portable kernel: none yet
+    sm90 = dataclasses.replace(backends.get("sm90").constraints, device_type="any")
+    assert "not implemented in this kernel at head dim 64" in backends.call_reason(sm90, VCConfig(v_rank=2), "bhnd", v)
+    v128 = _structured_v(n=256, d=128)
+    assert backends.call_reason(sm90, VCConfig(v_rank=6), "bhnd", v128) is None
+    assert backends.get("mma").constraints.max_v_rank == 0
+
+
+def test_a_basis_with_rank_zero_or_the_wrong_shape_is_refused():
+    v = _structured_v(n=256)
+    basis = R.lowrank_basis(v, 2)
+    with pytest.raises(ValueError, match="v_rank=0"):
+        api.vc_attention(v, v, v, config=VCConfig(), v_basis=basis)
+    with pytest.raises(ValueError, match="v_basis must be a float16 tensor"):
+        api.vc_attention(v, v, v, config=VCConfig(v_rank=3), v_basis=basis)
+    out = api.vc_attention(v, v, v, config=VCConfig(v_rank=2), v_basis=basis)
+    assert torch.equal(out, api.vc_attention(v, v, v, config=VCConfig(v_rank=2)))  # the default basis is this one
 
 
 def test_reference_backend_runs_it_closer_to_exact_attention():

@@ -18,6 +18,13 @@ static void launch_prepare_typed(const PrepareParams& p, cudaStream_t stream) {
     } else {
       prepare_quantize_regs_kernel<T, D, false><<<grid, kPrepThreads, 0, stream>>>(p);
     }
+  } else if (p.v_rank) {  // V-Smooth's low-rank term: its own instantiations (registers)
+    prepare_stats_kernel<T, D, true><<<grid, kPrepThreads, 0, stream>>>(p);
+    if (p.qk_fp8) {
+      prepare_quantize_kernel<T, D, true, true><<<grid, kPrepThreads, 0, stream>>>(p);
+    } else {
+      prepare_quantize_kernel<T, D, false, true><<<grid, kPrepThreads, 0, stream>>>(p);
+    }
   } else {
     prepare_stats_kernel<T, D><<<grid, kPrepThreads, 0, stream>>>(p);
     if (p.qk_fp8) {
@@ -41,6 +48,7 @@ static void launch_prepare_dim(const PrepareParams& p, cudaStream_t stream) {
 
 const char* launch_prepare(const PrepareParams& p, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
+  if (VC_PREP_ROWS_IN_REGS && p.v_rank) return "the rows-in-regs prepare variant has no low-rank V term";
   if (p.input_bf16) {
     launch_prepare_dim<__nv_bfloat16>(p, s);
   } else {

@@ -6,6 +6,7 @@
 // Every thread owns 8 consecutive channels of a row (one 16-byte load); D/8 threads cover a row.
 #pragma once
 #include "common.cuh"
+#include "prepare_lowrank.cuh"
 #include "vc_params.h"
 
 namespace vc {
@@ -115,7 +116,9 @@ __device__ __forceinline__ void stats_block_amax(const PrepareParams& p, int bh,
   if (threadIdx.x < D) atomicMax(reinterpret_cast<int*>(p.v_amax) + int64_t(bh) * D + threadIdx.x, __float_as_int(amax));
 }
 
-template <typename T, int D>
+// kLowRank: the instantiation for p.v_rank > 0 (V-Smooth's low-rank term; its basis rows take ~50
+// registers, which the plain kernels must not pay: their occupancy is what makes them fast).
+template <typename T, int D, bool kLowRank = false>
 __global__ __launch_bounds__(kPrepThreads) void prepare_stats_kernel(const PrepareParams p) {
   constexpr int kLanesPerRow = D / 8;
   constexpr int kRowsPerPass = kPrepThreads / kLanesPerRow;
@@ -144,11 +147,25 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_stats_kernel(const Prepa
   if (p.vsmooth) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) vacc[i] = 0.0f;
-    for (int r = row_sub; r < valid; r += kRowsPerPass) {
-      float x[8];
-      load8_as_float(row_ptr<T>(p.v, p.v_stride, b, h, source_token(p, bh, row0 + r)) + c0, x);
+    if constexpr (kLowRank) {  // the low-rank term: amax of R - A W per channel, of A per component
+      __shared__ __align__(16) float basis_rows[kMaxVRank][D];
+      const LowRankBasis<D> basis = load_basis<D>(p, bh, basis_rows);
+      float camax[kMaxVRank] = {};
+      for (int r = row_sub; r < valid; r += kRowsPerPass) {
+        float x[8];
+        load8_as_float(row_ptr<T>(p.v, p.v_stride, b, h, source_token(p, bh, row0 + r)) + c0, x);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) vacc[i] = fmaxf(vacc[i], fabsf(x[i] - block_mean[c0 + i]));
+        for (int i = 0; i < 8; ++i) x[i] -= block_mean[c0 + i];
+        low_rank_stats_row<D>(x, basis, p.v_rank, c0, vacc, camax);
+      }
+      low_rank_stats_amax(p, bh, camax);
+    } else {
+      for (int r = row_sub; r < valid; r += kRowsPerPass) {
+        float x[8];
+        load8_as_float(row_ptr<T>(p.v, p.v_stride, b, h, source_token(p, bh, row0 + r)) + c0, x);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) vacc[i] = fmaxf(vacc[i], fabsf(x[i] - block_mean[c0 + i]));
+      }
     }
   }
   stats_block_amax<D>(p, bh, vacc, partial, row_sub, c0);
@@ -233,6 +250,13 @@ __device__ __forceinline__ void quantize_rows(int row0, int rows, int valid, uin
   }
 }
 
+// The channel's residual amax behind its scale: the statistics pass's, or with the low-rank term its bound.
+template <int D>
+__device__ __forceinline__ float v_channel_amax(const PrepareParams& p, int bh, int c) {
+  const float amax = p.v_amax[int64_t(bh) * D + c];
+  return p.v_rank ? low_rank_residual_bound<D>(p, bh, c, amax) : amax;
+}
+
 // The V codes' parameters of this thread's 8 channels: the block's fp16 mean (0 without V-Smooth) and
 // E4M3 max / channel amax; block 0 of each head also writes the head's v_scale.
 template <int D>
@@ -241,12 +265,22 @@ __device__ __forceinline__ void v_code_params(const PrepareParams& p, int bh, in
   for (int i = 0; i < 8; ++i) {
     const int c = c0 + i;
     v_mean[i] = p.vsmooth ? __half2float(__ushort_as_half(p.v_mean[(int64_t(bh) * gridDim.x + blockIdx.x) * D + c])) : 0.0f;
-    const float amax = p.v_amax[int64_t(bh) * D + c];
+    const float amax = v_channel_amax<D>(p, bh, c);
     v_inv[i] = amax > 0.0f ? (1.0f / amax) * kE4m3Max : 0.0f;
   }
   if (blockIdx.x == 0 && threadIdx.x < D) {
-    const float amax = p.v_amax[int64_t(bh) * D + threadIdx.x];
+    const float amax = v_channel_amax<D>(p, bh, threadIdx.x);
     p.v_scale[int64_t(bh) * D + threadIdx.x] = amax > 0.0f ? amax / kE4m3Max : 1.0f;
+  }
+}
+
+// The block's extra V^T rows (filled and followed by a barrier) to v_low_t, 16 bytes per store.
+__device__ __forceinline__ void store_low_tile(const PrepareParams& p, int bh, int row0, const uint8_t (*low_tile)[kKBlock + 16]) {
+  constexpr int kChunksPerRow = kKBlock / 16;
+  for (int idx = threadIdx.x; idx < kVLowRows * kChunksPerRow; idx += kPrepThreads) {
+    const int row = idx / kChunksPerRow, chunk = idx % kChunksPerRow;
+    *reinterpret_cast<uint4*>(p.v_low_t + (int64_t(bh) * kVLowRows + row) * p.n_pad + row0 + chunk * 16) =
+        *reinterpret_cast<const uint4*>(&low_tile[row][chunk * 16]);
   }
 }
 
@@ -261,7 +295,7 @@ __device__ __forceinline__ void store_v_tile(const PrepareParams& p, int bh, int
   }
 }
 
-template <typename T, int D, bool kQkFp8>
+template <typename T, int D, bool kQkFp8, bool kLowRank = false>
 __global__ __launch_bounds__(kPrepThreads) void prepare_quantize_kernel(const PrepareParams p) {
   constexpr int kLanesPerRow = D / 8;
   constexpr int kRowsPerPass = kPrepThreads / kLanesPerRow;
@@ -299,18 +333,52 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_quantize_kernel(const Pr
   // V: residual against the fp16 block mean (V-Smooth) or V itself, per-channel E4M3, transposed
   float v_mean[8], v_inv[8];
   v_code_params<D>(p, bh, c0, v_mean, v_inv);
-  for (int r = row_sub; r < kKBlock; r += kRowsPerPass) {
-    float x[8] = {};
-    if (r < valid) load8_as_float(row_ptr<T>(p.v, p.v_stride, b, h, source_token(p, bh, row0 + r)) + c0, x);
+  if constexpr (kLowRank) {
+    // the low-rank term (prepare_lowrank.cuh): the residual R - A_q W, and the extra V^T rows (ones on
+    // this tile's parity row, the coefficient codes in rows kVLowFirst..)
+    __shared__ __align__(16) uint8_t low_tile[kVLowRows][kKBlock + 16];
+    for (int idx = threadIdx.x; idx < 2 * kKBlock; idx += kPrepThreads)
+      low_tile[idx / kKBlock][idx % kKBlock] = (idx / kKBlock) == (blockIdx.x & 1) ? uint8_t(kE4m3OneCode) : 0;
+    __shared__ __align__(16) float basis_rows[kMaxVRank][D];
+    const LowRankBasis<D> basis = load_basis<D>(p, bh, basis_rows);
+    const LowRankCodes codes = low_rank_code_params<D>(p, bh);
+    for (int r = row_sub; r < kKBlock; r += kRowsPerPass) {  // every lane of a row takes part: shuffles
+      float x[8] = {};
+      if (r < valid) {
+        load8_as_float(row_ptr<T>(p.v, p.v_stride, b, h, source_token(p, bh, row0 + r)) + c0, x);
 #pragma unroll
-    for (int i = 0; i < 8; i += 2) {
-      const uint16_t two = r < valid ? e4m3x2((x[i] - v_mean[i]) * v_inv[i], (x[i + 1] - v_mean[i + 1]) * v_inv[i + 1]) : 0;
-      v_tile[c0 + i][r] = uint8_t(two & 0xFF);
-      v_tile[c0 + i + 1][r] = uint8_t(two >> 8);
+        for (int i = 0; i < 8; ++i) x[i] -= v_mean[i];
+      }
+      uint8_t a_codes[kMaxVRank];
+      low_rank_quantize_row<D>(x, basis, codes, p.v_rank, c0, a_codes);
+      if (c0 == 0) {
+#pragma unroll
+        for (int k = 0; k < kMaxVRank; ++k) low_tile[kVLowFirst + k][r] = a_codes[k];
+      }
+#pragma unroll
+      for (int i = 0; i < 8; i += 2) {
+        const uint16_t two = r < valid ? e4m3x2(x[i] * v_inv[i], x[i + 1] * v_inv[i + 1]) : 0;
+        v_tile[c0 + i][r] = uint8_t(two & 0xFF);
+        v_tile[c0 + i + 1][r] = uint8_t(two >> 8);
+      }
     }
+    __syncthreads();
+    store_v_tile<D>(p, bh, row0, v_tile);
+    store_low_tile(p, bh, row0, low_tile);
+  } else {
+    for (int r = row_sub; r < kKBlock; r += kRowsPerPass) {
+      float x[8] = {};
+      if (r < valid) load8_as_float(row_ptr<T>(p.v, p.v_stride, b, h, source_token(p, bh, row0 + r)) + c0, x);
+#pragma unroll
+      for (int i = 0; i < 8; i += 2) {
+        const uint16_t two = r < valid ? e4m3x2((x[i] - v_mean[i]) * v_inv[i], (x[i + 1] - v_mean[i + 1]) * v_inv[i + 1]) : 0;
+        v_tile[c0 + i][r] = uint8_t(two & 0xFF);
+        v_tile[c0 + i + 1][r] = uint8_t(two >> 8);
+      }
+    }
+    __syncthreads();
+    store_v_tile<D>(p, bh, row0, v_tile);
   }
-  __syncthreads();
-  store_v_tile<D>(p, bh, row0, v_tile);
 }
 
 }  // namespace vc

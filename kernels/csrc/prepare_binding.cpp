@@ -27,8 +27,9 @@ void check_input(const torch::Tensor& t, const char* name, const torch::Tensor& 
 
 void prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const std::optional<torch::Tensor>& perm,
              torch::Tensor q_q, torch::Tensor q_scale, torch::Tensor k_q, torch::Tensor k_scale, torch::Tensor v_t,
-             torch::Tensor v_scale, torch::Tensor v_mean, double qk_scale, bool qk_fp8, bool vsmooth, bool smooth_k,
-             int64_t stream) {
+             torch::Tensor v_scale, torch::Tensor v_mean, const std::optional<torch::Tensor>& v_basis,
+             const std::optional<torch::Tensor>& v_low_t, const std::optional<torch::Tensor>& v_low_scale, double qk_scale,
+             bool qk_fp8, bool vsmooth, bool smooth_k, int64_t stream) {
   TORCH_CHECK_VALUE(q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16, "q must be float16 or bfloat16.");
   check_input(q, "q", q);
   check_input(k, "k", q);
@@ -53,10 +54,28 @@ void prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
     TORCH_CHECK_VALUE(perm->scalar_type() == torch::kInt32, "perm must be int32 here.");
     p.perm = perm->data_ptr<int32_t>();
   }
-  // k_sum and v_amax, then one counter per head (zero bits), zeroed in one launch; the per-block K sums
-  // need no zeroing (every block writes its own)
   const int64_t bh = q.size(0) * q.size(1);
-  auto workspace = torch::zeros({2 * bh * head_dim + bh}, q.options().dtype(torch::kFloat32));
+  // V-Smooth's low-rank term: all three tensors or none
+  const bool low_rank = v_basis.has_value();
+  TORCH_CHECK_VALUE(low_rank == v_low_t.has_value() && low_rank == v_low_scale.has_value(),
+                    "the low-rank term needs v_basis, v_low_t and v_low_scale together.");
+  int64_t rank = 0;
+  if (low_rank) {
+    TORCH_CHECK_VALUE(vsmooth, "the low-rank V term needs V-Smooth.");
+    for (const auto* t : {&*v_basis, &*v_low_t, &*v_low_scale}) check_cuda_contiguous(*t, "low-rank operand");
+    rank = v_basis->size(2);
+    TORCH_CHECK_VALUE(v_basis->scalar_type() == torch::kHalf && v_basis->dim() == 4 && v_basis->size(0) == q.size(0) &&
+                          v_basis->size(1) == q.size(1) && v_basis->size(3) == head_dim && rank >= 1 && rank <= vc::kMaxVRank,
+                      "v_basis must be float16 (B, H, rank, D) with rank 1..", vc::kMaxVRank, ".");
+    TORCH_CHECK_VALUE(v_low_t->numel() == bh * vc::kVLowRows * q_q.size(2) && v_low_t->element_size() == 1,
+                      "v_low_t must be one byte per element, shape (B, H, ", vc::kVLowRows, ", n_pad).");
+    TORCH_CHECK_VALUE(v_low_scale->scalar_type() == torch::kFloat32 && v_low_scale->numel() == bh * rank,
+                      "v_low_scale must be float32 (B, H, rank).");
+  }
+  // k_sum and v_amax, then one counter per head (zero bits), then the low-rank term's coefficient amax,
+  // zeroed in one launch; the per-block K sums need no zeroing (every block writes its own)
+  auto workspace = torch::zeros({2 * bh * head_dim + bh + (low_rank ? bh * vc::kMaxVRank : 0)},
+                                q.options().dtype(torch::kFloat32));
   // one slot per stats block = per K scale block (k_scale holds one scale per block)
   auto k_partial = torch::empty({smooth_k ? k_scale.numel() * head_dim : 0}, q.options().dtype(torch::kFloat32));
   p.q_q = q_q.data_ptr();
@@ -70,6 +89,13 @@ void prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
   p.v_amax = p.k_sum + bh * head_dim;
   p.k_done = reinterpret_cast<unsigned int*>(p.v_amax + bh * head_dim);
   p.k_partial = k_partial.data_ptr<float>();
+  if (low_rank) {
+    p.v_basis = static_cast<const uint16_t*>(v_basis->data_ptr());
+    p.v_low_t = static_cast<uint8_t*>(v_low_t->data_ptr());
+    p.v_low_scale = v_low_scale->data_ptr<float>();
+    p.c_amax = reinterpret_cast<float*>(p.k_done + bh);
+    p.v_rank = static_cast<int>(rank);
+  }
   p.batch = q.size(0);
   p.heads = q.size(1);
   p.n = q.size(2);

@@ -63,7 +63,12 @@ struct Params {
   void* out;             // fp16/bf16, channel stride 1
   int64_t out_stride_b, out_stride_h, out_stride_n;  // in elements
   int heads, n, n_pad;
+  // V-Smooth's low-rank term (the LOWRANK kernels): W (BH, v_rank, D) fp16 and the coefficient scales (BH, v_rank)
+  const __half* v_low_basis;
+  const float* v_low_scale;
+  int v_rank;
 };
+
 
 #ifndef VC_SM90_P_SMEM
 #define VC_SM90_P_SMEM 0  // head dim 128: P through shared memory (0 off, 1 ExpCast only, 2 every P mode)
@@ -145,6 +150,16 @@ constexpr bool step256(int head_dim, int consumers, int stages) {
   return VC_SM90_STEP256 && head_dim == 128 && consumers == 2 && stages % 2 == 0;
 }
 
+// The low-rank V term (LOWRANK kernels: head dim 128 V-Smooth on the 256-key loops). The 8 extra B rows
+// of every V^T stage come from the prepare's v_low_t by TMA instead of the ones written once: row D holds
+// ones on even tiles, D + 1 on odd ones, rows D + 2 .. D + 7 the coefficient codes A of the tile's keys.
+// So the PV MMA returns, at no extra tensor work, the row sums of the two tiles of a step in columns D
+// and D + 1 (lane t = 0 of each quad) and sum_j P_j A_jk in columns D + 2 + k (lanes t = 1..3, two each),
+// which each lane keeps in O's running scale; the epilogue adds (sum P A_q) W once.
+constexpr bool low_rank_loop(int head_dim, bool vsmooth, int consumers, int stages) {
+  return vsmooth && step256(head_dim, consumers, stages);
+}
+
 #ifndef VC_SM90_STEP256_MEAN_PV
 #define VC_SM90_STEP256_MEAN_PV 0  // the 256-key loops restore a step's V-Smooth means in the next step's PV batch: 1 every P mode, 2 exp2 P only (variants)
 #endif
@@ -173,7 +188,7 @@ __device__ __forceinline__ int mean_b_offset(int n, int k) {
   return (n >> 3) * 256 + (k >> 2) * 128 + (n & 7) * 16 + (k & 3) * 4;
 }
 
-template <int D, int STAGES, bool PSMEM = false, bool MEANMMA = false, bool MEANPV = false>
+template <int D, int STAGES, bool PSMEM = false, bool MEANMMA = false, bool MEANPV = false, bool LOWRANK = false>
 struct SmemLayout {
   static constexpr int kQBytes = kBlockM * D;
   static constexpr int kKBytes = kBlockN * D;
@@ -196,16 +211,19 @@ struct SmemLayout {
   // MEANPV: float4 per consumer thread, the previous step's row sums (kept here, not in registers,
   // across the softmax, where every register is taken)
   static constexpr int kLPrevOff = kMeanOff + kMeanTiles * kMeanTileBytes;
-  static constexpr int kBytes = (PSMEM || MEANMMA || MEANPV) ? kLPrevOff + (MEANPV ? 128 * kConsumers * 16 : 0)
-                                                             : kBarOff + (1 + 2 * STAGES) * 8;
+  // LOWRANK: float4 per consumer thread, its running sum_j P_j A_jk (low_rank_columns: kept here, not in
+  // registers, across the softmax: four more live registers made ptxas serialize the wgmmas, C7511)
+  static constexpr int kLowOff = kLPrevOff + (MEANPV ? 128 * kConsumers * 16 : 0);
+  static constexpr int kBytes = (PSMEM || MEANMMA || MEANPV || LOWRANK) ? kLowOff + (LOWRANK ? 128 * kConsumers * 16 : 0)
+                                                                        : kBarOff + (1 + 2 * STAGES) * 8;
   static constexpr int kAlloc = kBytes + 1024;  // slack: tiles need 1024-byte (swizzle atom) alignment
   static_assert(kKBytes % 1024 == 0 && kVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tile alignment");
 };
 
 // The shared-memory layout of one kernel instantiation.
-template <int D, bool EXPCAST, bool VSMOOTH, int STAGES>
+template <int D, bool EXPCAST, bool VSMOOTH, int STAGES, bool LOWRANK = false>
 using LayoutFor = SmemLayout<D, STAGES, p_through_smem<D, EXPCAST>(), mean_by_mma<D, EXPCAST, VSMOOTH>(),
-                             mean_in_pv<D, EXPCAST, VSMOOTH, STAGES>()>;
+                             mean_in_pv<D, EXPCAST, VSMOOTH, STAGES>(), LOWRANK>;
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
@@ -267,9 +285,9 @@ __device__ __forceinline__ int key_of_column(int chunk, int t, int e) {
   return 16 * (chunk >> 1) + 4 * t + 2 * (chunk & 1) + e;
 }
 
-template <int D, bool EXPCAST, bool VSMOOTH, int STAGES, typename L>
+template <int D, bool EXPCAST, bool VSMOOTH, int STAGES, typename L, bool LOWRANK>
 __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUtensorMap* tm_k,
-                                              const CUtensorMap* tm_vt, const Params& p, uint8_t* smem,
+                                              const CUtensorMap* tm_vt, const CUtensorMap* tm_vlow, const Params& p, uint8_t* smem,
                                               uint64_t* bar_q, uint64_t* bar_full, uint64_t* bar_empty) {
   const int lane = threadIdx.x % 32;
   const int bh = blockIdx.y;
@@ -328,10 +346,12 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUt
     if (lane == 0) ksc_smem[s] = p.k_scale[static_cast<int64_t>(bh) * n_kv + j];
     __syncwarp();
     if (lane == 0) {
-      mbar_arrive_expect_tx(&bar_full[s], L::kKBytes + L::kVLoadBytes);
+      mbar_arrive_expect_tx(&bar_full[s], L::kKBytes + L::kVLoadBytes + (LOWRANK ? vc::kVLowRows * kBlockN : 0));
       tma_load_5d(smem + L::kKOff + s * L::kKBytes, tm_k, &bar_full[s], 0, 0, 0, 0,
                   (bh * p.n_pad + j * kBlockN) / 16);
       tma_load_2d(smem + L::kVOff + s * L::kVBytes, tm_vt, &bar_full[s], j * kBlockN, bh * D);
+      if constexpr (LOWRANK)  // the extra B rows: parity ones + coefficient codes (one 128B-swizzle atom)
+        tma_load_2d(smem + L::kVOff + s * L::kVBytes + L::kVLoadBytes, tm_vlow, &bar_full[s], j * kBlockN, bh * vc::kVLowRows);
     }
   }
 }
@@ -510,10 +530,11 @@ __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], const RowSc
 // O = alpha O + (P R + l_blk mu/v_scale);  l = alpha l + l_blk. The tile's P R comes from a fresh
 // wgmma accumulator (FP8 wgmma accumulates at reduced precision), so this is the float32 level of
 // the two-level sum. Columns D..D+7 of the tile accumulator are the row sums of the same P.
+// l4: the row sums (row g: columns D, D + 1; row g + 8: the same), default the accumulator's own columns.
 template <int D, bool VSMOOTH>
 __device__ __forceinline__ void fold_tile(float (&o)[D / 2], float (&row_sum)[2], const float (&pv)[D / 2 + 4],
-                                          const float (&alpha)[2], const float* mu, int t) {
-  const float l_blk[2] = {pv[D / 2], pv[D / 2 + 2]};
+                                          const float (&alpha)[2], const float* mu, int t, const float* l4 = nullptr) {
+  const float l_blk[2] = {l4 ? l4[0] : pv[D / 2], l4 ? l4[2] : pv[D / 2 + 2]};
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) {
     float2 m2 = make_float2(0.f, 0.f);
@@ -538,9 +559,10 @@ __device__ __forceinline__ void fold_tile(float (&o)[D / 2], float (&row_sum)[2]
 template <int D, bool VSMOOTH>
 __device__ __forceinline__ void fold_pair(float (&o)[D / 2], float (&row_sum)[2], const float (&pv)[D / 2 + 4],
                                           const float (&alpha_a)[2], const float (&alpha_b)[2], const float* mu_a,
-                                          const float* mu_b, int t) {
+                                          const float* mu_b, int t, const float* l4 = nullptr) {
   const float ab[2] = {alpha_a[0] * alpha_b[0], alpha_a[1] * alpha_b[1]};
-  const float l_a[2] = {pv[D / 2], pv[D / 2 + 2]}, l_b[2] = {pv[D / 2 + 1], pv[D / 2 + 3]};
+  const float* l = l4 ? l4 : &pv[D / 2];
+  const float l_a[2] = {l[0], l[2]}, l_b[2] = {l[1], l[3]};
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) {
     float2 ma = make_float2(0.f, 0.f), mb = make_float2(0.f, 0.f);
@@ -561,6 +583,24 @@ __device__ __forceinline__ void fold_pair(float (&o)[D / 2], float (&row_sum)[2]
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) row_sum[r] = fmaf(row_sum[r], ab[r], l_a[r] + l_b[r]);
+}
+
+// LOWRANK, before the fold of a step: this lane's two extra columns (sum_j P_j A_jk for lanes t = 1..3)
+// into its running sums (shared memory, (row g: k, k + 1; row g + 8: k, k + 1); O's scale: rescaled by
+// alpha like O), then the step's row sums (columns D and D + 1 of lane t = 0) to every lane of the quad
+// (into l4, for fold_pair / fold_tile: shuffled in place into the accumulator, ptxas serialized the wgmmas).
+template <int D>
+__device__ __forceinline__ void low_rank_columns(const float (&pv)[D / 2 + 4], const float (&alpha)[2], float4* lr_slot,
+                                                 float (&l4)[4]) {
+  float4 lr = *lr_slot;
+  lr.x = fmaf(lr.x, alpha[0], pv[D / 2]);
+  lr.y = fmaf(lr.y, alpha[0], pv[D / 2 + 1]);
+  lr.z = fmaf(lr.z, alpha[1], pv[D / 2 + 2]);
+  lr.w = fmaf(lr.w, alpha[1], pv[D / 2 + 3]);
+  *lr_slot = lr;
+  const int quad = (threadIdx.x & 31) & ~3;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) l4[i] = __shfl_sync(0xffffffffu, pv[D / 2 + i], quad);
 }
 
 // mean_in_pv: the fold of a step whose V-Smooth means the next step's PV batch restores: O = alpha O + pv,
@@ -709,12 +749,12 @@ __device__ __forceinline__ void store_p_tile(uint8_t* p_tile, const uint32_t (&p
 // (Issuing [QK(j), PV(j-1)] so that the softmax also overlaps the own PV needs a second P fragment
 // set live; at head dim 128 that spills under 240 registers and measured slower: kernel-notes.md.
 // The VC_SM90_P_SMEM variant gets the same overlap by staging P through shared memory instead.)
-template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES>
+template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK>
 __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, uint64_t* bar_q, uint64_t* bar_full,
                                               uint64_t* bar_empty) {
   constexpr bool kPSmem = p_through_smem<D, EXPCAST>();
   constexpr bool kMeanMma = mean_by_mma<D, EXPCAST, VSMOOTH>();
-  using L = LayoutFor<D, EXPCAST, VSMOOTH, STAGES>;
+  using L = LayoutFor<D, EXPCAST, VSMOOTH, STAGES, LOWRANK>;
   static_assert(!kMeanMma || STAGES <= kMeanChunk, "a mean chunk buffer is rewritten STAGES tiles after its flush");
   const int wg = threadIdx.x / 128 - 1;
   const int tid = threadIdx.x % 128;
@@ -818,6 +858,19 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   const float one[2] = {1.f, 1.f};
   // mean_in_pv: the previous step's row sums (zero before the first step) and the deferred restore's A
   constexpr bool kMeanPv = mean_in_pv<D, EXPCAST, VSMOOTH, STAGES>();
+  static_assert(!LOWRANK || (low_rank_loop(D, VSMOOTH, kConsumers, STAGES) && !kMeanPv),
+                "the low-rank V term lives in the 256-key loops with per-step mean restores");
+  // LOWRANK: this lane's running sum_j P_j A_jk (rows g, g + 8; two components each), zero to begin with
+  float4* lr_slot = reinterpret_cast<float4*>(smem + L::kLowOff) + (threadIdx.x - 128);
+  if constexpr (LOWRANK) *lr_slot = make_float4(0.f, 0.f, 0.f, 0.f);
+  float l4[4];  // LOWRANK: the step's row sums in every lane of the quad (else unread: the fold reads pv's)
+  auto low_rank_step = [&](const float(&alpha_j)[2]) -> const float* {
+    if constexpr (LOWRANK) {
+      low_rank_columns<D>(pv, alpha_j, lr_slot, l4);
+      return l4;
+    }
+    return nullptr;
+  };
   float4* l_prev = reinterpret_cast<float4*>(smem + L::kLPrevOff) + (threadIdx.x - 128);
   if constexpr (kMeanPv) *l_prev = make_float4(0.f, 0.f, 0.f, 0.f);  // the first step's A: zeros (its B rows are zeros too)
   uint32_t a_mean[4];
@@ -885,10 +938,11 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       reg_fence(pv);
       reg_fence(p2);
       if constexpr (kNext >= 1) issue_qk_tile(s_lo, j0 + 2);
+      const float* l_step = low_rank_step(alpha);
       if constexpr (kMeanPv && kNext == 2)  // a next pair step restores this step's means
         fold_step_deferred<D>(o, row_sum, pv, alpha, l_prev);
       else
-        fold_pair<D, VSMOOTH>(o, row_sum, pv, alpha, one, mu_smem + s0 * D, mu_smem + s1 * D, t);
+        fold_pair<D, VSMOOTH>(o, row_sum, pv, alpha, one, mu_smem + s0 * D, mu_smem + s1 * D, t, l_step);
       release(s0);
       release(s1);
       if constexpr (kNext == 2) issue_qk_tile(s_hi, j0 + 3);
@@ -921,7 +975,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       wgmma_wait<0>();
       reg_fence(pv);
       reg_fence(p_lo);
-      fold_tile<D, VSMOOTH>(o, row_sum, pv, alpha, mu_smem + sj * D, t);
+      const float* l_tail = low_rank_step(alpha);
+      fold_tile<D, VSMOOTH>(o, row_sum, pv, alpha, mu_smem + sj * D, t, l_tail);
       release(sj);
     }
   } else if constexpr (kStep256) {
@@ -971,10 +1026,11 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       wgmma_wait<0>();
       reg_fence(pv);
       reg_fence(p2);
+      const float* l_step = low_rank_step(alpha);
       if constexpr (kDeferred)
         fold_step_deferred<D>(o, row_sum, pv, alpha, l_prev);
       else
-        fold_pair<D, VSMOOTH>(o, row_sum, pv, alpha, one, mu_smem + s0 * D, mu_smem + s1 * D, t);
+        fold_pair<D, VSMOOTH>(o, row_sum, pv, alpha, one, mu_smem + s0 * D, mu_smem + s1 * D, t, l_step);
       release(s0);
       release(s1);
     };
@@ -1004,7 +1060,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       wgmma_wait<0>();
       reg_fence(pv);
       reg_fence(p_lo);
-      fold_tile<D, VSMOOTH>(o, row_sum, pv, alpha, mu_smem + sj * D, t);
+      const float* l_tail = low_rank_step(alpha);
+      fold_tile<D, VSMOOTH>(o, row_sum, pv, alpha, mu_smem + sj * D, t, l_tail);
       release(sj);
     }
   } else {
@@ -1262,6 +1319,22 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   const int b = bh / p.heads, h = bh % p.heads;
   OutT* out = static_cast<OutT*>(p.out) + b * p.out_stride_b + h * p.out_stride_h;
   const float* vscale = p.v_scale + static_cast<int64_t>(bh) * D;
+  // LOWRANK: the row's sum_j P_j A_jk for every k (lanes t = 1..3 of the quad hold two each) times the
+  // coefficient scale; out = (v_scale O + sum_k c_k W_k) / l
+  float c[2][vc::kMaxVRank];
+  const __half* basis = p.v_low_basis + static_cast<int64_t>(bh) * p.v_rank * D;
+  if constexpr (LOWRANK) {
+    const int quad = lane & ~3;
+    const float4 lr4 = *lr_slot;
+    const float lr[2][2] = {{lr4.x, lr4.y}, {lr4.z, lr4.w}};
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int k = 0; k < vc::kMaxVRank; ++k) {
+        const float sum = __shfl_sync(0xffffffffu, lr[r][k % 2], quad + 1 + k / 2);
+        c[r][k] = k < p.v_rank ? sum * p.v_low_scale[static_cast<int64_t>(bh) * p.v_rank + k] : 0.f;
+      }
+  }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = blockIdx.x * kBlockM + wg * 64 + warp * 16 + g + 8 * r;
@@ -1272,16 +1345,28 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     for (int i = 0; i < D / 8; ++i) {
       const int col = 8 * i + 2 * t;
       const float2 vs = *reinterpret_cast<const float2*>(vscale + col);
-      store_pair<OutT>(dst + col, o[4 * i + 2 * r] * vs.x * inv_l, o[4 * i + 2 * r + 1] * vs.y * inv_l);
+      float x = o[4 * i + 2 * r] * vs.x, y = o[4 * i + 2 * r + 1] * vs.y;
+      if constexpr (LOWRANK) {
+#pragma unroll
+        for (int k = 0; k < vc::kMaxVRank; ++k) {
+          if (k < p.v_rank) {
+            const float2 w = __half22float2(*reinterpret_cast<const __half2*>(basis + k * D + col));
+            x = fmaf(c[r][k], w.x, x);
+            y = fmaf(c[r][k], w.y, y);
+          }
+        }
+      }
+      store_pair<OutT>(dst + col, x * inv_l, y * inv_l);
     }
   }
 }
 
-template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES>
+template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK = false>
 __global__ void __launch_bounds__(kThreads, 1)
     vc_attention_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                             const __grid_constant__ CUtensorMap tm_vt, const Params p) {
-  using L = LayoutFor<D, EXPCAST, VSMOOTH, STAGES>;
+                             const __grid_constant__ CUtensorMap tm_vt, const __grid_constant__ CUtensorMap tm_vlow,
+                             const Params p) {
+  using L = LayoutFor<D, EXPCAST, VSMOOTH, STAGES, LOWRANK>;
   extern __shared__ uint8_t smem_raw[];
   // offset from the __shared__ array itself (not an integer round trip) so that every pointer below
   // stays provably in shared memory: the compiler then emits LDS/STS, not generic LD/ST
@@ -1300,7 +1385,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // E4M3 ones in the 8 rows after V^T of every stage: written once, never overwritten by TMA. With pair
   // accumulation only the rows (= output columns D + 2c + parity) of the stage's parity hold ones.
   constexpr bool kPairRows = pair_accumulation<D, EXPCAST, VSMOOTH, STAGES>() || step256(D, kConsumers, STAGES);
-  for (int i = threadIdx.x; i < STAGES * 2 * kBlockN; i += kThreads) {
+  for (int i = threadIdx.x; i < (LOWRANK ? 0 : STAGES * 2 * kBlockN); i += kThreads) {  // LOWRANK: by TMA
     const int s = i / (2 * kBlockN), w = i % (2 * kBlockN), row = w / (kBlockN / 4);
     const bool ones = !kPairRows || (row & 1) == (s & 1);
     reinterpret_cast<uint32_t*>(smem + L::kVOff + s * L::kVBytes + L::kVLoadBytes)[w] = ones ? vc::kE4m3OnesX4 : 0u;
@@ -1314,10 +1399,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (threadIdx.x < 128) {
     regs_dealloc<kProducerRegs>();
-    if (threadIdx.x < 32) producer_loop<D, EXPCAST, VSMOOTH, STAGES, L>(&tm_q, &tm_k, &tm_vt, p, smem, bar_q, bar_full, bar_empty);
+    if (threadIdx.x < 32)
+      producer_loop<D, EXPCAST, VSMOOTH, STAGES, L, LOWRANK>(&tm_q, &tm_k, &tm_vt, &tm_vlow, p, smem, bar_q, bar_full, bar_empty);
   } else {
     regs_alloc<kConsumerRegs>();
-    consumer_loop<D, EXPCAST, VSMOOTH, OutT, STAGES>(p, smem, bar_q, bar_full, bar_empty);
+    consumer_loop<D, EXPCAST, VSMOOTH, OutT, STAGES, LOWRANK>(p, smem, bar_q, bar_full, bar_empty);
   }
 }
 

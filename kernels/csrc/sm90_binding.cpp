@@ -2,11 +2,17 @@
 // The launcher (sm90_launch.cu) is torch-free; the stream comes from Python as an integer.
 #include <torch/extension.h>
 
-extern "C" int vc_sm90_forward(const void* q_q, const float* q_scale, const void* k_q, const float* k_scale,
-                               const void* v_t, const float* v_scale, const void* v_mean, void* out, int batch,
-                               int heads, int n, int n_pad, int head_dim, long long out_stride_b,
-                               long long out_stride_h, long long out_stride_n, int expcast, int vsmooth, int out_bf16,
-                               void* stream);
+#include <optional>
+
+#include "vc_constants.h"
+
+extern "C" int vc_sm90_forward_low_rank(const void* q_q, const float* q_scale, const void* k_q, const float* k_scale,
+                                        const void* v_t, const float* v_scale, const void* v_mean, const void* v_low_t,
+                                        const void* v_low_basis, const float* v_low_scale, int v_rank, void* out,
+                                        int batch, int heads, int n, int n_pad, int head_dim, long long out_stride_b,
+                                        long long out_stride_h, long long out_stride_n, int expcast, int vsmooth,
+                                        int out_bf16, void* stream);
+extern "C" int vc_sm90_low_rank(int head_dim, int expcast, int vsmooth);
 extern "C" const char* vc_sm90_last_error();
 extern "C" int vc_sm90_consumers(int head_dim, int expcast, int vsmooth);
 extern "C" int vc_sm90_step_keys(int head_dim, int expcast, int vsmooth);
@@ -21,8 +27,9 @@ void check_operand(const torch::Tensor& t, const char* name, torch::ScalarType d
 // out: the (B, H, N, D) view of the caller's output (either layout), channel stride 1.
 void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const torch::Tensor& k_q,
                const torch::Tensor& k_scale, const torch::Tensor& v_t, const torch::Tensor& v_scale,
-               const torch::Tensor& v_mean, torch::Tensor out, int64_t n_tokens, bool expcast, bool vsmooth,
-               int64_t stream) {
+               const torch::Tensor& v_mean, const std::optional<torch::Tensor>& v_low_t,
+               const std::optional<torch::Tensor>& v_low_basis, const std::optional<torch::Tensor>& v_low_scale,
+               torch::Tensor out, int64_t n_tokens, bool expcast, bool vsmooth, int64_t stream) {
   check_operand(q_q, "q_q", torch::kChar);
   check_operand(k_q, "k_q", torch::kChar);
   check_operand(v_t, "v_t", torch::kFloat8_e4m3fn);
@@ -37,12 +44,29 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
                     "out must have shape (B, H, N, D) of the operands.");
   TORCH_CHECK_VALUE(batch * heads * n_pad < (int64_t(1) << 31), "B*H*N is too large for the TMA coordinates.");
   TORCH_CHECK_VALUE(q_scale.numel() == batch * heads * n_pad, "q_scale must hold one scale per query row, shape (B, H, n_pad).");
-  const int rc = vc_sm90_forward(q_q.data_ptr(), q_scale.data_ptr<float>(), k_q.data_ptr(), k_scale.data_ptr<float>(),
-                                 v_t.data_ptr(), v_scale.data_ptr<float>(), v_mean.data_ptr(), out.data_ptr(),
-                                 static_cast<int>(batch), static_cast<int>(heads), static_cast<int>(n_tokens),
-                                 static_cast<int>(n_pad), static_cast<int>(head_dim), out.stride(0), out.stride(1),
-                                 out.stride(2), expcast, vsmooth, out.scalar_type() == torch::kBFloat16,
-                                 reinterpret_cast<void*>(stream));
+  // V-Smooth's low-rank term: the three operands together (kernels/operands.py)
+  const bool low_rank = v_low_t.has_value();
+  TORCH_CHECK_VALUE(low_rank == v_low_basis.has_value() && low_rank == v_low_scale.has_value(),
+                    "the low-rank term needs v_low_t, v_low_basis and v_low_scale together.");
+  int rank = 0;
+  if (low_rank) {
+    check_operand(*v_low_t, "v_low_t", torch::kFloat8_e4m3fn);
+    check_operand(*v_low_basis, "v_low_basis", torch::kHalf);
+    check_operand(*v_low_scale, "v_low_scale", torch::kFloat);
+    rank = static_cast<int>(v_low_basis->dim() == 4 ? v_low_basis->size(2) : 0);
+    TORCH_CHECK_VALUE(v_low_basis->dim() == 4 && v_low_basis->size(0) == batch && v_low_basis->size(1) == heads &&
+                          v_low_basis->size(3) == head_dim && rank >= 1 && rank <= vc::kMaxVRank,
+                      "v_low_basis must be (B, H, rank, D) with rank 1..", vc::kMaxVRank, ".");
+    TORCH_CHECK_VALUE(v_low_t->numel() == batch * heads * vc::kVLowRows * n_pad, "v_low_t must be (B, H, ", vc::kVLowRows, ", n_pad).");
+    TORCH_CHECK_VALUE(v_low_scale->numel() == batch * heads * rank, "v_low_scale must be (B, H, rank).");
+  }
+  const int rc = vc_sm90_forward_low_rank(
+      q_q.data_ptr(), q_scale.data_ptr<float>(), k_q.data_ptr(), k_scale.data_ptr<float>(), v_t.data_ptr(),
+      v_scale.data_ptr<float>(), v_mean.data_ptr(), low_rank ? v_low_t->data_ptr() : nullptr,
+      low_rank ? v_low_basis->data_ptr() : nullptr, low_rank ? v_low_scale->data_ptr<float>() : nullptr, rank,
+      out.data_ptr(), static_cast<int>(batch), static_cast<int>(heads), static_cast<int>(n_tokens),
+      static_cast<int>(n_pad), static_cast<int>(head_dim), out.stride(0), out.stride(1), out.stride(2), expcast, vsmooth,
+      out.scalar_type() == torch::kBFloat16, reinterpret_cast<void*>(stream));
   TORCH_CHECK(rc == 0, "sm90 attention launch failed: ", vc_sm90_last_error());
 }
 
@@ -53,6 +77,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("consumers", [](int64_t head_dim, bool expcast, bool vsmooth) {
     return vc_sm90_consumers(static_cast<int>(head_dim), expcast, vsmooth);
   }, "consumer warpgroups per CTA (64 query rows each) of the kernel that runs this case");
+  m.def("low_rank", [](int64_t head_dim, bool expcast, bool vsmooth) {
+    return vc_sm90_low_rank(static_cast<int>(head_dim), expcast, vsmooth);
+  }, "1 if this build runs the case with the low-rank V term");
   m.def("step_keys", [](int64_t head_dim, bool expcast, bool vsmooth) {
     return vc_sm90_step_keys(static_cast<int>(head_dim), expcast, vsmooth);
   }, "keys per online-softmax step of the kernel that runs this case (its emulation's offset_block)");

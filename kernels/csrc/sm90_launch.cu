@@ -82,12 +82,13 @@ bool byte_map(CUtensorMap* map, const void* base, int rank, const cuuint64_t* di
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES>
-int launch(const void* q_q, const void* k_q, const void* v_t, const Params& p, int bh, cudaStream_t stream) {
-  using L = LayoutFor<D, EXPCAST, VSMOOTH, STAGES>;
+template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK>
+int launch(const void* q_q, const void* k_q, const void* v_t, const void* v_low_t, const Params& p, int bh,
+           cudaStream_t stream) {
+  using L = LayoutFor<D, EXPCAST, VSMOOTH, STAGES, LOWRANK>;
   const CUtensorMapSwizzle row_swizzle = D == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
   const cuuint64_t rows = static_cast<cuuint64_t>(bh) * p.n_pad;
-  CUtensorMap tm_q, tm_k, tm_vt;
+  CUtensorMap tm_q, tm_k, tm_vt, tm_vlow;
   {
     const cuuint64_t dims[2] = {D, rows}, strides[1] = {D};
     const cuuint32_t box[2] = {D, kBlockM};
@@ -106,36 +107,60 @@ int launch(const void* q_q, const void* k_q, const void* v_t, const Params& p, i
     if (!byte_map(&tm_vt, v_t, 2, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B))
       return fail("tensor map for V^T failed");
   }
-  auto kernel = vc_attention_sm90_kernel<D, EXPCAST, VSMOOTH, OutT, STAGES>;
+  if constexpr (LOWRANK) {  // the extra V^T rows (v_low_t): one 8-row box per tile, swizzled like V^T
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.n_pad), static_cast<cuuint64_t>(bh) * vc::kVLowRows};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.n_pad)};
+    const cuuint32_t box[2] = {kBlockN, vc::kVLowRows};
+    if (!byte_map(&tm_vlow, v_low_t, 2, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B))
+      return fail("tensor map for the low-rank V rows failed");
+  } else {
+    tm_vlow = tm_vt;  // unread
+  }
+  auto kernel = vc_attention_sm90_kernel<D, EXPCAST, VSMOOTH, OutT, STAGES, LOWRANK>;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kAlloc) != cudaSuccess)
     return fail("cudaFuncSetAttribute(max dynamic shared memory) failed");
   const dim3 grid((p.n_pad + kBlockM - 1) / kBlockM, bh);  // 192-row CTAs (3 consumers) overhang n_pad
-  kernel<<<grid, kThreads, L::kAlloc, stream>>>(tm_q, tm_k, tm_vt, p);
+  kernel<<<grid, kThreads, L::kAlloc, stream>>>(tm_q, tm_k, tm_vt, tm_vlow, p);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return fail(cudaGetErrorString(err));
   return 0;
 }
 
-template <int D, bool EXPCAST, bool VSMOOTH>
-int launch_out(const void* q_q, const void* k_q, const void* v_t, const Params& p, int bh, bool out_bf16,
-               cudaStream_t stream) {
-  constexpr int kStages = D == 128 ? VC_SM90_STAGES_D128 : VC_SM90_STAGES_D64;
+template <int D>
+constexpr int stages_for() {
+  return D == 128 ? VC_SM90_STAGES_D128 : VC_SM90_STAGES_D64;
+}
+
+// Whether this build runs (head dim, P mode, V mode) with the low-rank V term (low_rank_loop).
+constexpr bool has_low_rank(int head_dim, bool expcast, bool vsmooth) {
+  const int consumers = VC_SM90_SPLIT ? split_consumers(head_dim, expcast, vsmooth) : kConsumers;
+  const int stages = head_dim == 128 ? VC_SM90_STAGES_D128 : VC_SM90_STAGES_D64;
+  const bool deferred_means = VC_SM90_STEP256_MEAN_PV == 1 || (VC_SM90_STEP256_MEAN_PV == 2 && !expcast);  // mean_in_pv
+  return consumers == kConsumers && low_rank_loop(head_dim, vsmooth, consumers, stages) && !deferred_means;
+}
+
+template <int D, bool EXPCAST, bool VSMOOTH, bool LOWRANK>
+int launch_out(const void* q_q, const void* k_q, const void* v_t, const void* v_low_t, const Params& p, int bh,
+               bool out_bf16, cudaStream_t stream) {
+  constexpr int kStages = stages_for<D>();
   if constexpr (VC_SM90_SPLIT && split_consumers(D, EXPCAST, VSMOOTH) != kConsumers) {
     return fail("internal: this kernel lives in the other consumer build");  // never instantiated here
+  } else if constexpr (LOWRANK && !has_low_rank(D, EXPCAST, VSMOOTH)) {
+    return fail("this build has no low-rank V kernel for this head dim and mode");  // never instantiated
   } else {
-    return out_bf16 ? launch<D, EXPCAST, VSMOOTH, __nv_bfloat16, kStages>(q_q, k_q, v_t, p, bh, stream)
-                    : launch<D, EXPCAST, VSMOOTH, __half, kStages>(q_q, k_q, v_t, p, bh, stream);
+    return out_bf16 ? launch<D, EXPCAST, VSMOOTH, __nv_bfloat16, kStages, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, stream)
+                    : launch<D, EXPCAST, VSMOOTH, __half, kStages, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, stream);
   }
 }
 
-template <int D>
-int launch_d(const void* q_q, const void* k_q, const void* v_t, const Params& p, int bh, bool expcast, bool vsmooth,
-             bool out_bf16, cudaStream_t stream) {
+template <int D, bool LOWRANK>
+int launch_d(const void* q_q, const void* k_q, const void* v_t, const void* v_low_t, const Params& p, int bh,
+             bool expcast, bool vsmooth, bool out_bf16, cudaStream_t stream) {
   if (expcast)
-    return vsmooth ? launch_out<D, true, true>(q_q, k_q, v_t, p, bh, out_bf16, stream)
-                   : launch_out<D, true, false>(q_q, k_q, v_t, p, bh, out_bf16, stream);
-  return vsmooth ? launch_out<D, false, true>(q_q, k_q, v_t, p, bh, out_bf16, stream)
-                 : launch_out<D, false, false>(q_q, k_q, v_t, p, bh, out_bf16, stream);
+    return vsmooth ? launch_out<D, true, true, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, stream)
+                   : launch_out<D, true, false, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, stream);
+  return vsmooth ? launch_out<D, false, true, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, stream)
+                 : launch_out<D, false, false, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, stream);
 }
 
 }  // namespace
@@ -168,15 +193,26 @@ int VC_SM90_EXPORT(vc_sm90_step_keys)(int head_dim, int expcast, int vsmooth) {
   return vc_sm90::step256(head_dim, consumers, stages) ? 2 * vc_sm90::kBlockN : vc_sm90::kBlockN;
 }
 
-// Returns 0 on success, else non-zero with vc_sm90_last_error() describing the failure.
-int VC_SM90_EXPORT(vc_sm90_forward)(const void* q_q, const float* q_scale, const void* k_q, const float* k_scale,
-                                    const void* v_t, const float* v_scale, const void* v_mean, void* out, int batch,
-                                    int heads, int n, int n_pad, int head_dim, long long out_stride_b,
-                                    long long out_stride_h, long long out_stride_n, int expcast, int vsmooth,
-                                    int out_bf16, void* stream) {
+// 1 where this library runs (head_dim, expcast, vsmooth) with the low-rank V term (vc_sm90_forward_low_rank).
+int VC_SM90_EXPORT(vc_sm90_low_rank)(int head_dim, int expcast, int vsmooth) {
+  if (head_dim != 64 && head_dim != 128) return 0;
+  return vc_sm90::has_low_rank(head_dim, expcast != 0, vsmooth != 0) ? 1 : 0;
+}
+
+// The forward with V-Smooth's low-rank term: v_low_t (B,H,8,n_pad) e4m3, v_low_basis (B,H,v_rank,D) fp16,
+// v_low_scale (B,H,v_rank) float32; v_rank 0 is the plain forward. Returns 0 on success, else non-zero
+// with vc_sm90_last_error() describing the failure.
+int VC_SM90_EXPORT(vc_sm90_forward_low_rank)(const void* q_q, const float* q_scale, const void* k_q,
+                                             const float* k_scale, const void* v_t, const float* v_scale,
+                                             const void* v_mean, const void* v_low_t, const void* v_low_basis,
+                                             const float* v_low_scale, int v_rank, void* out, int batch, int heads,
+                                             int n, int n_pad, int head_dim, long long out_stride_b,
+                                             long long out_stride_h, long long out_stride_n, int expcast, int vsmooth,
+                                             int out_bf16, void* stream) {
   using namespace vc_sm90;
 #if VC_SM90_SPLIT && VC_SM90_CONSUMERS == 2
   if (split_consumers(head_dim, expcast != 0, vsmooth != 0) == 3) {
+    if (v_rank != 0) return fail("this build has no low-rank V kernel for this head dim and mode");
     const int rc = vc_sm90_forward_c3(q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, out, batch, heads, n, n_pad,
                                       head_dim, out_stride_b, out_stride_h, out_stride_n, expcast, vsmooth, out_bf16,
                                       stream);
@@ -184,6 +220,8 @@ int VC_SM90_EXPORT(vc_sm90_forward)(const void* q_q, const float* q_scale, const
   }
 #endif
   if (n < 1 || n_pad % kBlockN != 0 || n_pad < n || n_pad - n >= kBlockN) return fail("bad sequence length / padding");
+  if (v_rank < 0 || v_rank > vc::kMaxVRank || (v_rank > 0 && (v_low_t == nullptr || v_low_basis == nullptr || v_low_scale == nullptr)))
+    return fail("bad low-rank V operands");
   vc_sm90::Params p;
   p.q_scale = q_scale;
   p.k_scale = k_scale;
@@ -196,11 +234,30 @@ int VC_SM90_EXPORT(vc_sm90_forward)(const void* q_q, const float* q_scale, const
   p.heads = heads;
   p.n = n;
   p.n_pad = n_pad;
+  p.v_low_basis = static_cast<const __half*>(v_low_basis);
+  p.v_low_scale = v_low_scale;
+  p.v_rank = v_rank;
   const int bh = batch * heads;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (head_dim == 128) return launch_d<128>(q_q, k_q, v_t, p, bh, expcast != 0, vsmooth != 0, out_bf16 != 0, s);
-  if (head_dim == 64) return launch_d<64>(q_q, k_q, v_t, p, bh, expcast != 0, vsmooth != 0, out_bf16 != 0, s);
+  const bool e = expcast != 0, vs = vsmooth != 0, bf = out_bf16 != 0;
+  if (head_dim == 128)
+    return v_rank ? launch_d<128, true>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, bf, s)
+                  : launch_d<128, false>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, bf, s);
+  if (head_dim == 64)
+    return v_rank ? launch_d<64, true>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, bf, s)
+                  : launch_d<64, false>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, bf, s);
   return fail("head_dim must be 64 or 128");
+}
+
+// Returns 0 on success, else non-zero with vc_sm90_last_error() describing the failure.
+int VC_SM90_EXPORT(vc_sm90_forward)(const void* q_q, const float* q_scale, const void* k_q, const float* k_scale,
+                                    const void* v_t, const float* v_scale, const void* v_mean, void* out, int batch,
+                                    int heads, int n, int n_pad, int head_dim, long long out_stride_b,
+                                    long long out_stride_h, long long out_stride_n, int expcast, int vsmooth,
+                                    int out_bf16, void* stream) {
+  return VC_SM90_EXPORT(vc_sm90_forward_low_rank)(q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, nullptr, nullptr,
+                                                  nullptr, 0, out, batch, heads, n, n_pad, head_dim, out_stride_b,
+                                                  out_stride_h, out_stride_n, expcast, vsmooth, out_bf16, stream);
 }
 
 const char* VC_SM90_EXPORT(vc_sm90_last_error)() { return vc_sm90::g_error; }

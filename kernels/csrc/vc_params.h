@@ -26,6 +26,12 @@ struct PrepareParams {
   float* v_amax;        // workspace (B,H,D), zeroed by the caller
   float* k_partial;     // workspace (B,H,n_pad/128,D): each stats block's K column sums
   unsigned int* k_done; // workspace (B,H), zeroed by the caller: stats blocks of the head done
+  // V-Smooth's low-rank term (v_rank > 0; prepare_lowrank.cuh), else unused
+  const uint16_t* v_basis;  // (B,H,v_rank,D) fp16 W
+  uint8_t* v_low_t;         // (B,H,kVLowRows,n_pad) e4m3: parity ones rows, then the coefficient codes
+  float* v_low_scale;       // (B,H,v_rank)
+  float* c_amax;            // workspace (B,H,kMaxVRank), zeroed by the caller: amax |A_k|
+  int v_rank;
   int batch, heads, n, n_pad, head_dim;
   float qk_scale;       // sm_scale * log2(e)
   bool input_bf16, qk_fp8, vsmooth, smooth_k;
