@@ -44,6 +44,12 @@ class Sm90Library:
         f.restype = ctypes.c_int
         f.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int] * 5 + [ctypes.c_longlong] * 3 + [ctypes.c_int] * 3 + [ctypes.c_void_p]
         self.lib.vc_sm90_last_error.restype = ctypes.c_char_p
+        # the forward with the low-rank V term (libraries built before it existed have none)
+        self.low_rank = getattr(self.lib, "vc_sm90_forward_low_rank", None)
+        if self.low_rank is not None:
+            self.low_rank.restype = ctypes.c_int
+            self.low_rank.argtypes = ([ctypes.c_void_p] * 10 + [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int] * 5
+                                      + [ctypes.c_longlong] * 3 + [ctypes.c_int] * 3 + [ctypes.c_void_p])
 
     def step_keys(self, d: int, config) -> int:
         """Keys per online-softmax step of the kernel this library runs for (d, config): its emulation's
@@ -54,6 +60,18 @@ class Sm90Library:
     def run(self, ops, out: torch.Tensor, layout: str, config) -> None:
         b, h, n_pad, d = ops.q_q.shape
         sb, sh, sn = (out.stride(0), out.stride(1), out.stride(2)) if layout == "bhnd" else (out.stride(0), out.stride(2), out.stride(1))
+        if ops.v_low_t is not None:
+            if self.low_rank is None:
+                raise RuntimeError(f"{self.name}: this library has no low-rank V forward")
+            rc = self.low_rank(
+                ops.q_q.data_ptr(), ops.q_scale.data_ptr(), ops.k_q.data_ptr(), ops.k_scale.data_ptr(), ops.v_t.data_ptr(),
+                ops.v_scale.data_ptr(), ops.v_mean.data_ptr(), ops.v_low_t.data_ptr(), ops.v_low_basis.data_ptr(),
+                ops.v_low_scale.data_ptr(), ops.v_low_scale.shape[-1], out.data_ptr(), b, h, ops.n_tokens, n_pad, d,
+                sb, sh, sn, int(config.p == "expcast"), 1, int(out.dtype == torch.bfloat16),
+                torch.cuda.current_stream().cuda_stream)
+            if rc:
+                raise RuntimeError(f"{self.name}: {self.lib.vc_sm90_last_error().decode()}")
+            return
         rc = self.lib.vc_sm90_forward(
             ops.q_q.data_ptr(), ops.q_scale.data_ptr(), ops.k_q.data_ptr(), ops.k_scale.data_ptr(), ops.v_t.data_ptr(),
             ops.v_scale.data_ptr(), ops.v_mean.data_ptr(), out.data_ptr(), b, h, ops.n_tokens, n_pad, d, sb, sh, sn,
@@ -159,7 +177,7 @@ def _sageattention():
     return sageattn
 
 
-def timing(libs, shape, iters, fused_prepare=True):
+def timing(libs, shape, iters, fused_prepare=True, rank=0):
     b, h, n, d = shape
     flops = 4.0 * b * h * n * n * d
     q, k, v = make_inputs(b, h, n, d, torch.bfloat16, "bhnd", seed=1234)
@@ -177,7 +195,9 @@ def timing(libs, shape, iters, fused_prepare=True):
         rows.append(dict(method="sageattention", ms=sage_ms, tflops=flops / sage_ms / 1e9, speedup=base / sage_ms))
     perm = torch.argsort(torch.rand(b, h, n, device="cuda"), dim=-1)  # grouping itself is excluded
     prepare = _fused_prepare() if fused_prepare else prepare_reference
-    for config in (SPEED, FIDELITY, PLAIN_8BIT):
+    # rank: V-Smooth with the low-rank V term (head dim 128: the LOWRANK kernels); the basis of the spec
+    with_rank = [c.with_(v_rank=rank) if rank and d == 128 else c for c in (SPEED, FIDELITY)]
+    for config in (*with_rank, PLAIN_8BIT):
         p = perm if config.v == "vsmooth" else None
         ops = prepare(q, k, v, p, config)
         prep_ms = float("nan")  # the reference prepare is not a kernel: not timed
@@ -229,12 +249,13 @@ def main() -> int:
     parser.add_argument("--skip-correctness", action="store_true")
     parser.add_argument("--no-prepare", action="store_true",
                         help="time the kernel only (operands from the torch reference prepare; no extension build)")
+    parser.add_argument("--rank", type=int, default=0, help="time V-Smooth with this low-rank V term (head dim 128)")
     parser.add_argument("--profile-once", choices=["speed", "fidelity"],
                         help="only launch the first --lib twice at (1, 8, 32768, 128) in this mode (run under ncu)")
     args = parser.parse_args()
     if args.profile_once:
         lib = Sm90Library(Path(args.lib[0]).resolve())
-        config = SPEED if args.profile_once == "speed" else FIDELITY
+        config = (SPEED if args.profile_once == "speed" else FIDELITY).with_(v_rank=args.rank)
         q, k, v = make_inputs(1, 8, 32768, 128, torch.bfloat16, "bhnd", seed=5)
         ops = prepare_reference(q, k, v, torch.argsort(torch.rand(1, 8, 32768, device="cuda"), dim=-1), config)
         out = torch.empty_like(q)
@@ -259,7 +280,7 @@ def main() -> int:
     print(json.dumps(result["sass"], indent=1), flush=True)
     shapes = [tuple(int(x) for x in s.split(",")) for s in args.shape] if args.shape else [WAN_SHAPE]
     if not args.skip_timing:
-        result["timing"] = {str(shape): timing(libs, shape, args.iters, not args.no_prepare) for shape in shapes}
+        result["timing"] = {str(shape): timing(libs, shape, args.iters, not args.no_prepare, args.rank) for shape in shapes}
     (out_dir / "sm90_check.json").write_text(json.dumps(result, indent=1))
     print(f"\nGPU {result['gpu']}, torch {result['torch']}, CUDA {result['cuda']}; bf16 in, median of {args.iters}")
     for shape, rows in result.get("timing", {}).items():
@@ -282,7 +303,8 @@ def compact_table(timing: dict, names: list) -> str:
         lines.append(f"{shape}: cuDNN {ref:.2f} ms" + (f", SageAttention {sage:.2f} ms" if sage else ""))
         for name in names:
             cells = []
-            for tag in (SPEED.tag, FIDELITY.tag, PLAIN_8BIT.tag):
+            tags = {r["method"].split(":")[1].rsplit(" ", 1)[0] for r in rows if r["method"].startswith(f"{name}:")}
+            for tag in sorted(tags, key=lambda t: ("expcast" not in t, "per_channel" in t)):
                 r = by_method.get(f"{name}:{tag} kernel")
                 if r is None:
                     continue

@@ -104,10 +104,19 @@ def test_split_variant_compiles_cleanly(name, tmp_path):
     the two builds, no ptxas warning, stack within the variants' bound."""
     reports = [_ptxas_report(src, tmp_path / f"{name}-{src.stem}.cubin", VARIANTS[name], f"(variant {name})")
                for src in (LAUNCHER, LAUNCHER_C3)]
-    assert sum(len(set(re.findall(KERNEL_ENTRY, r))) for r in reports) == 16
+    kernels = [k for r in reports for k in set(re.findall(KERNEL_ENTRY, r))]
+    low_rank = [k for k in kernels if _low_rank(k)]
+    assert len(kernels) - len(low_rank) == 16
+    # the low-rank V term's kernels (the last template argument): head dim 128 V-Smooth only
+    assert all(re.search(r"ILi128ELb\dELb1E", k) for k in low_rank), low_rank
     for report in reports:
         assert "warning" not in report.lower(), report
         assert max(int(f) for f in re.findall(r"(\d+) bytes stack frame", report)) <= MAX_VARIANT_STACK_BYTES, report
+
+
+def _low_rank(kernel: str) -> bool:
+    """Whether a kernel's last template argument (LOWRANK, after the stage count) is true."""
+    return re.search(r"Li\d+ELb1EEEv", kernel) is not None
 
 
 def test_product_library_splits_the_kernels_between_two_cta_shapes(tmp_path):
@@ -135,5 +144,9 @@ def test_product_library_splits_the_kernels_between_two_cta_shapes(tmp_path):
         for d, e, v, _ in kernels_args:
             config = dataclasses.replace(SPEED, p="expcast" if e == "1" else "exp2", v="vsmooth" if v == "1" else PLAIN_8BIT.v)
             assert backend_sm90.softmax_step_keys(int(d), config) == steps, (d, e, v)
+    # the low-rank V term: both P modes x both output types, where backend_sm90 declares it (head dim 128)
+    low_rank = {k for k in re.findall(KERNEL_ENTRY, two) if _low_rank(k)}
+    assert len(low_rank) == 4 and not any(_low_rank(k) for k in re.findall(KERNEL_ENTRY, three))
+    assert backend_sm90.CONSTRAINTS.v_rank_head_dims == (128,) and backend_sm90.CONSTRAINTS.max_v_rank == 6
     assert max(int(f) for f in re.findall(r"(\d+) bytes stack frame", two)) <= MAX_STACK_BYTES, two
     assert max(int(f) for f in re.findall(r"(\d+) bytes stack frame", three)) <= MAX_VARIANT_STACK_BYTES, three

@@ -159,6 +159,13 @@ constexpr bool step256(int head_dim, int consumers, int stages) {
 constexpr bool low_rank_loop(int head_dim, bool vsmooth, int consumers, int stages) {
   return vsmooth && step256(head_dim, consumers, stages);
 }
+#ifndef VC_SM90_LOWRANK_DIAG
+// Timing diagnostics of the LOWRANK kernels (bench/sm90_variants.sh lr_* builds; the numbers are WRONG,
+// never a product build), bits: 1 the row sums are not shuffled (each lane reads its own columns), 2 the
+// running sums skip shared memory, 4 the extra rows are not loaded by TMA (the plain kernel's ones rows
+// instead), 8 the epilogue adds no low-rank term.
+#define VC_SM90_LOWRANK_DIAG 0
+#endif
 
 #ifndef VC_SM90_STEP256_MEAN_PV
 #define VC_SM90_STEP256_MEAN_PV 0  // the 256-key loops restore a step's V-Smooth means in the next step's PV batch: 1 every P mode, 2 exp2 P only (variants)
@@ -346,11 +353,12 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUt
     if (lane == 0) ksc_smem[s] = p.k_scale[static_cast<int64_t>(bh) * n_kv + j];
     __syncwarp();
     if (lane == 0) {
-      mbar_arrive_expect_tx(&bar_full[s], L::kKBytes + L::kVLoadBytes + (LOWRANK ? vc::kVLowRows * kBlockN : 0));
+      constexpr bool kLowRows = LOWRANK && !(VC_SM90_LOWRANK_DIAG & 4);
+      mbar_arrive_expect_tx(&bar_full[s], L::kKBytes + L::kVLoadBytes + (kLowRows ? vc::kVLowRows * kBlockN : 0));
       tma_load_5d(smem + L::kKOff + s * L::kKBytes, tm_k, &bar_full[s], 0, 0, 0, 0,
                   (bh * p.n_pad + j * kBlockN) / 16);
       tma_load_2d(smem + L::kVOff + s * L::kVBytes, tm_vt, &bar_full[s], j * kBlockN, bh * D);
-      if constexpr (LOWRANK)  // the extra B rows: parity ones + coefficient codes (one 128B-swizzle atom)
+      if constexpr (kLowRows)  // the extra B rows: parity ones + coefficient codes (one 128B-swizzle atom)
         tma_load_2d(smem + L::kVOff + s * L::kVBytes + L::kVLoadBytes, tm_vlow, &bar_full[s], j * kBlockN, bh * vc::kVLowRows);
     }
   }
@@ -592,15 +600,17 @@ __device__ __forceinline__ void fold_pair(float (&o)[D / 2], float (&row_sum)[2]
 template <int D>
 __device__ __forceinline__ void low_rank_columns(const float (&pv)[D / 2 + 4], const float (&alpha)[2], float4* lr_slot,
                                                  float (&l4)[4]) {
-  float4 lr = *lr_slot;
-  lr.x = fmaf(lr.x, alpha[0], pv[D / 2]);
-  lr.y = fmaf(lr.y, alpha[0], pv[D / 2 + 1]);
-  lr.z = fmaf(lr.z, alpha[1], pv[D / 2 + 2]);
-  lr.w = fmaf(lr.w, alpha[1], pv[D / 2 + 3]);
-  *lr_slot = lr;
+  if (!(VC_SM90_LOWRANK_DIAG & 2)) {
+    float4 lr = *lr_slot;
+    lr.x = fmaf(lr.x, alpha[0], pv[D / 2]);
+    lr.y = fmaf(lr.y, alpha[0], pv[D / 2 + 1]);
+    lr.z = fmaf(lr.z, alpha[1], pv[D / 2 + 2]);
+    lr.w = fmaf(lr.w, alpha[1], pv[D / 2 + 3]);
+    *lr_slot = lr;
+  }
   const int quad = (threadIdx.x & 31) & ~3;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) l4[i] = __shfl_sync(0xffffffffu, pv[D / 2 + i], quad);
+  for (int i = 0; i < 4; ++i) l4[i] = (VC_SM90_LOWRANK_DIAG & 1) ? pv[D / 2 + i] : __shfl_sync(0xffffffffu, pv[D / 2 + i], quad);
 }
 
 // mean_in_pv: the fold of a step whose V-Smooth means the next step's PV batch restores: O = alpha O + pv,
@@ -1323,7 +1333,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   // coefficient scale; out = (v_scale O + sum_k c_k W_k) / l
   float c[2][vc::kMaxVRank];
   const __half* basis = p.v_low_basis + static_cast<int64_t>(bh) * p.v_rank * D;
-  if constexpr (LOWRANK) {
+  constexpr bool kLowEpilogue = LOWRANK && !(VC_SM90_LOWRANK_DIAG & 8);
+  if constexpr (kLowEpilogue) {
     const int quad = lane & ~3;
     const float4 lr4 = *lr_slot;
     const float lr[2][2] = {{lr4.x, lr4.y}, {lr4.z, lr4.w}};
@@ -1346,7 +1357,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       const int col = 8 * i + 2 * t;
       const float2 vs = *reinterpret_cast<const float2*>(vscale + col);
       float x = o[4 * i + 2 * r] * vs.x, y = o[4 * i + 2 * r + 1] * vs.y;
-      if constexpr (LOWRANK) {
+      if constexpr (kLowEpilogue) {
 #pragma unroll
         for (int k = 0; k < vc::kMaxVRank; ++k) {
           if (k < p.v_rank) {
@@ -1385,7 +1396,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // E4M3 ones in the 8 rows after V^T of every stage: written once, never overwritten by TMA. With pair
   // accumulation only the rows (= output columns D + 2c + parity) of the stage's parity hold ones.
   constexpr bool kPairRows = pair_accumulation<D, EXPCAST, VSMOOTH, STAGES>() || step256(D, kConsumers, STAGES);
-  for (int i = threadIdx.x; i < (LOWRANK ? 0 : STAGES * 2 * kBlockN); i += kThreads) {  // LOWRANK: by TMA
+  constexpr bool kOnesRows = !LOWRANK || (VC_SM90_LOWRANK_DIAG & 4);  // else the TMA loads the rows
+  for (int i = threadIdx.x; i < (kOnesRows ? STAGES * 2 * kBlockN : 0); i += kThreads) {
     const int s = i / (2 * kBlockN), w = i % (2 * kBlockN), row = w / (kBlockN / 4);
     const bool ones = !kPairRows || (row & 1) == (s & 1);
     reinterpret_cast<uint32_t*>(smem + L::kVOff + s * L::kVBytes + L::kVLoadBytes)[w] = ones ? vc::kE4m3OnesX4 : 0u;
