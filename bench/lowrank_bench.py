@@ -37,10 +37,11 @@ def _basis(v, perm, rank):
     return reference.lowrank_basis(reference.permute_tokens(v, perm), rank)
 
 
-def timing_rows(ranks, reps):
+def timing_rows(ranks, reps, shapes=tuple(SHAPES)):
     rows = []
     sage = sageattention_module()
-    for name, (b, h, n, d) in SHAPES.items():
+    for name in shapes:
+        b, h, n, d = SHAPES[name]
         gen = torch.Generator(device="cuda").manual_seed(0)
         q, k, v = (torch.randn(b, h, n, d, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         perm = grouping.group_tokens(v, *fidelity_grouping("vc-speed")).perm()
@@ -110,7 +111,7 @@ def error_rows(ranks, seeds, rows_per_head=1024):
 
 def summary(timing, errors):
     lines = ["method | " + " | ".join(SHAPES) + " | rel-L2 N=32760 | rel-L2 N=75600"]
-    methods = [r["method"] for r in timing if r["shape"] == next(iter(SHAPES))]
+    methods = list(dict.fromkeys(r["method"] for r in timing))
     for m in methods:
         ms = [next((r["ms"] for r in timing if r["shape"] == s and r["method"] == m), float("nan")) for s in SHAPES]
         es = [statistics.mean([e["rel_l2"] for e in errors if e["N"] == n and e["method"] == m] or [float("nan")]) for n in GRIDS]
@@ -124,13 +125,15 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, nargs="+", default=[6])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    parser.add_argument("--skip-errors", action="store_true", help="time only")
     args = parser.parse_args()
     env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
                sageattention=_version("sageattention") if sageattention_module() else None,
                command="python3 bench/lowrank_bench.py " + " ".join(
                    f"--{k} " + (" ".join(map(str, v)) if isinstance(v, list) else str(v)) for k, v in vars(args).items()))
-    timing = timing_rows(args.ranks, args.reps)
-    errors = error_rows(args.ranks, args.seeds)
+    timing = timing_rows(args.ranks, args.reps, args.shapes)
+    errors = [] if args.skip_errors else error_rows(args.ranks, args.seeds)
     with open(args.out, "w") as f:
         json.dump(dict(env=env, timing=timing, errors=errors), f, indent=1)
     print(summary(timing, errors))
