@@ -51,12 +51,8 @@ def lowrank_basis_fast(v_perm: torch.Tensor, rank: int, *, block_means: Optional
     previous (B,H,rank,D) basis of the same layer to start from."""
     if rank < 1:
         raise ValueError(f"rank must be at least 1, got {rank}.")
-    b, h, n, d = v_perm.shape
-    rows = torch.linspace(0, n - 1, min(sample, n), device=v_perm.device).round().long()
-    if block_means is None:
-        block_means = reference.block_means_fp16(v_perm)
-    means = block_means.float().index_select(-2, rows // reference.V_BLOCK)
-    resid = v_perm.index_select(-2, rows).float() - means
+    b, h, _, d = v_perm.shape
+    resid = reference.lowrank_residual_sample(v_perm, sample, block_means)
     cov = resid.transpose(-1, -2) @ resid  # (B,H,D,D) float32
     width = min(d, rank + oversample)
     x = _start(d, width, v_perm.device, torch.float32).expand(b, h, d, width)
@@ -66,6 +62,4 @@ def lowrank_basis_fast(v_perm: torch.Tensor, rank: int, *, block_means: Optional
     for _ in range(iters):
         x = _orthonormalize(cov @ x)
     _, vectors = torch.linalg.eigh(x.transpose(-1, -2) @ cov @ x)  # ascending
-    basis = (x @ vectors[..., -rank:].flip(-1)).transpose(-1, -2)  # (B,H,rank,D), largest first
-    peak = basis.gather(-1, basis.abs().argmax(dim=-1, keepdim=True))
-    return (basis * torch.where(peak < 0, -1.0, 1.0)).to(torch.float16)
+    return reference.signed_basis_fp16((x @ vectors[..., -rank:].flip(-1)).transpose(-1, -2))  # largest first

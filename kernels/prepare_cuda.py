@@ -48,11 +48,11 @@ def prepare_cuda(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout
     b, h, n, d = qb.shape
     n_pad = padded_length(n)
     dev = q.device
-    if config.v_rank:
-        v_perm = vb if basis is not None or perm is None else reference.permute_tokens(vb, perm.long())
-        basis = reference.resolve_basis(v_perm, config.v_rank, basis).contiguous()
-    elif basis is not None:
-        raise ValueError("a low-rank basis was given, but the configuration has v_rank=0.")
+    # the V the basis is computed from: permuted only when a basis is to be computed
+    v_perm = reference.permute_tokens(vb, perm.long()) if config.v_rank and basis is None and perm is not None else vb
+    basis = reference.resolve_basis(v_perm, config.v_rank, basis)
+    if basis is not None:
+        basis = basis.contiguous()
     qk_dtype = torch.int8 if config.qk == "int8" else torch.float8_e4m3fn
     ops = PreparedOperands(
         q_q=torch.empty(b, h, n_pad, d, dtype=qk_dtype, device=dev),

@@ -401,12 +401,23 @@ def lowrank_basis(v_perm: torch.Tensor, rank: int, sample: int = LOWRANK_SAMPLE)
     A policy, not part of the quantizer's arithmetic: the kernels take the basis as an operand, and
     any basis gives a correct V (what the basis misses stays in the FP8 residual). On the video-like
     data rank 6 from 4,096 tokens takes 6-9% off the output error (docs/fidelity-study.md)."""
-    n = v_perm.shape[-2]
-    mean = expand_rows(block_means_fp16(v_perm).float(), V_BLOCK, n)
-    rows = torch.linspace(0, n - 1, min(sample, n), device=v_perm.device).round().long()
-    resid = (v_perm.float() - mean)[..., rows, :].double()
+    resid = lowrank_residual_sample(v_perm, sample).double()
     _, vectors = torch.linalg.eigh(resid.transpose(-1, -2) @ resid)  # ascending eigenvalues
-    basis = vectors[..., -rank:].flip(-1).transpose(-1, -2)  # (B,H,rank,D), largest first
+    return signed_basis_fp16(vectors[..., -rank:].flip(-1).transpose(-1, -2))  # (B,H,rank,D), largest first
+
+
+def lowrank_residual_sample(v_perm: torch.Tensor, sample: int = LOWRANK_SAMPLE,
+                            block_means: torch.Tensor | None = None) -> torch.Tensor:
+    """(B,H,S,D) float32: the V-Smooth residual (against the fp16 block means; `block_means` (B,H,nb,D)
+    stands in for recomputing them) of `sample` evenly spaced tokens (all of them when there are fewer)."""
+    n = v_perm.shape[-2]
+    rows = torch.linspace(0, n - 1, min(sample, n), device=v_perm.device).round().long()
+    means = block_means_fp16(v_perm) if block_means is None else block_means
+    return v_perm.index_select(-2, rows).float() - means.float().index_select(-2, rows // V_BLOCK)
+
+
+def signed_basis_fp16(basis: torch.Tensor) -> torch.Tensor:
+    """(..., rank, D) directions, each signed so that its largest-magnitude entry is positive, as fp16."""
     peak = basis.gather(-1, basis.abs().argmax(dim=-1, keepdim=True))
     return (basis * torch.where(peak < 0, -1.0, 1.0)).to(torch.float16)
 
