@@ -122,6 +122,16 @@ class AttentionCall:
             return self.func(self.q, self.k, self.v, self.heads, **self._arguments())
         return self.previous(self.func, self.q, self.k, self.v, self.heads, **self._arguments())
 
+    def model_attention_id(self) -> tuple:
+        """Which attention `model_attention` runs (what its time depends on besides the tensors): the
+        chained override and the model's function, by module and name."""
+        def name(fn) -> Optional[str]:
+            if fn is None:
+                return None
+            fn = getattr(fn, "func", fn)  # functools.partial
+            return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
+        return name(self.previous), name(self.func)
+
     def own_attention(self) -> torch.Tensor:
         """The model's attention function alone (the timing baseline: no other override's side effects)."""
         return self.func(self.q, self.k, self.v, self.heads, **self._arguments())

@@ -158,8 +158,10 @@ class VCPatch:
                                 backend=chosen, perm_from_grouping=True)
 
         self.stats.check_finite(q, k, v)
+        # the model attention's time depends on these (an earlier run's baseline stands in for this one's)
+        baseline_id = (shape, str(q.dtype), str(q.device), layout, call.skip_output_reshape, call.model_attention_id())
         try:
-            out, from_model = self.stats.run_call(shape, q.device, group, attend, call.model_attention)
+            out, from_model = self.stats.run_call(shape, q.device, group, attend, call.model_attention, baseline_id)
         except jit.JitError as err:
             # the first call builds the kernels; a broken toolchain must not stop the user's run:
             # under "auto" this backend is dropped for the process and the model's attention runs

@@ -5,7 +5,9 @@ Timing is sampled and never waits for the GPU. Per attention shape:
 - call 1 runs VC-Attention untimed (it may include a kernel build or load);
 - calls 2 and 3 run the model's own attention INSTEAD of VC-Attention's (its output is a valid output,
   so the baseline costs no extra attention call; the grouping still runs, so the per-layer cache is
-  the same as without the baseline): call 2 warms it up, call 3 is timed;
+  the same as without the baseline): call 2 warms it up, call 3 is timed. The baseline is kept for the
+  process, by shape, dtype, device and model attention (`baseline_id`): a later run there reuses it and
+  runs VC-Attention on calls 2 and 3 too (at Wan2.2-14B 720p the two baseline calls cost ~0.4 s a run);
 - call 4 and then every SAMPLE_EVERY-th VC call are timed with three CUDA events (on CPU
   perf_counter, where ops run synchronously): start, after the grouping / permutation, end.
 Events are read when they have completed (Event.query(), non-blocking) at later calls of the same
@@ -28,13 +30,32 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Hashable, Optional
 
 import torch
 
 SAMPLE_EVERY = 8
 MIN_VC_SAMPLES = 2
 EVENT_NAME = "vc_attention.stats"
+
+# The model attention's time per call, measured by earlier runs of this process: baseline_id -> ms.
+# Bounded (oldest first out): a server that sees many resolutions keeps the recent ones.
+_BASELINES: dict[Hashable, float] = {}
+BASELINES_KEPT = 64
+
+
+def _remember_baseline(baseline_id: Optional[Hashable], ms: float) -> None:
+    if baseline_id is None:
+        return
+    _BASELINES.pop(baseline_id, None)
+    _BASELINES[baseline_id] = ms
+    while len(_BASELINES) > BASELINES_KEPT:
+        del _BASELINES[next(iter(_BASELINES))]
+
+
+def forget_baselines() -> None:
+    """Drop the process's remembered baselines (the next run at each shape measures again)."""
+    _BASELINES.clear()
 
 
 class _Timer:
@@ -69,6 +90,9 @@ class _Timer:
 @dataclass
 class _ShapeStats:
     calls: int = 0  # eligible calls at this shape (VC and baseline)
+    baseline_id: Optional[Hashable] = None  # where the measured baseline is remembered for later runs
+    baseline_reused: bool = False  # baseline_ms comes from an earlier run: no baseline calls in this one
+    baseline_calls: int = 0  # calls of this run that the model's attention ran for the baseline
     baseline: Optional[_Timer] = None
     baseline_ms: Optional[float] = None
     pending: list = field(default_factory=list)  # (timer, grouped) not yet read
@@ -82,6 +106,7 @@ class _ShapeStats:
         if self.baseline is not None and (wait or self.baseline.done()):
             self.baseline_ms = self.baseline.intervals_ms()[0]
             self.baseline = None
+            _remember_baseline(self.baseline_id, self.baseline_ms)
         keep = []
         for timer, grouped in self.pending:
             if not (wait or timer.done()):
@@ -105,7 +130,7 @@ class _ShapeStats:
 
     @property
     def vc_calls(self) -> int:
-        return self.calls - max(0, min(self.calls - 1, 2))  # calls 2 and 3 ran the baseline
+        return self.calls - self.baseline_calls
 
     def judge(self, grouping_rate: float) -> bool:
         vc = self.vc_ms(grouping_rate)
@@ -169,14 +194,22 @@ class RunStats:
 
     def run_call(self, shape: tuple, device: torch.device, group: Callable[[], Optional[torch.Tensor]],
                  attend: Callable[[Optional[torch.Tensor]], torch.Tensor],
-                 model: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, bool]:
+                 model: Callable[[], torch.Tensor], baseline_id: Optional[Hashable] = None) -> tuple[torch.Tensor, bool]:
         """One eligible call: attend(group()) (timed if sampled), or the model's attention `model`
-        where the baseline is due. Returns (output, True if the model's attention produced it)."""
-        stats = self._shapes.setdefault(shape, _ShapeStats())
+        where the baseline is due. Returns (output, True if the model's attention produced it).
+        baseline_id: what the model attention's time depends on (shape, dtype, device, which attention);
+        an earlier run's baseline there stands in for this run's (None: always measure)."""
+        stats = self._shapes.get(shape)
+        if stats is None:
+            stats = self._shapes[shape] = _ShapeStats(baseline_id=baseline_id)
+            known = _BASELINES.get(baseline_id) if baseline_id is not None else None
+            if known is not None:
+                stats.baseline_ms, stats.baseline_reused = known, True
         stats.calls += 1
         n = stats.calls
-        if n in (2, 3):
+        if n in (2, 3) and not stats.baseline_reused:
             self.baseline_calls += 1
+            stats.baseline_calls += 1
             group()  # the layer's grouping stays as if VC-Attention had run (the cache, later steps)
             if n == 2:
                 return model(), True
@@ -203,6 +236,7 @@ class RunStats:
         grouping_share: grouping and permutation time / VC attention time over the sampled calls.
         slower_shapes: shapes where VC-Attention measured slower than the model's attention;
         kept_slower: VC-Attention kept running there (fidelity, custom), else the model's did.
+        baseline_reused: shapes whose model-attention time came from an earlier run of this process.
         """
         total_base = total_vc = group_ms = attention_ms = 0.0
         sampled = 0
@@ -233,6 +267,7 @@ class RunStats:
             "grouping_share": group_ms / all_ms if all_ms > 0 else None,
             "slower_shapes": [shape_name(s) for s, stats in self._shapes.items() if stats.slower],
             "kept_slower": kept_slower,
+            "baseline_reused": sum(stats.baseline_reused for stats in self._shapes.values()),
         }
 
     @staticmethod
@@ -250,6 +285,8 @@ class RunStats:
         if payload["slower_shapes"]:
             action = "kept as chosen" if payload["kept_slower"] else "the model's attention ran there"
             line += f"; slower than the model's attention at {', '.join(payload['slower_shapes'])} ({action})"
+        if payload.get("baseline_reused"):
+            line += f"; the model attention's time from an earlier run at {payload['baseline_reused']} shape(s)"
         if payload.get("cache_evictions"):
             line += _eviction_note(payload)
         if payload.get("nonfinite_calls"):

@@ -16,3 +16,13 @@ def comfy_standin():
     sys.path.insert(0, str(COMFY_STANDIN))
     yield COMFY_STANDIN
     sys.path.remove(str(COMFY_STANDIN))
+
+
+@pytest.fixture(autouse=True)
+def fresh_node_baselines():
+    """Every test starts with no model-attention baseline remembered from another test's run (the node
+    keeps them for the process: nodes/stats.py); tests of the reuse make their runs themselves."""
+    stats = sys.modules.get("vc_attention.nodes.stats")
+    if stats is not None:
+        stats.forget_baselines()
+    yield

@@ -101,17 +101,26 @@ def test_variant_compiles(compiled, source, variant, arch):
     assert len(int8_qk) == 4 and max(int8_qk.values()) <= MAX_WIDE_SPILL_BYTES, int8_qk
 
 
-@pytest.mark.parametrize("variant", [name for name, flags in prepare_cuda.VARIANTS.items() if flags])
+# the register-staged kernels each prepare build runs, and how many (2 dtypes x 2 head dims x ...): the
+# default build's quantize pass (csrc/prepare_staged.cuh, x 2 QK formats), the rows-in-regs variant's
+# two passes (x (stats + 2 QK formats)); the legacy-quantize variant stages nothing
+STAGED_KERNELS = {"default": ("prepare_quantize_staged_kernel", 8), "rows-in-regs": ("regs_kernel", 12),
+                  "legacy-quantize": ("prepare_quantize_staged_kernel", 0)}
+
+
+@pytest.mark.parametrize("variant", list(prepare_cuda.VARIANTS))
 @pytest.mark.parametrize("arch", ARCHS)
-def test_prepare_variant_compiles_without_spilling_much(variant, arch, tmp_path):
-    """The prepare extension's build-time variants (kernels/prepare_cuda.VARIANTS) compile for every arch
-    without a warning; the register-staged kernels keep their rows in registers (a few spilled words at
-    most: a large spill would put the staged rows in local memory, the opposite of the variant's point)."""
+def test_prepare_build_compiles_without_spilling_much(variant, arch, tmp_path):
+    """The prepare extension's builds (kernels/prepare_cuda.VARIANTS, the default included) compile for
+    every arch without a warning and instantiate the kernels they are for; the register-staged kernels
+    keep their rows in registers (a few spilled words at most: a large spill would put the staged rows in
+    local memory, the opposite of the staging's point)."""
     out = tmp_path / f"prepare-{variant}.cubin"
     cmd = jit.nvcc_compile_only_command(jit.CSRC_DIR / "prepare.cu", arch, out, jit.find_nvcc(),
                                         extra_flags=prepare_cuda.VARIANTS[variant] + ("-Xptxas=-v",))
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
     assert "warning" not in result.stderr.lower(), result.stderr
-    staged = {k: b for k, b in _spills(result.stderr).items() if "regs_kernel" in k}
-    assert len(staged) == 12 and max(staged.values()) <= 32, staged  # 2 dtypes x 2 head dims x (stats + 2 QK formats)
+    marker, count = STAGED_KERNELS[variant]
+    staged = {k: b for k, b in _spills(result.stderr).items() if marker in k}
+    assert len(staged) == count and max(staged.values(), default=0) <= 32, staged

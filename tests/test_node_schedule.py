@@ -106,11 +106,14 @@ def test_split_sampling_with_two_patched_models_and_queued_runs():
     assert stats[0]["grouping_calls"] == blocks and stats[0]["steps"] == 2
     # low: past the window; each layer is grouped once on first sight, then reused
     assert stats[1]["grouping_calls"] == blocks and stats[1]["steps"] == 2
-    counts = ("backend_calls", "fallbacks", "grouping_calls", "steps")
+    counts = ("fallbacks", "grouping_calls", "steps")
     for first, again in zip(stats[:2], stats[2:]):
         assert {k: first[k] for k in counts} == {k: again[k] for k in counts}
+    # the first run measures the model attention's time at calls 2 and 3 of the shape; every later run of
+    # the process (the other model's included: same shape, same attention function) reuses it
+    assert [(s["baseline_calls"], s["baseline_reused"]) for s in stats] == [(2, 0), (0, 1), (0, 1), (0, 1)]
     for s in stats:
-        # every eligible call ran VC-Attention or, at calls 2 and 3 of the shape, the timing baseline
+        # every eligible call ran VC-Attention or the timing baseline
         assert s["backend_calls"]["reference"] + s["baseline_calls"] == 2 * blocks
         assert s["fallbacks"] == {"cross_attention": 2 * blocks}
     patch = high_vc.model_options["transformer_options"]["optimized_attention_override"].handler.__self__

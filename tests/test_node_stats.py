@@ -8,7 +8,7 @@ pytestmark = pytest.mark.usefixtures("comfy_standin")
 
 KEYS = {"node_id", "backend_calls", "fallbacks", "grouping_calls", "baseline_calls", "attention_ms", "sampled_calls",
         "steps", "est_speedup", "grouping_share", "slower_shapes", "kept_slower", "cache_evictions", "checked_calls",
-        "nonfinite_calls"}
+        "nonfinite_calls", "baseline_reused"}
 
 
 def test_one_event_and_one_log_line_per_run(caplog):
@@ -226,3 +226,42 @@ def test_the_reference_emulation_is_never_judged_on_speed(monkeypatch):
     sample(patched, x, simple_scheduler(model.model.model_sampling, 10), context)
     (_, payload, _), = server.messages
     assert payload["backend_calls"] == {"reference": 20 - 2} and override.SLOWER not in payload["fallbacks"]
+
+
+def test_a_later_run_reuses_the_model_attention_baseline(monkeypatch, caplog):
+    """The model attention's time at a shape is measured once per process: a queued second run runs
+    VC-Attention on calls 2 and 3 too, and the remembered baseline still decides the verdict."""
+    from vc_attention.nodes import override, stats
+
+    steps, blocks = 10, 2
+    first = run_toy("balanced", steps, monkeypatch)
+    with caplog.at_level(logging.INFO):
+        again = run_toy("balanced", steps, monkeypatch)
+    assert (first["baseline_calls"], first["baseline_reused"]) == (2, 0)
+    assert (again["baseline_calls"], again["baseline_reused"]) == (0, 1)
+    # VC (2 ms) is slower than the model (1 ms): judged after the same timed calls as in the first run
+    judged_at = 4 + (stats.MIN_VC_SAMPLES - 1) * stats.SAMPLE_EVERY
+    assert again["fallbacks"][override.SLOWER] == first["fallbacks"][override.SLOWER] == steps * blocks - judged_at
+    assert again["backend_calls"] == {"stand_in": judged_at} and first["backend_calls"] == {"stand_in": judged_at - 2}
+    assert "the model attention's time from an earlier run at 1 shape(s)" in stats.RunStats.log_line(again)
+
+
+def test_a_baseline_is_reused_only_for_the_same_shape_and_attention():
+    import torch
+    from vc_attention.nodes import stats
+
+    def one_run(shape, baseline_id):
+        run = stats.RunStats()
+        for _ in range(4):
+            run.run_call(shape, torch.device("cpu"), lambda: None, lambda perm: torch.zeros(1), lambda: torch.ones(1),
+                         baseline_id)
+        return run.payload("n")
+
+    shape = (1, 2, 64, 64)
+    assert one_run(shape, (shape, "a"))["baseline_calls"] == 2  # measured
+    assert one_run(shape, (shape, "a"))["baseline_calls"] == 0  # remembered
+    assert one_run(shape, (shape, "b"))["baseline_calls"] == 2  # another attention: measured again
+    assert one_run((1, 2, 128, 64), ((1, 2, 128, 64), "a"))["baseline_calls"] == 2  # another shape
+    assert one_run(shape, None)["baseline_calls"] == 2  # no id: never remembered
+    stats.forget_baselines()
+    assert one_run(shape, (shape, "a"))["baseline_calls"] == 2

@@ -1,8 +1,10 @@
 """GPU tier: the prepare extension's build-time variants (kernels/prepare_cuda.VARIANTS) write the
 default build's operands bit for bit (skips without a GPU).
 
-"rows-in-regs" (csrc/prepare_regs.cuh) only changes when each row is loaded: the same arithmetic in the
-same order, so every operand (codes, scales, the V-Smooth means) must be equal, not close: at odd N
+"rows-in-regs" (csrc/prepare_regs.cuh) and "legacy-quantize" (csrc/prepare.cuh's quantize pass, which the
+default build's csrc/prepare_staged.cuh replaced) only change when each row is loaded and how the V^T tile
+is transposed: the same arithmetic in the same order, so every operand (codes, scales, the V-Smooth
+means) must be equal, not close: at odd N
 (a partial last block), both head dims, fp16 / bf16, both layouts, INT8 and FP8 QK, with and without
 V-Smooth and K smoothing, with a permutation, and on inputs with channel offsets and outliers.
 """
@@ -35,6 +37,14 @@ def _inputs(n, d, dtype, layout, seed):
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
+# (rows_in_regs, legacy_quantize) as each build reports them; the default build: the staged quantize pass
+EXPECTED_KERNELS = {"rows-in-regs": (1, 0), "legacy-quantize": (0, 1)}
+
+
+def _kernels(ext) -> tuple[int, int]:
+    return ext.rows_in_regs(), ext.legacy_quantize()
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
 
@@ -45,7 +55,8 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("d,dtype,layout", [(64, torch.float16, "bnhd"), (128, torch.bfloat16, "bhnd")])
 def test_variant_writes_the_default_builds_operands_bit_for_bit(variant, name, n, d, dtype, layout):
     flags = prep.VARIANTS[variant]
-    assert prep.extension(flags).rows_in_regs() == 1 and prep.extension().rows_in_regs() == 0
+    # each build runs the kernels it names (a flag that selected nothing would compare a build with itself)
+    assert _kernels(prep.extension(flags)) == EXPECTED_KERNELS[variant] and _kernels(prep.extension()) == (0, 0)
     config = CONFIGS[name]
     q, k, v = _inputs(n, d, dtype, layout, seed=n + d)
     perm = torch.argsort(torch.rand(2, 3, n, device="cuda"), dim=-1)

@@ -2,6 +2,11 @@
 #include "prepare.cuh"
 #include "prepare_regs.cuh"
 
+#ifndef VC_PREP_LEGACY_QUANTIZE
+// 1 (variant): prepare.cuh's quantize kernel (one row loaded per iteration, byte-wise V^T transpose)
+// instead of prepare_staged.cuh's; kept for side-by-side timing (bench/prepare_variants.py)
+#define VC_PREP_LEGACY_QUANTIZE 0
+#endif
 #ifndef VC_PREP_ROWS_IN_REGS
 #define VC_PREP_ROWS_IN_REGS 0  // 1 (variant): prepare_regs.cuh's kernels, every load of a block issued first
 #endif
@@ -27,15 +32,22 @@ static void launch_prepare_typed(const PrepareParams& p, cudaStream_t stream) {
     }
   } else {
     prepare_stats_kernel<T, D><<<grid, kPrepThreads, 0, stream>>>(p);
-    if (p.qk_fp8) {
-      prepare_quantize_kernel<T, D, true><<<grid, kPrepThreads, 0, stream>>>(p);
+    if constexpr (VC_PREP_LEGACY_QUANTIZE) {
+      if (p.qk_fp8) {
+        prepare_quantize_kernel<T, D, true><<<grid, kPrepThreads, 0, stream>>>(p);
+      } else {
+        prepare_quantize_kernel<T, D, false><<<grid, kPrepThreads, 0, stream>>>(p);
+      }
+    } else if (p.qk_fp8) {
+      prepare_quantize_staged_kernel<T, D, true><<<grid, kPrepThreads, 0, stream>>>(p);
     } else {
-      prepare_quantize_kernel<T, D, false><<<grid, kPrepThreads, 0, stream>>>(p);
+      prepare_quantize_staged_kernel<T, D, false><<<grid, kPrepThreads, 0, stream>>>(p);
     }
   }
 }
 
 int prepare_rows_in_regs() { return VC_PREP_ROWS_IN_REGS; }
+int prepare_legacy_quantize() { return VC_PREP_LEGACY_QUANTIZE; }
 
 template <typename T>
 static void launch_prepare_dim(const PrepareParams& p, cudaStream_t stream) {

@@ -284,14 +284,28 @@ __device__ __forceinline__ void store_low_tile(const PrepareParams& p, int bh, i
   }
 }
 
-// The block's transposed V codes (filled and followed by a barrier) to v_t, 16 bytes per store.
+// The staged quantize kernel's V^T tile swizzle (prepare_staged.cuh): the 4-byte word w (tokens 4w..4w+3)
+// of channel c's row sits at word w ^ v_tile_swizzle<D>(c). Its 32-bit stores (a lane's 8 channels,
+// D/8 lanes per token row) then hit 32 distinct banks per warp; unswizzled, the lanes storing the same
+// token word of channels 8 apart all hit one bank (row pitch 144 B = 36 words, 8 x 36 = 0 mod 32).
 template <int D>
+__device__ __forceinline__ int v_tile_swizzle(int c) {
+  return (c >> 3) * (256 / D);  // < 32: an XOR inside the row's 32 words
+}
+
+// The block's transposed V codes (filled and followed by a barrier) to v_t, 16 bytes per store.
+// kSwizzled: the tile was written with v_tile_swizzle (16-byte chunk and word order undone here).
+template <int D, bool kSwizzled = false>
 __device__ __forceinline__ void store_v_tile(const PrepareParams& p, int bh, int row0, const uint8_t (*v_tile)[kKBlock + 16]) {
   constexpr int kChunksPerRow = kKBlock / 16;
   for (int idx = threadIdx.x; idx < D * kChunksPerRow; idx += kPrepThreads) {
     const int d = idx / kChunksPerRow, chunk = idx % kChunksPerRow;
-    *reinterpret_cast<uint4*>(p.v_t + (int64_t(bh) * D + d) * p.n_pad + row0 + chunk * 16) =
-        *reinterpret_cast<const uint4*>(&v_tile[d][chunk * 16]);
+    const int s = kSwizzled ? v_tile_swizzle<D>(d) : 0;
+    // logical word j of this chunk is physical word j ^ (s & 3) of chunk chunk ^ (s >> 2)
+    uint4 u = *reinterpret_cast<const uint4*>(&v_tile[d][(chunk ^ (s >> 2)) * 16]);
+    if (s & 1) u = make_uint4(u.y, u.x, u.w, u.z);
+    if (s & 2) u = make_uint4(u.z, u.w, u.x, u.y);
+    *reinterpret_cast<uint4*>(p.v_t + (int64_t(bh) * D + d) * p.n_pad + row0 + chunk * 16) = u;
   }
 }
 

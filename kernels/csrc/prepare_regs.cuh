@@ -13,35 +13,9 @@
 // order; the same conversions, scales and casts), so every output is bit-identical
 // (tests/test_prepare_variants_gpu.py).
 #pragma once
-#include "prepare.cuh"
+#include "prepare_staged.cuh"  // the row staging helpers (load_rows_raw, block_tokens)
 
 namespace vc {
-
-template <int D>
-constexpr int kPrepRowsPerThread = kKBlock / (kPrepThreads / (D / 8));  // 8 at D=128, 4 at D=64
-
-// This thread's 16-byte slices (channels c0..c0+7) of rows tok[i] (-1: no row, zeros), all loads issued
-// before any result is used.
-template <typename T, int D>
-__device__ __forceinline__ void load_rows_raw(const void* base, const int64_t (&stride)[3], int b, int h,
-                                              const int (&tok)[kPrepRowsPerThread<D>], int c0,
-                                              uint4 (&raw)[kPrepRowsPerThread<D>]) {
-#pragma unroll
-  for (int i = 0; i < kPrepRowsPerThread<D>; ++i)
-    raw[i] = tok[i] >= 0 ? *reinterpret_cast<const uint4*>(row_ptr<T>(base, stride, b, h, tok[i]) + c0) : make_uint4(0u, 0u, 0u, 0u);
-}
-
-// The source tokens of this thread's rows of the block (row_sub + i kRowsPerPass), -1 past `valid`.
-template <int D>
-__device__ __forceinline__ void block_tokens(const PrepareParams& p, int bh, int row0, int valid, int row_sub, bool permuted,
-                                             int (&tok)[kPrepRowsPerThread<D>]) {
-  constexpr int kRowsPerPass = kPrepThreads / (D / 8);
-#pragma unroll
-  for (int i = 0; i < kPrepRowsPerThread<D>; ++i) {
-    const int r = row_sub + i * kRowsPerPass;
-    tok[i] = r < valid ? int(permuted ? source_token(p, bh, row0 + r) : int64_t(row0 + r)) : -1;
-  }
-}
 
 template <typename T, int D>
 __global__ __launch_bounds__(kPrepThreads) void prepare_stats_regs_kernel(const PrepareParams p) {

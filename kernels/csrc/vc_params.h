@@ -57,6 +57,8 @@ struct AttnParams {
 const char* launch_prepare(const PrepareParams& p, void* stream);
 // 1: this prepare build runs prepare_regs.cuh's kernels (VC_PREP_ROWS_IN_REGS), 0: prepare.cuh's.
 int prepare_rows_in_regs();
+// 1: this prepare build's quantize pass is prepare.cuh's (VC_PREP_LEGACY_QUANTIZE), 0: prepare_staged.cuh's.
+int prepare_legacy_quantize();
 const char* launch_attn_mma(const AttnParams& p, void* stream);
 // Query rows per CTA of the attention kernel this build runs (tells the build-time variants apart).
 int attn_mma_cta_rows();
