@@ -21,10 +21,12 @@ EXTENSION_NAME = "vc_attention_prepare"
 SOURCES = ("prepare_binding.cpp", "prepare.cu")
 # build-time variants (same outputs bit for bit; bench/prepare_variants.py times them, tests/
 # test_prepare_variants_gpu.py compares them): "rows-in-regs" issues every load of a 128-token block
-# before using any (csrc/prepare_regs.cuh); "legacy-quantize" is the quantize pass before the staged
-# one (csrc/prepare.cuh's prepare_quantize_kernel instead of csrc/prepare_staged.cuh's)
+# before using any (csrc/prepare_regs.cuh); "legacy-quantize" is the quantize pass before the staged one
+# (csrc/prepare.cuh's instead of csrc/prepare_staged.cuh's); "staged-stats" stages the statistics pass
+# too (measured slower: docs/kernel-notes.md section 22)
 VARIANTS: dict[str, tuple[str, ...]] = {"default": (), "rows-in-regs": ("-DVC_PREP_ROWS_IN_REGS=1",),
-                                        "legacy-quantize": ("-DVC_PREP_LEGACY_QUANTIZE=1",)}
+                                        "legacy-quantize": ("-DVC_PREP_LEGACY_QUANTIZE=1",),
+                                        "staged-stats": ("-DVC_PREP_STAGED_STATS=1",)}
 
 
 @functools.cache

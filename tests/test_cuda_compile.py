@@ -102,10 +102,10 @@ def test_variant_compiles(compiled, source, variant, arch):
 
 
 # the register-staged kernels each prepare build runs, and how many (2 dtypes x 2 head dims x ...): the
-# default build's quantize pass (csrc/prepare_staged.cuh, x 2 QK formats), the rows-in-regs variant's
-# two passes (x (stats + 2 QK formats)); the legacy-quantize variant stages nothing
-STAGED_KERNELS = {"default": ("prepare_quantize_staged_kernel", 8), "rows-in-regs": ("regs_kernel", 12),
-                  "legacy-quantize": ("prepare_quantize_staged_kernel", 0)}
+# default build's quantize pass (csrc/prepare_staged.cuh, x 2 QK formats), the staged-stats and
+# rows-in-regs variants' two passes (x (stats + 2 QK formats)); legacy-quantize stages nothing
+STAGED_KERNELS = {"default": ("staged_kernel", 8), "rows-in-regs": ("regs_kernel", 12),
+                  "legacy-quantize": ("staged_kernel", 0), "staged-stats": ("staged_kernel", 12)}
 
 
 @pytest.mark.parametrize("variant", list(prepare_cuda.VARIANTS))

@@ -194,6 +194,22 @@ def test_order_and_permutation(order, n):
     assert torch.equal(out["perm"].long(), ref.labels_to_permutation(labels))
 
 
+@pytest.mark.parametrize("clusters", [20, 64, 100, 128, 160])
+@pytest.mark.parametrize("d", [64, 128])
+def test_chain_order_for_each_threads_per_cluster_split(clusters, d):
+    """The order kernel's chain splits each cluster's dot products over 4 threads (<= 64 clusters), 2
+    (<= 128) or 1: every split gives the chain of grouping_order.chain_ranks (up to near ties)."""
+    v = clustered_v(1, 2, 4097, d)
+    start = grouping._initial_centroids(v, clusters, 0, None)
+    out = grouping_fused.run(v, start, 1, True)
+    raw, c = out["raw_labels"].long(), out["centroids"].shape[2]
+    counts = grouping._cluster_counts(raw, c)
+    expected = chain_ranks(out["centroids"].view(2, c, d), counts.view(2, c)).view(1, 2, c)
+    for head in range(2):
+        assert_same_chain_up_to_near_ties(out["centroids"][0, head], counts[0, head], out["rank"].long()[0, head],
+                                          expected[0, head])
+
+
 def test_group_tokens_bnhd_view_batch_two_and_warm_start():
     bnhd = clustered_v(2, 4, 3000, 64).transpose(1, 2).contiguous()  # (B,N,H,D) as models hold it
     v = bnhd.transpose(1, 2)

@@ -7,6 +7,12 @@
 // instead of prepare_staged.cuh's; kept for side-by-side timing (bench/prepare_variants.py)
 #define VC_PREP_LEGACY_QUANTIZE 0
 #endif
+#ifndef VC_PREP_STAGED_STATS
+// 1 (variant): prepare_staged.cuh's statistics kernel (each tensor's rows issued at once, V read once)
+// instead of prepare.cuh's; measured slower on the H200 (110 vs 94 us at Wan2.1-1.3B: 74 registers, three
+// blocks per SM instead of five; docs/kernel-notes.md section 22)
+#define VC_PREP_STAGED_STATS 0
+#endif
 #ifndef VC_PREP_ROWS_IN_REGS
 #define VC_PREP_ROWS_IN_REGS 0  // 1 (variant): prepare_regs.cuh's kernels, every load of a block issued first
 #endif
@@ -31,7 +37,11 @@ static void launch_prepare_typed(const PrepareParams& p, cudaStream_t stream) {
       prepare_quantize_kernel<T, D, false, true><<<grid, kPrepThreads, 0, stream>>>(p);
     }
   } else {
-    prepare_stats_kernel<T, D><<<grid, kPrepThreads, 0, stream>>>(p);
+    if constexpr (VC_PREP_STAGED_STATS) {
+      prepare_stats_staged_kernel<T, D><<<grid, kPrepThreads, 0, stream>>>(p);
+    } else {
+      prepare_stats_kernel<T, D><<<grid, kPrepThreads, 0, stream>>>(p);
+    }
     if constexpr (VC_PREP_LEGACY_QUANTIZE) {
       if (p.qk_fp8) {
         prepare_quantize_kernel<T, D, true><<<grid, kPrepThreads, 0, stream>>>(p);
@@ -48,6 +58,7 @@ static void launch_prepare_typed(const PrepareParams& p, cudaStream_t stream) {
 
 int prepare_rows_in_regs() { return VC_PREP_ROWS_IN_REGS; }
 int prepare_legacy_quantize() { return VC_PREP_LEGACY_QUANTIZE; }
+int prepare_staged_stats() { return VC_PREP_STAGED_STATS; }
 
 template <typename T>
 static void launch_prepare_dim(const PrepareParams& p, cudaStream_t stream) {

@@ -117,4 +117,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rows_in_regs", &vc::prepare_rows_in_regs, "1 if this build runs the register-staged kernels (VC_PREP_ROWS_IN_REGS)");
   m.def("legacy_quantize", &vc::prepare_legacy_quantize,
         "1 if this build runs prepare.cuh's quantize kernel instead of the staged one (VC_PREP_LEGACY_QUANTIZE)");
+  m.def("staged_stats", &vc::prepare_staged_stats,
+        "1 if this build runs prepare_staged.cuh's statistics kernel instead of prepare.cuh's (VC_PREP_STAGED_STATS)");
 }

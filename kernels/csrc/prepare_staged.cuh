@@ -1,6 +1,7 @@
-// The quantize pass of the fused prepare with each tensor's rows staged in registers, one tensor at a
-// time (the default build; prepare.cuh's prepare_quantize_kernel stays as the variant
-// VC_PREP_LEGACY_QUANTIZE=1 for side-by-side timing, and keeps the low-rank V term).
+// The passes of the fused prepare with each tensor's rows staged in registers, one tensor at a time.
+// The quantize pass is the default build's (prepare.cuh's prepare_quantize_kernel stays as the variant
+// VC_PREP_LEGACY_QUANTIZE=1 for side-by-side timing, and keeps the low-rank V term); the statistics
+// pass is the variant VC_PREP_STAGED_STATS=1 (measured slower, see below).
 //
 // Why (ncu on the H200, Wan2.1-1.3B, docs/kernel-notes.md section 22): the legacy kernel took 233 of the
 // prepare's 330 us at 32% of DRAM bandwidth. Two causes:
@@ -15,7 +16,12 @@
 // as 32-bit words into the swizzled tile (v_tile_swizzle: conflict-free). The rows-in-regs variant
 // (prepare_regs.cuh) staged all three tensors at once, 128 registers and two blocks per SM: slower.
 //
-// Same arithmetic in the same order as prepare_quantize_kernel: every output is bit-identical
+// The statistics pass the same way (variant): K's rows are issued at once and summed, then V's, whose
+// registers serve both the block mean and the residual's amax (prepare.cuh's pass loads V twice). On the
+// H200 it ran 110 us against 94 at Wan2.1-1.3B (678 vs 604 at Wan2.2-14B): 74 registers against 46 (three
+// blocks per SM instead of five), and that pass has no stores between its loads to begin with.
+//
+// Same arithmetic in the same order as the legacy kernels: every output is bit-identical
 // (tests/test_prepare_variants_gpu.py compares the builds).
 #pragma once
 #include "prepare.cuh"
@@ -71,6 +77,60 @@ __device__ __forceinline__ void transpose_bytes4x4(const uint32_t (&a)[4], uint3
   w[1] = __byte_perm(t0, t1, 0x7632);
   w[2] = __byte_perm(t2, t3, 0x5410);
   w[3] = __byte_perm(t2, t3, 0x7632);
+}
+
+template <typename T, int D>
+__global__ __launch_bounds__(kPrepThreads) void prepare_stats_staged_kernel(const PrepareParams p) {
+  constexpr int kLanesPerRow = D / 8;
+  constexpr int kRowsPerPass = kPrepThreads / kLanesPerRow;
+  constexpr int kRows = kPrepRowsPerThread<D>;
+  __shared__ float partial[kRowsPerPass][D];
+  __shared__ float block_mean[D];
+
+  const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
+  const int row0 = blockIdx.x * kKBlock;
+  const int valid = min(kKBlock, p.n - row0);
+  const int c0 = (threadIdx.x % kLanesPerRow) * 8, row_sub = threadIdx.x / kLanesPerRow;
+  int tok[kRows];
+  uint4 raw[kRows];
+  block_tokens<D>(p, bh, row0, valid, row_sub, true, tok);
+
+  // rows in increasing slot order, as prepare_stats_kernel's loop adds them (rows past `valid`: skipped)
+  float ksum[8] = {}, vacc[8] = {};
+  if (p.smooth_k) {
+    load_rows_raw<T, D>(p.k, p.k_stride, b, h, tok, c0, raw);
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      if (tok[i] < 0) continue;
+      float x[8];
+      unpack8_as_float<T>(raw[i], x);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) ksum[e] += x[e];
+    }
+  }
+  load_rows_raw<T, D>(p.v, p.v_stride, b, h, tok, c0, raw);
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    if (tok[i] < 0) continue;
+    float x[8];
+    unpack8_as_float<T>(raw[i], x);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) vacc[e] = p.vsmooth ? vacc[e] + x[e] : fmaxf(vacc[e], fabsf(x[e]));
+  }
+  stats_block_sums<D>(p, bh, valid, ksum, vacc, partial, block_mean, row_sub, c0);
+  if (p.vsmooth) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) vacc[e] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      if (tok[i] < 0) continue;
+      float x[8];
+      unpack8_as_float<T>(raw[i], x);  // the residual's amax from the registers, not a second load
+#pragma unroll
+      for (int e = 0; e < 8; ++e) vacc[e] = fmaxf(vacc[e], fabsf(x[e] - block_mean[c0 + e]));
+    }
+  }
+  stats_block_amax<D>(p, bh, vacc, partial, row_sub, c0);
 }
 
 template <typename T, int D, bool kQkFp8>

@@ -59,6 +59,8 @@ const char* launch_prepare(const PrepareParams& p, void* stream);
 int prepare_rows_in_regs();
 // 1: this prepare build's quantize pass is prepare.cuh's (VC_PREP_LEGACY_QUANTIZE), 0: prepare_staged.cuh's.
 int prepare_legacy_quantize();
+// 1: this prepare build's statistics pass is prepare_staged.cuh's (VC_PREP_STAGED_STATS), 0: prepare.cuh's.
+int prepare_staged_stats();
 const char* launch_attn_mma(const AttnParams& p, void* stream);
 // Query rows per CTA of the attention kernel this build runs (tells the build-time variants apart).
 int attn_mma_cta_rows();
