@@ -124,3 +124,16 @@ def test_prepare_build_compiles_without_spilling_much(variant, arch, tmp_path):
     marker, count = STAGED_KERNELS[variant]
     staged = {k: b for k, b in _spills(result.stderr).items() if marker in k}
     assert len(staged) == count and max(staged.values(), default=0) <= 32, staged
+
+
+@pytest.mark.parametrize("arch", ("8.9", "9.0a"))
+def test_grouping_order_warp_variant_compiles(arch, tmp_path):
+    """The one-warp chain order (VC_GROUP_ORDER_WARP=1, csrc/grouping.cuh; default off until it has run
+    on a GPU) compiles without a warning or a spill, so the next GPU run can build and time it."""
+    cmd = jit.nvcc_compile_only_command(jit.CSRC_DIR / "grouping.cu", arch, tmp_path / "grouping-warp.cubin",
+                                        jit.find_nvcc(), extra_flags=("-DVC_GROUP_ORDER_WARP=1", "-Xptxas=-v"))
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "warning" not in result.stderr.lower(), result.stderr
+    spills = _spills(result.stderr)
+    assert any("group_order_kernel" in k for k in spills) and max(spills.values()) == 0, spills

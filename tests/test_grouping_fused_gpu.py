@@ -197,8 +197,9 @@ def test_order_and_permutation(order, n):
 @pytest.mark.parametrize("clusters", [20, 64, 100, 128, 160])
 @pytest.mark.parametrize("d", [64, 128])
 def test_chain_order_for_each_threads_per_cluster_split(clusters, d):
-    """The order kernel's chain splits each cluster's dot products over 4 threads (<= 64 clusters), 2
-    (<= 128) or 1: every split gives the chain of grouping_order.chain_ranks (up to near ties)."""
+    """The order kernel's chain splits each cluster's dot product over 4 threads (<= 64 clusters), 2
+    (<= 128) or 1 (more; with VC_GROUP_ORDER_WARP=1 the <= 64 case runs in one warp instead): every form
+    gives the chain of grouping_order.chain_ranks (up to near ties)."""
     v = clustered_v(1, 2, 4097, d)
     start = grouping._initial_centroids(v, clusters, 0, None)
     out = grouping_fused.run(v, start, 1, True)

@@ -30,6 +30,9 @@
 namespace vc {
 
 constexpr int kPassThreads = 128;   // 16 token rows x 8 centroid lanes of the register tile
+#ifndef VC_GROUP_ORDER_WARP
+#define VC_GROUP_ORDER_WARP 0  // 1: the chain order of <= 64 clusters in one warp (group_order_kernel; not yet run on a GPU)
+#endif
 constexpr int kOrderThreads = 256;  // >= kGroupMaxClusters: one thread per cluster
 constexpr float kUnreached = 3.0e38f;  // grouping_order._UNREACHED: distance to an empty cluster
 
@@ -472,53 +475,97 @@ __global__ void __launch_bounds__(kOrderThreads) group_order_kernel(const GroupP
       my_spread = total[tid] > 0 ? s : -1.f;
     }
     int current = block_best(my_spread, tid < clusters ? tid : 0x7fffffff, true, red_val, red_idx);
-    // The chain: per step the distance of every unvisited cluster to the current one. A cluster's dot
-    // product has four accumulators (element k into accumulator k % 4, combined (0 + 1) + (2 + 3)); with
-    // 64 clusters or fewer four adjacent threads take one accumulator each, with 128 or fewer two take
-    // two, so a step waits for 32 or 64 dependent FMAs instead of 128 (the same sums in the same order:
-    // the same bits; the chain's 63 steps were 164 us of a 0.84 ms grouping at Wan2.1-1.3B with CFG).
-    const int per_cluster = clusters <= kOrderThreads / 4 ? 4 : (clusters <= kOrderThreads / 2 ? 2 : 1);
-    const int mine = tid / per_cluster, part = tid % per_cluster;
-    const bool lead = part == 0 && mine < clusters;  // the thread that reports the cluster's distance
-    bool visited = mine == current;
     if (tid == current) rank[tid] = 0;
-    for (int step = 1; step < clusters; ++step) {
-      const bool active = mine < clusters && !visited && total[mine] > 0;
-      float dot[4] = {0.f, 0.f, 0.f, 0.f};  // this thread's accumulators (the others stay 0)
-      if (active && per_cluster == 1) {
-        for (int k = 0; k < d; k += 4) {
+    if (VC_GROUP_ORDER_WARP && clusters <= 64) {
+      // The chain in one warp (the node's 64 clusters): lane l owns clusters l and l + 32, each step's
+      // argmin is a warp shuffle tree with no block barrier (the block-wide version below spends most of
+      // its 142 us on 63 pairs of barriers). The same dot products in the same order and the same
+      // (distance, id) order: the same chain, up to NaN distances, whose winner may depend on the tree.
+      // Built and compiled, not yet run on a GPU (docs/grouping.md): default off until the GPU tier passes.
+      if (tid < 32) {
+        bool seen[2] = {tid == current, tid + 32 == current};
+        for (int step = 1; step < clusters; ++step) {
+          float best = INFINITY;
+          int best_id = 0x7fffffff;
 #pragma unroll
-          for (int u = 0; u < 4; ++u) dot[u] = fmaf(cen[current * pitch + k + u], cen[mine * pitch + k + u], dot[u]);
-        }
-      } else if (active) {
+          for (int m = 0; m < 2; ++m) {
+            const int c = tid + 32 * m;
+            float dist = INFINITY;
+            if (c < clusters && !seen[m]) {
+              if (total[c] > 0) {
+                float dot[4] = {0.f, 0.f, 0.f, 0.f};
+                for (int k = 0; k < d; k += 4) {
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          if (u % per_cluster != part) continue;
-          for (int k = u; k < d; k += 4) dot[u] = fmaf(cen[current * pitch + k], cen[mine * pitch + k], dot[u]);
+                  for (int u = 0; u < 4; ++u) dot[u] = fmaf(cen[current * pitch + k + u], cen[c * pitch + k + u], dot[u]);
+                }
+                dist = (norms[current] + norms[c]) - 2.f * ((dot[0] + dot[1]) + (dot[2] + dot[3]));
+              } else {
+                dist = kUnreached;
+              }
+            }
+            const int id = c < clusters ? c : 0x7fffffff;
+            if (beats(dist, id, best, best_id, false)) {
+              best = dist;
+              best_id = id;
+            }
+          }
+          warp_best(best, best_id, false);
+          current = best_id;
+#pragma unroll
+          for (int m = 0; m < 2; ++m) {
+            if (tid + 32 * m == current) {
+              seen[m] = true;
+              rank[current] = step;
+            }
+          }
         }
       }
-      // the lead thread gathers (dot0 + dot1) + (dot2 + dot3) from its neighbours (every lane shuffles)
-      float total_dot;
-      if (per_cluster == 4) {
-        const float own = (dot[0] + dot[1]) + (dot[2] + dot[3]);  // exactly dot[part]: the rest are 0
-        const float pair = own + __shfl_down_sync(0xffffffffu, own, 1);  // parts 0 and 2: 0 + 1, 2 + 3
-        total_dot = pair + __shfl_down_sync(0xffffffffu, pair, 2);
-      } else if (per_cluster == 2) {
-        const float a = dot[0] + __shfl_down_sync(0xffffffffu, dot[1], 1);
-        const float b = dot[2] + __shfl_down_sync(0xffffffffu, dot[3], 1);
-        total_dot = a + b;
-      } else {
-        total_dot = (dot[0] + dot[1]) + (dot[2] + dot[3]);
+      __syncthreads();
+    } else {
+      // The chain with one block-wide argmin per step: a cluster's dot product has four accumulators
+      // (element k into accumulator k % 4, combined (0 + 1) + (2 + 3)); with 64 clusters or fewer four
+      // adjacent threads take one accumulator each, with 128 or fewer two take two, so a step waits for
+      // 32 or 64 dependent FMAs instead of 128 (the same sums in the same order: the same bits; measured
+      // 164 -> 142 us at Wan2.1-1.3B with CFG, docs/grouping.md).
+      const int per_cluster = clusters <= kOrderThreads / 4 ? 4 : (clusters <= kOrderThreads / 2 ? 2 : 1);
+      const int mine = tid / per_cluster, part = tid % per_cluster;
+      const bool lead = part == 0 && mine < clusters;  // the thread that reports the cluster's distance
+      bool visited = mine == current;
+      for (int step = 1; step < clusters; ++step) {
+        const bool active = mine < clusters && !visited && total[mine] > 0;
+        float dot[4] = {0.f, 0.f, 0.f, 0.f};  // this thread's accumulators (the others stay 0)
+        if (active && per_cluster == 1) {
+          for (int k = 0; k < d; k += 4) {
+#pragma unroll
+            for (int u = 0; u < 4; ++u) dot[u] = fmaf(cen[current * pitch + k + u], cen[mine * pitch + k + u], dot[u]);
+          }
+        } else if (active) {
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            if (u % per_cluster != part) continue;
+            for (int k = u; k < d; k += 4) dot[u] = fmaf(cen[current * pitch + k], cen[mine * pitch + k], dot[u]);
+          }
+        }
+        // the lead thread gathers (dot0 + dot1) + (dot2 + dot3) from its neighbours (every lane shuffles)
+        float total_dot = (dot[0] + dot[1]) + (dot[2] + dot[3]);  // per_cluster 4: exactly dot[part]
+        if (per_cluster == 4) {
+          const float pair = total_dot + __shfl_down_sync(0xffffffffu, total_dot, 1);  // parts 0, 2: 0 + 1, 2 + 3
+          total_dot = pair + __shfl_down_sync(0xffffffffu, pair, 2);
+        } else if (per_cluster == 2) {
+          const float a = dot[0] + __shfl_down_sync(0xffffffffu, dot[1], 1);
+          const float b = dot[2] + __shfl_down_sync(0xffffffffu, dot[3], 1);
+          total_dot = a + b;
+        }
+        float dist = INFINITY;
+        if (lead && !visited) dist = total[mine] > 0 ? (norms[current] + norms[mine]) - 2.f * total_dot : kUnreached;
+        current = block_best(dist, lead ? mine : 0x7fffffff, false, red_val, red_idx);
+        if (mine == current) {
+          visited = true;
+          if (part == 0) rank[mine] = step;
+        }
       }
-      float dist = INFINITY;
-      if (lead && !visited) dist = total[mine] > 0 ? (norms[current] + norms[mine]) - 2.f * total_dot : kUnreached;
-      current = block_best(dist, lead ? mine : 0x7fffffff, false, red_val, red_idx);
-      if (mine == current) {
-        visited = true;
-        if (part == 0) rank[mine] = step;
-      }
+      __syncthreads();
     }
-    __syncthreads();
   }
 
   if (tid < clusters) {
