@@ -13,57 +13,13 @@
 // order; the same conversions, scales and casts), so every output is bit-identical
 // (tests/test_prepare_variants_gpu.py).
 #pragma once
-#include "prepare_staged.cuh"  // the row staging helpers (load_rows_raw, block_tokens)
+#include "prepare_staged.cuh"  // the row staging helpers and the statistics body (stats_from_staged_rows)
 
 namespace vc {
 
 template <typename T, int D>
 __global__ __launch_bounds__(kPrepThreads) void prepare_stats_regs_kernel(const PrepareParams p) {
-  constexpr int kLanesPerRow = D / 8;
-  constexpr int kRowsPerPass = kPrepThreads / kLanesPerRow;
-  constexpr int kRows = kPrepRowsPerThread<D>;
-  __shared__ float partial[kRowsPerPass][D];
-  __shared__ float block_mean[D];
-
-  const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
-  const int row0 = blockIdx.x * kKBlock;
-  const int valid = min(kKBlock, p.n - row0);
-  const int c0 = (threadIdx.x % kLanesPerRow) * 8, row_sub = threadIdx.x / kLanesPerRow;
-
-  int tok[kRows];
-  block_tokens<D>(p, bh, row0, valid, row_sub, true, tok);
-  uint4 k_raw[kRows], v_raw[kRows];
-  if (p.smooth_k) load_rows_raw<T, D>(p.k, p.k_stride, b, h, tok, c0, k_raw);
-  load_rows_raw<T, D>(p.v, p.v_stride, b, h, tok, c0, v_raw);
-
-  float ksum[8] = {}, vacc[8] = {};
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    if (tok[i] < 0) continue;  // rows past `valid` (a suffix of i): prepare.cuh's loop stops there
-    float x[8];
-    if (p.smooth_k) {
-      unpack8_as_float<T>(k_raw[i], x);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) ksum[e] += x[e];
-    }
-    unpack8_as_float<T>(v_raw[i], x);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) vacc[e] = p.vsmooth ? vacc[e] + x[e] : fmaxf(vacc[e], fabsf(x[e]));
-  }
-  stats_block_sums<D>(p, bh, valid, ksum, vacc, partial, block_mean, row_sub, c0);
-  if (p.vsmooth) {
-#pragma unroll
-    for (int e = 0; e < 8; ++e) vacc[e] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      if (tok[i] < 0) continue;
-      float x[8];
-      unpack8_as_float<T>(v_raw[i], x);  // the residual's amax from the registers, not a second load
-#pragma unroll
-      for (int e = 0; e < 8; ++e) vacc[e] = fmaxf(vacc[e], fabsf(x[e] - block_mean[c0 + e]));
-    }
-  }
-  stats_block_amax<D>(p, bh, vacc, partial, row_sub, c0);
+  stats_from_staged_rows<T, D, true>(p);  // prepare_staged.cuh: K's and V's loads all issued first
 }
 
 template <typename T, int D, bool kQkFp8>

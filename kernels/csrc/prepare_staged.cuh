@@ -42,29 +42,18 @@ __device__ __forceinline__ void load_rows_raw(const void* base, const int64_t (&
     raw[i] = tok[i] >= 0 ? *reinterpret_cast<const uint4*>(row_ptr<T>(base, stride, b, h, tok[i]) + c0) : make_uint4(0u, 0u, 0u, 0u);
 }
 
-// The source tokens of this thread's rows of the block (row_sub + i kRowsPerPass), -1 past `valid`.
+// The source tokens of this thread's rows of the block, -1 past `valid`. Row of tok[i]: row_sub + i
+// kRowsPerPass; with `four_consecutive` (the staged kernel's V) 4 (row_sub + (i / 4) kRowsPerPass) + i % 4,
+// four consecutive tokens per group, so that one 32-bit word of the transposed tile holds a channel's four
+// codes.
 template <int D>
 __device__ __forceinline__ void block_tokens(const PrepareParams& p, int bh, int row0, int valid, int row_sub, bool permuted,
-                                             int (&tok)[kPrepRowsPerThread<D>]) {
+                                             int (&tok)[kPrepRowsPerThread<D>], bool four_consecutive = false) {
   constexpr int kRowsPerPass = kPrepThreads / (D / 8);
 #pragma unroll
   for (int i = 0; i < kPrepRowsPerThread<D>; ++i) {
-    const int r = row_sub + i * kRowsPerPass;
+    const int r = four_consecutive ? 4 * (row_sub + (i / 4) * kRowsPerPass) + i % 4 : row_sub + i * kRowsPerPass;
     tok[i] = r < valid ? int(permuted ? source_token(p, bh, row0 + r) : int64_t(row0 + r)) : -1;
-  }
-}
-
-// The V rows of a thread in the staged kernel: four consecutive tokens per group, row
-// 4 (row_sub + g kRowsPerPass) + j of the block is tok[4 g + j] (-1 past `valid`), so that one 32-bit
-// word of the transposed tile holds a channel's four codes.
-template <int D>
-__device__ __forceinline__ void v_group_tokens(const PrepareParams& p, int bh, int row0, int valid, int row_sub,
-                                               int (&tok)[kPrepRowsPerThread<D>]) {
-  constexpr int kRowsPerPass = kPrepThreads / (D / 8);
-#pragma unroll
-  for (int i = 0; i < kPrepRowsPerThread<D>; ++i) {
-    const int r = 4 * (row_sub + (i / 4) * kRowsPerPass) + i % 4;
-    tok[i] = r < valid ? int(source_token(p, bh, row0 + r)) : -1;
   }
 }
 
@@ -79,8 +68,13 @@ __device__ __forceinline__ void transpose_bytes4x4(const uint32_t (&a)[4], uint3
   w[3] = __byte_perm(t2, t3, 0x7632);
 }
 
-template <typename T, int D>
-__global__ __launch_bounds__(kPrepThreads) void prepare_stats_staged_kernel(const PrepareParams p) {
+// The statistics pass from staged rows (the body of prepare_stats_staged_kernel and of the rows-in-regs
+// variant's prepare_stats_regs_kernel): K's and V's rows of the thread loaded raw, V's registers serving
+// both the block mean and the residual's amax. kKvAtOnce: both tensors' loads issued before either is
+// used (rows-in-regs); else K's, summed, then V's. Rows in increasing slot order, as prepare_stats_kernel's
+// loop adds them (rows past `valid`: skipped), so the sums have the same bits.
+template <typename T, int D, bool kKvAtOnce>
+__device__ __forceinline__ void stats_from_staged_rows(const PrepareParams& p) {
   constexpr int kLanesPerRow = D / 8;
   constexpr int kRowsPerPass = kPrepThreads / kLanesPerRow;
   constexpr int kRows = kPrepRowsPerThread<D>;
@@ -92,28 +86,28 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_stats_staged_kernel(cons
   const int valid = min(kKBlock, p.n - row0);
   const int c0 = (threadIdx.x % kLanesPerRow) * 8, row_sub = threadIdx.x / kLanesPerRow;
   int tok[kRows];
-  uint4 raw[kRows];
   block_tokens<D>(p, bh, row0, valid, row_sub, true, tok);
+  uint4 k_raw[kRows], v_raw[kRows];
+  if (p.smooth_k) load_rows_raw<T, D>(p.k, p.k_stride, b, h, tok, c0, k_raw);
+  if constexpr (kKvAtOnce) load_rows_raw<T, D>(p.v, p.v_stride, b, h, tok, c0, v_raw);
 
-  // rows in increasing slot order, as prepare_stats_kernel's loop adds them (rows past `valid`: skipped)
   float ksum[8] = {}, vacc[8] = {};
   if (p.smooth_k) {
-    load_rows_raw<T, D>(p.k, p.k_stride, b, h, tok, c0, raw);
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
       if (tok[i] < 0) continue;
       float x[8];
-      unpack8_as_float<T>(raw[i], x);
+      unpack8_as_float<T>(k_raw[i], x);
 #pragma unroll
       for (int e = 0; e < 8; ++e) ksum[e] += x[e];
     }
   }
-  load_rows_raw<T, D>(p.v, p.v_stride, b, h, tok, c0, raw);
+  if constexpr (!kKvAtOnce) load_rows_raw<T, D>(p.v, p.v_stride, b, h, tok, c0, v_raw);
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
     if (tok[i] < 0) continue;
     float x[8];
-    unpack8_as_float<T>(raw[i], x);
+    unpack8_as_float<T>(v_raw[i], x);
 #pragma unroll
     for (int e = 0; e < 8; ++e) vacc[e] = p.vsmooth ? vacc[e] + x[e] : fmaxf(vacc[e], fabsf(x[e]));
   }
@@ -125,12 +119,17 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_stats_staged_kernel(cons
     for (int i = 0; i < kRows; ++i) {
       if (tok[i] < 0) continue;
       float x[8];
-      unpack8_as_float<T>(raw[i], x);  // the residual's amax from the registers, not a second load
+      unpack8_as_float<T>(v_raw[i], x);  // the residual's amax from the registers, not a second load
 #pragma unroll
       for (int e = 0; e < 8; ++e) vacc[e] = fmaxf(vacc[e], fabsf(x[e] - block_mean[c0 + e]));
     }
   }
   stats_block_amax<D>(p, bh, vacc, partial, row_sub, c0);
+}
+
+template <typename T, int D>
+__global__ __launch_bounds__(kPrepThreads) void prepare_stats_staged_kernel(const PrepareParams p) {
+  stats_from_staged_rows<T, D, false>(p);
 }
 
 template <typename T, int D, bool kQkFp8>
@@ -209,7 +208,7 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_quantize_staged_kernel(c
   }
 
   // V: residual against the fp16 block mean (V-Smooth) or V itself, per-channel E4M3, transposed
-  v_group_tokens<D>(p, bh, row0, valid, row_sub, tok);
+  block_tokens<D>(p, bh, row0, valid, row_sub, true, tok, /*four_consecutive=*/true);
   load_rows_raw<T, D>(p.v, p.v_stride, b, h, tok, c0, raw);
   float v_mean[8], v_inv[8];
   v_code_params<D>(p, bh, c0, v_mean, v_inv);
