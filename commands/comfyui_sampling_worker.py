@@ -18,11 +18,13 @@ HTTP server is not started: a stand-in `server` module records the node's stats 
 pack through ComfyUI's own custom-node loader is the real-host test tier's job
 (tests/test_real_comfyui.py). Where PyAV is not installed (the GPU machine), ComfyUI's module-level
 `import av` gets named placeholders that raise on any use (commands/comfyui_av_placeholder.py;
-"pyav_placeholder" in the result).
+"pyav_placeholder" in the result). With VC_COMFYUI_PROFILE=FILE set, one more run follows the timed
+one under torch.profiler and FILE gets its per-kernel summary (comfyui_kernel_profile.py).
 SIZE `tiny` (2 blocks, 2 heads of 64, 4 x 8 x 8 latent, on the CPU) and `tiny-gpu` (the same on the
 GPU) are the real-host test tier's checks of the harness and of the node on the GPU. Writes OUT_DIR/MODE.json (seconds, event counts) and OUT_DIR/MODE.pt (the final latent).
 """
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -120,6 +122,11 @@ def main(comfy_path: str, mode: str, out_dir: str, steps: int, size: str = "wan1
     sync()
     seconds = time.perf_counter() - start
     stats = [data for event, data in EventRecorder.messages if event == "vc_attention.stats"]
+    profile_out = os.environ.get("VC_COMFYUI_PROFILE")
+    if profile_out:  # one more run under torch.profiler: where the GPU time goes (bench/comfyui_profile.py)
+        from comfyui_kernel_profile import profile_run
+
+        profile_run(lambda: sample(patched("profiled"), steps), profile_out, torch)
     torch.save(out.float().cpu(), str(Path(out_dir, f"{mode}.pt")))
     Path(out_dir, f"{mode}.json").write_text(json.dumps({
         "mode": mode, "seconds": seconds, "steps": steps, "layers": widths["num_layers"],

@@ -174,3 +174,43 @@ def run(v: torch.Tensor, centroids: torch.Tensor, iters: int, order: Optional[bo
     if tensor_cores:
         PATH_CALLS["fused: tensor cores"] += 1
     return out
+
+
+def labels_unsupported_reason(labels: torch.Tensor, clusters: int) -> Optional[str]:
+    """Why the fused permutation cannot sort these stored labels (one short phrase), or None."""
+    if not labels.is_cuda:
+        return f"labels are on {labels.device.type}"
+    if _disabled is not None:
+        return _disabled
+    reason = _runtime_reason()
+    if reason:
+        return reason
+    if labels.dim() != 3 or labels.dtype != torch.uint8:
+        return f"labels {tuple(labels.shape)} {labels.dtype} (the kernel sorts (B, H, N) uint8 labels)"
+    if clusters > MAX_CLUSTERS:
+        return f"{clusters} clusters (at most {MAX_CLUSTERS}: labels are uint8)"
+    if labels.shape[0] * labels.shape[1] > MAX_GROUPS:
+        return f"{labels.shape[0] * labels.shape[1]} (batch, head) pairs (at most {MAX_GROUPS}: one grid row each)"
+    return None
+
+
+def label_parts(device: torch.device, groups: int, n: int) -> int:
+    """Blocks per (batch, head) of the label-count and permutation kernels: ~4 blocks of 256 threads
+    per SM in all (a function of the shape and the GPU only)."""
+    sms, _, _ = _device_limits(device.index if device.index is not None else torch.cuda.current_device())
+    tiles = -(-n // TILE_TOKENS)
+    return max(1, min(tiles, -(-4 * sms // groups)))
+
+
+def permute_labels(labels: torch.Tensor, clusters: int) -> torch.Tensor:
+    """(B,H,N) int32 stable permutation of a cached grouping's labels (ids < clusters, as the
+    grouping wrote them) in two launches and no sort: per-part counts, then the permutation kernel's
+    scatter. The same result as torch.sort(labels, stable=True).indices."""
+    b, h, n = labels.shape
+    labels = labels.contiguous()
+    parts = label_parts(labels.device, b * h, n)
+    part_counts = torch.empty(b * h, parts, clusters, dtype=torch.int32, device=labels.device)
+    perm = torch.empty(b, h, n, dtype=torch.int32, device=labels.device)
+    extension().permute_labels(labels, part_counts, perm, torch.cuda.current_stream(labels.device).cuda_stream)
+    PATH_CALLS["fused: reuse permutation"] += 1
+    return perm

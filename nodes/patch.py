@@ -27,6 +27,7 @@ from ..kernels.api import vc_attention
 from ..kernels.config import VCConfig
 from ..kernels.grouping import group_tokens
 from ..kernels.layout import to_bhnd
+from . import cross_attention as X
 from . import override as O
 from .cache import GroupingCache, LayerKey
 from .schedule import Phase, SigmaSchedule
@@ -63,6 +64,7 @@ class VCPatch:
         self.schedule: Optional[SigmaSchedule] = None
         self.cache = GroupingCache()
         self.stats = RunStats(settings.grouping_rate)
+        self.cross_stats = RunStats()  # cross-attention: cuDNN against the model's attention (cross_attention.py)
         self._reset_run_state()
 
     # ------------------------------------------------------------------ run lifecycle
@@ -73,14 +75,23 @@ class VCPatch:
         )
         self.cache.clear()
         self.stats.reset()
+        self.cross_stats.reset()
         self._reset_run_state()
 
     def end_run(self, model_patcher=None) -> None:
         if self.stats.backend_calls or self.stats.fallbacks:
-            publish(self.stats.payload(self.node_id, kept_slower=not self.settings.avoid_slower))
+            payload = self.stats.payload(self.node_id, kept_slower=not self.settings.avoid_slower)
+            payload.update(self.cross_payload())
+            publish(payload)
         self.cache.clear()
         self.stats.reset()
+        self.cross_stats.reset()
         self._reset_run_state()
+
+    def cross_payload(self) -> dict:
+        """The run's cross-attention routes (calls per route) and the shapes where cuDNN measured slower."""
+        slower = self.cross_stats.payload(self.node_id)["slower_shapes"] if self._cross_routes else []
+        return {"cross_attention": dict(self._cross_routes), "cross_slower_shapes": slower}
 
     def _reset_run_state(self) -> None:
         self._forward_options: Optional[dict] = None
@@ -88,6 +99,7 @@ class VCPatch:
         self._calls_in_forward: Counter = Counter()
         self._window_closed = False
         self._warned_slower: set[tuple] = set()
+        self._cross_routes: Counter = Counter()  # "cudnn", "model", "model: <why not cuDNN>"
 
     def _enter_forward(self, transformer_options: Optional[dict]) -> None:
         """Place a new forward pass in the schedule (once per forward, not per call)."""
@@ -113,6 +125,8 @@ class VCPatch:
         reason = O.ineligible(call.q, call.k, call.v, call.heads, call.mask, call.skip_reshape, call.kwargs)
         if reason is not None:
             self.stats.fallback(*reason)
+            if reason[0] == O.CROSS_ATTENTION and self._phase is not None and self._phase.active:
+                return self._cross_attention(call)
             return call.model_attention()
         if self._phase is None:
             self.stats.fallback(O.NO_SIGMA, "the call carries no sampling sigma, so its step is unknown")
@@ -176,6 +190,25 @@ class VCPatch:
             return out
         self.stats.backend_calls[chosen.name] += 1
         return O.to_output_layout(out, layout, call.skip_output_reshape)
+
+    def _cross_attention(self, call: O.AttentionCall) -> torch.Tensor:
+        """A cross-attention call inside the active range: exact attention on cuDNN where torch can run it
+        there and it has not measured slower than the model's attention at this shape, else the model's."""
+        q, k, v = X.bhnd_views(call)
+        why = X.cudnn_reason(q, k, v, call.mask, call.kwargs)
+        if why is not None:
+            self._cross_routes[f"model: {why}"] += 1
+            return call.model_attention()
+        shape = tuple(q.shape) + (k.shape[2],)  # (B, H, N queries, D, N keys)
+        if self.cross_stats.is_slower(shape):
+            self._cross_routes["model: cuDNN measured slower"] += 1
+            return call.model_attention()
+        baseline_id = ("cross", shape, str(q.dtype), str(q.device), call.skip_reshape, call.skip_output_reshape,
+                       call.model_attention_id())
+        out, from_model = self.cross_stats.run_call(shape, q.device, lambda: None, lambda _: X.cudnn_attention(call),
+                                                    call.model_attention, baseline_id)
+        self._cross_routes["model" if from_model else "cudnn"] += 1
+        return out
 
     def _warn_slower_once(self, shape: tuple) -> None:
         if shape not in self._warned_slower:

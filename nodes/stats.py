@@ -287,11 +287,19 @@ class RunStats:
             line += f"; slower than the model's attention at {', '.join(payload['slower_shapes'])} ({action})"
         if payload.get("baseline_reused"):
             line += f"; the model attention's time from an earlier run at {payload['baseline_reused']} shape(s)"
+        if payload.get("cross_attention"):
+            line += _cross_note(payload)
         if payload.get("cache_evictions"):
             line += _eviction_note(payload)
         if payload.get("nonfinite_calls"):
             line += _nonfinite_note(payload)
         return line
+
+
+def _cross_note(payload: dict) -> str:
+    routes = ", ".join(f"{n} {route}" for route, n in sorted(payload["cross_attention"].items()))
+    slower = payload.get("cross_slower_shapes")
+    return f"; cross-attention (exact): {routes}" + (f" (cuDNN slower at {', '.join(slower)})" if slower else "")
 
 
 def _eviction_note(payload: dict) -> str:

@@ -127,13 +127,18 @@ def test_prepare_build_compiles_without_spilling_much(variant, arch, tmp_path):
 
 
 @pytest.mark.parametrize("arch", ("8.9", "9.0a"))
-def test_grouping_order_warp_variant_compiles(arch, tmp_path):
-    """The one-warp chain order (VC_GROUP_ORDER_WARP=1, csrc/grouping.cuh; default off until it has run
-    on a GPU) compiles without a warning or a spill, so the next GPU run can build and time it."""
-    cmd = jit.nvcc_compile_only_command(jit.CSRC_DIR / "grouping.cu", arch, tmp_path / "grouping-warp.cubin",
-                                        jit.find_nvcc(), extra_flags=("-DVC_GROUP_ORDER_WARP=1", "-Xptxas=-v"))
+def test_grouping_block_wide_order_variant_compiles(arch, tmp_path):
+    """The block-wide chain order for every cluster count (VC_GROUP_ORDER_WARP=0, csrc/grouping.cuh; the
+    default runs <= 64 clusters in one warp) compiles without a warning or a spill, so a GPU run can
+    build it and time it against the default."""
+    cmd = jit.nvcc_compile_only_command(jit.CSRC_DIR / "grouping.cu", arch, tmp_path / "grouping-block.cubin",
+                                        jit.find_nvcc(), extra_flags=("-DVC_GROUP_ORDER_WARP=0", "-Xptxas=-v"))
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
     assert "warning" not in result.stderr.lower(), result.stderr
     spills = _spills(result.stderr)
-    assert any("group_order_kernel" in k for k in spills) and max(spills.values()) == 0, spills
+    # its order kernel spills 4 bytes on sm_90a (it did as the default until session 13, measured at
+    # 142 us: docs/grouping.md); every other kernel none
+    order = [b for k, b in spills.items() if "group_order_kernel" in k]
+    assert order and order[0] <= 8, spills
+    assert max(b for k, b in spills.items() if "group_order_kernel" not in k) == 0, spills

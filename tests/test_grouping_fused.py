@@ -94,6 +94,43 @@ def test_cpu_calls_take_the_torch_path_and_are_counted():
     assert grouping_fused.PATH_CALLS["torch: V is on cpu"] == before + 2
 
 
+class LabelsLike:
+    """What labels_unsupported_reason reads of CUDA labels, without a GPU."""
+
+    def __init__(self, shape=(2, 12, 32760), dtype=torch.uint8):
+        self.shape, self.dtype, self.is_cuda = shape, dtype, True
+
+    def dim(self):
+        return len(self.shape)
+
+
+def test_which_cached_labels_the_fused_permutation_sorts(h200_like):
+    assert grouping_fused.labels_unsupported_reason(LabelsLike(), 64) is None
+    assert grouping_fused.labels_unsupported_reason(LabelsLike((1, 1, 1)), 1) is None
+    assert "cpu" in grouping_fused.labels_unsupported_reason(torch.zeros(1, 1, 4, dtype=torch.uint8), 64)
+    assert "uint8" in grouping_fused.labels_unsupported_reason(LabelsLike(dtype=torch.int16), 300)
+    assert "uint8" in grouping_fused.labels_unsupported_reason(LabelsLike(), 300)
+    assert "(2, 12)" in grouping_fused.labels_unsupported_reason(LabelsLike((2, 12)), 64)
+    assert "65536 (batch, head) pairs" in grouping_fused.labels_unsupported_reason(LabelsLike((2048, 32, 64)), 64)
+
+
+def test_label_permutation_blocks_fill_the_gpu_and_never_exceed_the_tiles(h200_like):
+    dev = torch.device("cuda", 0)
+    parts = grouping_fused.label_parts(dev, 24, 32760)
+    assert parts * 24 >= 4 * 132 and parts <= -(-32760 // grouping_fused.TILE_TOKENS)
+    assert grouping_fused.label_parts(dev, 24, 40) == 1
+    assert grouping_fused.label_parts(dev, 5000, 75600) == 1
+
+
+def test_a_cached_grouping_on_the_cpu_sorts_with_torch_and_is_counted():
+    labels = torch.randint(0, 16, (1, 2, 300), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    cached = grouping.CompactGrouping(labels=labels, counts=grouping._cluster_counts(labels.long(), 16))
+    before = grouping_fused.PATH_CALLS["torch: labels are on cpu"]
+    perm = cached.perm()
+    assert grouping_fused.PATH_CALLS["torch: labels are on cpu"] == before + 1
+    assert torch.equal(perm.long(), torch.argsort(labels, dim=-1, stable=True))
+
+
 def test_a_failed_build_falls_back_for_the_process(monkeypatch):
     monkeypatch.setattr(grouping_fused, "_disabled", None)
     monkeypatch.setattr(grouping_fused, "unsupported_reason", lambda v, clusters: grouping_fused._disabled)

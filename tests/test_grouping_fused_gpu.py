@@ -28,9 +28,14 @@ def fused_only(monkeypatch):
         raise AssertionError("the torch grouping ran; the fused path was expected")
 
     monkeypatch.setattr(grouping, "_torch_kmeans", torch_path)
-    before = grouping_fused.PATH_CALLS["fused"]
+    before = fused_calls()
     yield
-    assert grouping_fused.PATH_CALLS["fused"] > before
+    assert fused_calls() > before
+
+
+def fused_calls() -> int:
+    """Calls on any fused path: the k-means grouping and a cached grouping's permutation."""
+    return grouping_fused.PATH_CALLS["fused"] + grouping_fused.PATH_CALLS["fused: reuse permutation"]
 
 
 def clustered_v(b, h, n, d, centres=24, seed=0, dtype=torch.bfloat16):
@@ -198,7 +203,7 @@ def test_order_and_permutation(order, n):
 @pytest.mark.parametrize("d", [64, 128])
 def test_chain_order_for_each_threads_per_cluster_split(clusters, d):
     """The order kernel's chain splits each cluster's dot product over 4 threads (<= 64 clusters), 2
-    (<= 128) or 1 (more; with VC_GROUP_ORDER_WARP=1 the <= 64 case runs in one warp instead): every form
+    (<= 128) or 1 (more; the default build runs the <= 64 case in one warp instead: VC_GROUP_ORDER_WARP): every form
     gives the chain of grouping_order.chain_ranks (up to near ties)."""
     v = clustered_v(1, 2, 4097, d)
     start = grouping._initial_centroids(v, clusters, 0, None)
@@ -270,3 +275,44 @@ def test_v_term_error_not_worse_than_the_torch_grouping(monkeypatch):
     monkeypatch.setattr(grouping_fused, "unsupported_reason", lambda *a: "comparison run")
     torch_path = v_term_error(p, v.float(), grouping.group_tokens(v, 64, 2).perm())
     assert fused <= 1.01 * torch_path, (fused, torch_path)
+
+
+def _cached(labels, clusters):
+    counts = grouping._cluster_counts(labels.long(), clusters)
+    return grouping.CompactGrouping(labels=labels.to(torch.uint8), counts=counts)
+
+
+@pytest.mark.parametrize(
+    "b,h,n,clusters",
+    [(1, 2, 4097, 64), (2, 12, 32760, 64), (1, 3, 40, 20), (1, 2, 5000, 256), (2, 1, 63, 1), (1, 4, 129, 128)],
+)
+def test_a_cached_grouping_permutes_on_the_gpu_as_the_stable_sort(b, h, n, clusters):
+    """The reuse steps' permutation (grouping_fused.permute_labels: label counts + the permutation
+    kernel) is torch's stable sort of the labels, bit for bit, and ran on the fused path."""
+    gen = torch.Generator().manual_seed(n)
+    labels = torch.randint(0, clusters, (b, h, n), generator=gen)
+    labels[:, 0, : n // 2] = clusters - 1  # long runs of one label, and (for > 1 cluster) a skewed head
+    cached = _cached(labels.cuda(), clusters)
+    before = grouping_fused.PATH_CALLS["fused: reuse permutation"]
+    perm = cached.perm()
+    assert grouping_fused.PATH_CALLS["fused: reuse permutation"] == before + 1
+    assert perm.dtype == torch.int32 and perm.shape == (b, h, n)
+    assert torch.equal(perm.long().cpu(), ref.labels_to_permutation(labels))
+
+
+def test_the_reuse_permutation_replays_from_a_cuda_graph():
+    labels = torch.randint(0, 64, (2, 12, 32760), generator=torch.Generator().manual_seed(1)).cuda()
+    cached = _cached(labels, 64)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        cached.perm()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = cached.perm()
+    fresh = torch.randint(0, 64, labels.shape, generator=torch.Generator().manual_seed(2)).cuda()
+    cached.labels.copy_(fresh)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured.long().cpu(), ref.labels_to_permutation(fresh.cpu()))

@@ -8,7 +8,7 @@ pytestmark = pytest.mark.usefixtures("comfy_standin")
 
 KEYS = {"node_id", "backend_calls", "fallbacks", "grouping_calls", "baseline_calls", "attention_ms", "sampled_calls",
         "steps", "est_speedup", "grouping_share", "slower_shapes", "kept_slower", "cache_evictions", "checked_calls",
-        "nonfinite_calls", "baseline_reused"}
+        "nonfinite_calls", "baseline_reused", "cross_attention", "cross_slower_shapes"}
 
 
 def test_one_event_and_one_log_line_per_run(caplog):
@@ -32,6 +32,8 @@ def test_one_event_and_one_log_line_per_run(caplog):
     # calls 2 and 3 of the shape run the model's attention instead (the timing baseline: no extra call)
     assert payload["backend_calls"] == {"reference": steps * blocks - 2} and payload["baseline_calls"] == 2
     assert payload["fallbacks"] == {"cross_attention": steps * blocks}
+    # on the CPU the cross-attention calls stay on the model's attention, each counted with why
+    assert payload["cross_attention"] == {"model: q is on cpu": steps * blocks} and payload["cross_slower_shapes"] == []
     # step 0 of 3 is in the window (the baseline calls group too: the cache is the same)
     assert payload["steps"] == steps and payload["grouping_calls"] == blocks
     # the fourth call of the shape and then every SAMPLE_EVERY-th one are timed (the first is warm-up)

@@ -79,6 +79,11 @@ const char* launch_group_order(const GroupParams& p, bool chain, void* stream) {
   return result(cudaSuccess);
 }
 
+const char* launch_group_label_counts(const GroupParams& p, void* stream) {
+  group_label_counts_kernel<<<dim3(p.parts, p.batch * p.heads), kPermThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  return result(cudaSuccess);
+}
+
 const char* launch_group_permute(const GroupParams& p, void* stream) {
   group_permute_kernel<<<dim3(p.parts, p.batch * p.heads), kPermThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
   return result(cudaSuccess);

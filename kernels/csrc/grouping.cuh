@@ -31,7 +31,7 @@ namespace vc {
 
 constexpr int kPassThreads = 128;   // 16 token rows x 8 centroid lanes of the register tile
 #ifndef VC_GROUP_ORDER_WARP
-#define VC_GROUP_ORDER_WARP 0  // 1: the chain order of <= 64 clusters in one warp (group_order_kernel; not yet run on a GPU)
+#define VC_GROUP_ORDER_WARP 1  // the chain order of <= 64 clusters in one warp (0: the block-wide chain for every count)
 #endif
 constexpr int kOrderThreads = 256;  // >= kGroupMaxClusters: one thread per cluster
 constexpr float kUnreached = 3.0e38f;  // grouping_order._UNREACHED: distance to an empty cluster
@@ -481,7 +481,6 @@ __global__ void __launch_bounds__(kOrderThreads) group_order_kernel(const GroupP
       // argmin is a warp shuffle tree with no block barrier (the block-wide version below spends most of
       // its 142 us on 63 pairs of barriers). The same dot products in the same order and the same
       // (distance, id) order: the same chain, up to NaN distances, whose winner may depend on the tree.
-      // Built and compiled, not yet run on a GPU (docs/grouping.md): default off until the GPU tier passes.
       if (tid < 32) {
         bool seen[2] = {tid == current, tid + 32 == current};
         for (int step = 1; step < clusters; ++step) {
@@ -602,7 +601,7 @@ __global__ void __launch_bounds__(kPermThreads) group_permute_kernel(const Group
       total += count;
       if (q < part) prior += count;
     }
-    rank[tid] = p.rank[int64_t(g) * clusters + tid];
+    rank[tid] = p.rank != nullptr ? p.rank[int64_t(g) * clusters + tid] : tid;  // no rank: labels already ordered
     total_new[rank[tid]] = total;
   }
   for (int i = tid; i < kWarps * kGroupMaxClusters; i += kPermThreads) (&warp_count[0][0])[i] = 0;
@@ -633,7 +632,7 @@ __global__ void __launch_bounds__(kPermThreads) group_permute_kernel(const Group
       int slot = base[raw] + before;
       for (int w = 0; w < warp; ++w) slot += warp_count[w][raw];
       p.perm[int64_t(g) * p.n + slot] = int32_t(t);
-      p.labels[int64_t(g) * p.n + t] = uint8_t(rank[raw]);
+      if (p.labels != nullptr) p.labels[int64_t(g) * p.n + t] = uint8_t(rank[raw]);
     }
     __syncthreads();
     if (tid < clusters) {
@@ -646,6 +645,27 @@ __global__ void __launch_bounds__(kPermThreads) group_permute_kernel(const Group
     }
     __syncthreads();
   }
+}
+
+// Per-part cluster counts of stored labels (a cached grouping's reuse): the same token ranges as the
+// assignment pass's parts, so group_permute_kernel (rank == nullptr, labels == nullptr) turns them
+// into the stable permutation with no sort. Integer shared-memory adds: deterministic.
+__global__ void __launch_bounds__(kPermThreads) group_label_counts_kernel(const GroupParams p) {
+  __shared__ int hist[kGroupMaxClusters];
+  const int g = blockIdx.y;
+  const int part = blockIdx.x;
+  const int tid = threadIdx.x;
+  for (int c = tid; c < kGroupMaxClusters; c += kPermThreads) hist[c] = 0;
+  __syncthreads();
+  const int64_t tiles = (int64_t(p.n) + kGroupTileTokens - 1) / kGroupTileTokens;
+  const int64_t tok_begin = tiles * part / p.parts * kGroupTileTokens;
+  const int64_t tok_end = min(int64_t(p.n), tiles * (part + 1) / p.parts * kGroupTileTokens);
+  const uint8_t* labels = p.raw_labels + int64_t(g) * p.n;
+  // tok_begin is a multiple of 64 and each head's row starts 16-byte aligned when n % 16 == 0; the
+  // byte loop keeps any n correct (the labels are 1 byte a token: this pass reads 32 KB a head)
+  for (int64_t t = tok_begin + tid; t < tok_end; t += kPermThreads) atomicAdd(&hist[labels[t]], 1);
+  __syncthreads();
+  for (int c = tid; c < p.clusters; c += kPermThreads) p.part_counts[(int64_t(g) * p.parts + part) * p.clusters + c] = hist[c];
 }
 
 }  // namespace vc

@@ -95,8 +95,39 @@ void kmeans_group(const torch::Tensor& v, torch::Tensor centroids, torch::Tensor
   raise_on_error(vc::launch_group_permute(p, s), "permutation");
 }
 
+// The stable permutation of stored labels (a cached grouping's reuse steps): per-part counts, then the
+// permutation kernel's scatter with the labels as final ids. labels must hold ids < clusters (the
+// grouping made them; kernels/grouping_fused.py only passes a CompactGrouping's own labels).
+void permute_labels(const torch::Tensor& labels, torch::Tensor part_counts, torch::Tensor perm, int64_t stream) {
+  TORCH_CHECK_VALUE(labels.is_cuda() && labels.dim() == 3 && labels.scalar_type() == torch::kUInt8 && labels.is_contiguous(),
+                    "labels must be a contiguous (B, H, N) uint8 CUDA tensor.");
+  TORCH_CHECK_VALUE(part_counts.dim() == 3, "part_counts must be (B*H, parts, C) int32.");
+  const int64_t b = labels.size(0), h = labels.size(1), n = labels.size(2);
+  const int64_t g = b * h, parts = part_counts.size(1), c = part_counts.size(2);
+  TORCH_CHECK_VALUE(n >= 1 && n <= INT32_MAX, "N must be between 1 and 2^31 - 1, got ", n, ".");
+  TORCH_CHECK_VALUE(g <= 65535, "B * H must be at most 65535 (one grid row per head), got ", g, ".");
+  TORCH_CHECK_VALUE(c >= 1 && c <= vc::kGroupMaxClusters, "clusters must be between 1 and ", vc::kGroupMaxClusters, ".");
+  TORCH_CHECK_VALUE(parts >= 1 && parts <= (n + vc::kGroupTileTokens - 1) / vc::kGroupTileTokens,
+                    "parts must be between 1 and the number of ", vc::kGroupTileTokens, "-token tiles.");
+  check_buffer(part_counts, labels, torch::kInt32, {g, parts, c}, "part_counts");
+  check_buffer(perm, labels, torch::kInt32, {g, n}, "perm");
+  vc::GroupParams p{};
+  p.part_counts = part_counts.data_ptr<int32_t>();
+  p.raw_labels = labels.data_ptr<uint8_t>();
+  p.perm = perm.data_ptr<int32_t>();
+  p.batch = int(b);
+  p.heads = int(h);
+  p.n = int(n);
+  p.clusters = int(c);
+  p.parts = int(parts);
+  void* s = reinterpret_cast<void*>(stream);
+  raise_on_error(vc::launch_group_label_counts(p, s), "label counts");
+  raise_on_error(vc::launch_group_permute(p, s), "permutation");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("kmeans_group", &kmeans_group, "Fused k-means grouping of V (kernels/grouping_fused.py)");
+  m.def("permute_labels", &permute_labels, "Stable permutation of a cached grouping's labels (kernels/grouping_fused.py)");
 }

@@ -42,10 +42,10 @@ struct GroupParams {
   float* part_sums;        // (G,parts,C,D) float32 per-block cluster sums
   int32_t* part_counts;    // (G,parts,C) per-block cluster counts
   uint8_t* raw_labels;     // (G,N) k-means ids of the last assignment (written by the final pass)
-  int32_t* rank;           // (G,C) new id of each k-means cluster (chain order or identity)
+  int32_t* rank;           // (G,C) new id of each k-means cluster (chain order or identity; nullptr: identity)
   int32_t* counts;         // (G,C) tokens per cluster, in the new ids
   uint16_t* centroids_out; // (G,C,D) fp16 centroids in the new ids
-  uint8_t* labels;         // (G,N) labels in the new ids
+  uint8_t* labels;         // (G,N) labels in the new ids (nullptr: not written)
   int32_t* perm;           // (G,N) stable sort by new label: perm[i] = source token of slot i
   int batch, heads, n, head_dim, clusters, parts;
   bool input_bf16;
@@ -60,7 +60,10 @@ const char* launch_group_pass(const GroupParams& p, bool accumulate, void* strea
 const char* launch_group_update(const GroupParams& p, void* stream);
 // Cluster totals, chain order (or identity), counts and fp16 centroids in the new ids.
 const char* launch_group_order(const GroupParams& p, bool chain, void* stream);
-// Labels in the new ids and the stable counting-sort permutation.
+// Labels in the new ids and the stable counting-sort permutation (rank == nullptr: raw_labels are
+// already the final ids; labels == nullptr: not written).
 const char* launch_group_permute(const GroupParams& p, void* stream);
+// part_counts of stored labels (raw_labels), for launch_group_permute on a cached grouping.
+const char* launch_group_label_counts(const GroupParams& p, void* stream);
 
 }  // namespace vc
