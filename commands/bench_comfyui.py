@@ -47,4 +47,5 @@ def comfyui_rows(comfy_path: str, steps: int = STEPS, size: str = "wan1.3b", log
         stats = row.pop("stats") or {}
         row["backend_calls"] = stats.get("backend_calls")
         row["fallbacks"] = stats.get("fallbacks")
+        row["cross_attention"] = stats.get("cross_attention")  # the exact cross-attention's routes (cudnn / model)
     return rows

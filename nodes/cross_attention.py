@@ -25,8 +25,10 @@ import torch.nn.functional as F
 from ..kernels.layout import to_bhnd
 from . import override as O
 
-# ComfyUI passes these through its attention functions; none of them changes what SDPA computes
-HARMLESS_KWARGS = frozenset({"transformer_options", "attn_precision"})
+# ComfyUI passes these through its attention functions (its attention wrapper adds the marker
+# _inside_attn_wrapper; low_precision_attention=False asks for exact attention, which this is); none of
+# them changes what SDPA computes
+HARMLESS_KWARGS = frozenset({"transformer_options", "attn_precision", "_inside_attn_wrapper", "low_precision_attention"})
 
 
 @functools.lru_cache(maxsize=None)

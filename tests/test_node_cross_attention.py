@@ -102,8 +102,9 @@ def test_the_cudnn_route_is_exact_attention_in_comfyuis_layouts(skip_reshape):
     b, h, nq, nk, d = 2, 12, 4096, 512, 128
     q, k, v = (torch.randn(b, h, n, d, device="cuda", generator=gen, dtype=torch.bfloat16) for n in (nq, nk, nk))
     args = (q, k, v) if skip_reshape else tuple(t.transpose(1, 2).reshape(b, -1, h * d) for t in (q, k, v))
+    kwargs = {"transformer_options": {}, "_inside_attn_wrapper": True}  # as ComfyUI's attention wrapper passes them
     call = AttentionCall(func=None, previous=None, q=args[0], k=args[1], v=args[2], heads=h, mask=None,
-                         skip_reshape=skip_reshape, skip_output_reshape=skip_reshape, kwargs={"transformer_options": {}})
+                         skip_reshape=skip_reshape, skip_output_reshape=skip_reshape, kwargs=kwargs)
     assert X.cudnn_reason(*X.bhnd_views(call), None, call.kwargs) is None
     out = X.cudnn_attention(call)
     expected = torch.softmax(q.double() @ k.double().transpose(-1, -2) / d**0.5, -1) @ v.double()

@@ -58,14 +58,16 @@ def test_a_tiny_wan_model_runs_self_attention_on_vc_in_real_comfyui(tmp_path):
     # split sampling (two patched models, steps 0-1 and 2-3) and heun, with ComfyUI's own schedulers:
     # only step 0 (the first 25%) regroups; the low-noise model groups each layer once on first sight;
     # heun's second evaluation of step 0 sits exactly on the 25% boundary and reuses
+    # These runs follow the first one in the same process: the model attention's baseline at this shape
+    # is remembered (nodes/stats.py), so none of them spends calls on it
     events = result["schedule_events"]
     per_step = {"reference": WAN_BLOCKS * forwards // STEPS}
-    assert events["high"] == {"backend_calls": {"reference": 2 * per_step["reference"] - 2}, "baseline_calls": 2,
+    assert events["high"] == {"backend_calls": {"reference": 2 * per_step["reference"]}, "baseline_calls": 0,
                               "grouping_calls": WAN_BLOCKS, "steps": 2}
-    assert events["low"] == {"backend_calls": {"reference": 2 * per_step["reference"] - 2}, "baseline_calls": 2,
+    assert events["low"] == {"backend_calls": {"reference": 2 * per_step["reference"]}, "baseline_calls": 0,
                              "grouping_calls": WAN_BLOCKS, "steps": 2}
-    assert events["heun"] == {"backend_calls": {"reference": (2 * STEPS - 1) * per_step["reference"] - 2},
-                              "baseline_calls": 2, "grouping_calls": WAN_BLOCKS, "steps": STEPS}
+    assert events["heun"] == {"backend_calls": {"reference": (2 * STEPS - 1) * per_step["reference"]},
+                              "baseline_calls": 0, "grouping_calls": WAN_BLOCKS, "steps": STEPS}
     # Capture: both branches of block 0 at steps 0 and 3, in the documented format; outputs unchanged
     assert result["capture_unchanged"] and result["capture_files"] == 1
     assert result["capture_metadata"] == {"format": "vc_attention_capture", "version": "1"}
