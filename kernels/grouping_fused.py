@@ -185,8 +185,8 @@ def labels_unsupported_reason(labels: torch.Tensor, clusters: int) -> Optional[s
     reason = _runtime_reason()
     if reason:
         return reason
-    if labels.dim() != 3 or labels.dtype != torch.uint8:
-        return f"labels {tuple(labels.shape)} {labels.dtype} (the kernel sorts (B, H, N) uint8 labels)"
+    if labels.dim() != 3 or labels.dtype != torch.uint8:  # one phrase per kind, not per shape (logged once)
+        return f"{labels.dim()}-D {labels.dtype} labels (the kernel sorts (B, H, N) uint8 labels)"
     if clusters > MAX_CLUSTERS:
         return f"{clusters} clusters (at most {MAX_CLUSTERS}: labels are uint8)"
     if labels.shape[0] * labels.shape[1] > MAX_GROUPS:

@@ -110,7 +110,7 @@ def test_which_cached_labels_the_fused_permutation_sorts(h200_like):
     assert "cpu" in grouping_fused.labels_unsupported_reason(torch.zeros(1, 1, 4, dtype=torch.uint8), 64)
     assert "uint8" in grouping_fused.labels_unsupported_reason(LabelsLike(dtype=torch.int16), 300)
     assert "uint8" in grouping_fused.labels_unsupported_reason(LabelsLike(), 300)
-    assert "(2, 12)" in grouping_fused.labels_unsupported_reason(LabelsLike((2, 12)), 64)
+    assert "2-D" in grouping_fused.labels_unsupported_reason(LabelsLike((2, 12)), 64)
     assert "65536 (batch, head) pairs" in grouping_fused.labels_unsupported_reason(LabelsLike((2048, 32, 64)), 64)
 
 
