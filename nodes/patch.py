@@ -100,6 +100,7 @@ class VCPatch:
         self._window_closed = False
         self._warned_slower: set[tuple] = set()
         self._cross_routes: Counter = Counter()  # "cudnn", "model", "model: <why not cuDNN>"
+        self._cross_failed: set[tuple] = set()  # cross-attention shapes where cuDNN raised
 
     def _enter_forward(self, transformer_options: Optional[dict]) -> None:
         """Place a new forward pass in the schedule (once per forward, not per call)."""
@@ -200,13 +201,24 @@ class VCPatch:
             self._cross_routes[f"model: {why}"] += 1
             return call.model_attention()
         shape = tuple(q.shape) + (k.shape[2],)  # (B, H, N queries, D, N keys)
+        if shape in self._cross_failed:
+            self._cross_routes["model: cuDNN failed at this shape"] += 1
+            return call.model_attention()
         if self.cross_stats.is_slower(shape):
             self._cross_routes["model: cuDNN measured slower"] += 1
             return call.model_attention()
         baseline_id = ("cross", shape, str(q.dtype), str(q.device), call.skip_reshape, call.skip_output_reshape,
                        call.model_attention_id())
-        out, from_model = self.cross_stats.run_call(shape, q.device, lambda: None, lambda _: X.cudnn_attention(call),
-                                                    call.model_attention, baseline_id)
+        try:
+            out, from_model = self.cross_stats.run_call(shape, q.device, lambda: None,
+                                                        lambda _: X.cudnn_attention(call), call.model_attention,
+                                                        baseline_id)
+        except RuntimeError as err:  # cuDNN refused what torch said it takes: never stop the user's run
+            self._cross_failed.add(shape)
+            logging.warning(f"VC-Attention: cuDNN attention failed on a cross-attention call at {shape}; the model's "
+                            f"attention runs there for the rest of the run. {err}")
+            self._cross_routes["model: cuDNN failed at this shape"] += 1
+            return call.model_attention()
         self._cross_routes["model" if from_model else "cudnn"] += 1
         return out
 

@@ -9,7 +9,7 @@ import torch
 pytestmark = pytest.mark.usefixtures("comfy_standin")
 
 
-def run_toy(steps, monkeypatch, cudnn_ms, model_ms=1.0, vc_ms=0.5):
+def run_toy(steps, monkeypatch, cudnn_ms, model_ms=1.0, vc_ms=0.5, cudnn=None):
     """A toy sampling run in which cuDNN 'can run' every cross-attention call, on a simulated clock."""
     from comfy.samplers import sample, simple_scheduler
     from server import PromptServer
@@ -38,7 +38,7 @@ def run_toy(steps, monkeypatch, cudnn_ms, model_ms=1.0, vc_ms=0.5):
     monkeypatch.setitem(backends._REGISTRY, "stand_in", stand_in)
     monkeypatch.setattr(stats.time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(cross_attention, "cudnn_reason", lambda q, k, v, mask, kwargs: None)
-    monkeypatch.setattr(cross_attention, "cudnn_attention", costs(cudnn_ms, fake_cudnn))
+    monkeypatch.setattr(cross_attention, "cudnn_attention", costs(cudnn_ms, cudnn or fake_cudnn))
     monkeypatch.setattr(override.AttentionCall, "model_attention", costs(model_ms, exact))
     server = PromptServer()
     model = toy_model()
@@ -75,6 +75,19 @@ def test_cross_attention_goes_back_to_the_model_where_cudnn_is_slower(monkeypatc
                                           "model: cuDNN measured slower": calls - judged_at}
     assert len(routed) == judged_at - 2 and len(payload["cross_slower_shapes"]) == 1
     assert "(cuDNN slower at " + payload["cross_slower_shapes"][0] + ")" in stats.RunStats.log_line(payload)
+
+
+def test_a_cudnn_failure_sends_the_shape_to_the_model_and_is_counted(monkeypatch, caplog):
+    """Call 1 raises: the model's attention answers it and every later call of the shape (one warning)."""
+
+    def refuse(call):
+        raise RuntimeError("cuDNN: no engine for this configuration")
+
+    steps, blocks = 4, 2
+    with caplog.at_level(logging.WARNING):
+        payload, _ = run_toy(steps, monkeypatch, cudnn_ms=0.5, cudnn=refuse)
+    assert payload["cross_attention"] == {"model: cuDNN failed at this shape": steps * blocks}
+    assert sum("cuDNN attention failed" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_cudnn_reasons_on_the_cpu_and_for_masks_and_unknown_arguments():
