@@ -1,7 +1,7 @@
 """Where a fused prepare call's GPU time goes: every kernel one call launches, with its duration.
 
   python3 bench/prepare_profile.py [--shapes wan21-1.3b-480p,wan22-14b-720p] [--mode fidelity] [--ncu]
-  python3 bench/prepare_profile.py --grouping 64x1 [--batch 2]   # the node's k-means grouping instead
+  python3 bench/prepare_profile.py --grouping 64x1 [--batch 2] [--grouping-build order-gram]   # a grouping call
 
 Per shape (random bf16, (B,H,N,D), a random permutation, as bench/prepare_variants.py): the call timed
 with CUDA events (median of 20 after a warm-up), then one call under torch.profiler (CUPTI kernel
@@ -9,7 +9,7 @@ records: the workspace zeroing, the permutation's dtype cast, both prepare kerne
 table of kernel name and microseconds and their sum against the call's event time (the difference is
 launch gaps). --grouping CxI: the same for one grouping call (kernels.grouping.group_tokens, C
 clusters, I iterations, a cold start as the first step of the grouping window) and the cached
-grouping's permutation (the reuse steps' call). --batch: the shapes' batch (2: CFG batched). --ncu: the script only runs one warmed-up call between cudaProfilerStart/Stop, for
+grouping's permutation (the reuse steps' call); --grouping-build: one of grouping_fused.VARIANTS. --batch: the shapes' batch (2: CFG batched). --ncu: the script only runs one warmed-up call between cudaProfilerStart/Stop, for
 `ncu --profile-from-start off ...` (DRAM throughput, occupancy of each kernel). Writes
 prepare_profile.json to $OUT (default bench/results).
 """
@@ -78,6 +78,8 @@ def main() -> None:
     parser.add_argument("--ncu", action="store_true", help="one call between cudaProfilerStart/Stop only")
     parser.add_argument("--grouping", default=None, help="CLUSTERSxITERS: profile a grouping call instead")
     parser.add_argument("--batch", type=int, default=0, help="batch size (default: the shape's)")
+    parser.add_argument("--grouping-build", default="default",
+                        help="a build of kernels.grouping_fused.VARIANTS for --grouping (e.g. order-gram)")
     args = parser.parse_args()
     config = MODES[args.mode]
     results = []
@@ -85,7 +87,10 @@ def main() -> None:
         q, k, v, perm = inputs(shape, args.batch)
         calls = {args.mode: lambda: prep.prepare_cuda(q, k, v, perm, config)}
         if args.grouping:
+            from vc_attention.kernels import grouping_fused
             from vc_attention.kernels.grouping import group_tokens
+
+            grouping_fused.BUILD = args.grouping_build  # the tool's own process: the build it profiles
 
             clusters, iters = (int(x) for x in args.grouping.split("x"))
             cached = group_tokens(v, clusters, iters)
@@ -97,7 +102,8 @@ def main() -> None:
     if results:
         env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
                "command": "python3 bench/prepare_profile.py --shapes " + args.shapes + (
-                   f" --grouping {args.grouping}" if args.grouping else f" --mode {args.mode}") + (
+                   f" --grouping {args.grouping} --grouping-build {args.grouping_build}" if args.grouping
+                   else f" --mode {args.mode}") + (
                    f" --batch {args.batch}" if args.batch else "")}
         out = Path(os.environ.get("OUT", "bench/results"), "prepare_profile.json")
         out.write_text(json.dumps({"env": env, "rows": results}, indent=1))

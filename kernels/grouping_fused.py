@@ -42,6 +42,14 @@ CHUNK = 64  # csrc/grouping_params.h kGroupChunk
 BLOCKS_PER_SLOT = 2  # assignment blocks per resident block slot: a short tail, small partial buffers
 SPLITS = 3  # csrc/grouping_params.h kGroupSplits: bf16 terms per float32 centroid
 TENSOR_CORES = True  # bf16 V: the tensor-core assignment pass where its shared memory fits
+# Build-time variants of csrc/grouping.cuh (compile flags): the GPU tests check each against the default
+# build and bench/prepare_profile.py --grouping-variant times it. BUILD below is the one run() uses.
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "order-block": ("-DVC_GROUP_ORDER_WARP=0",),  # the block-wide chain for every cluster count
+    "order-gram": ("-DVC_GROUP_ORDER_GRAM=1",),  # the one-warp chain on a Gram matrix (not yet the default)
+}
+BUILD = "default"
 
 PATH_CALLS: Counter = Counter()  # "fused", or "torch: <reason>"
 _disabled: Optional[str] = None  # set when the extension failed to build in this process
@@ -125,9 +133,19 @@ def disable(reason: str) -> None:
     logging.warning(f"VC-Attention: {_disabled}; grouping uses the torch implementation.")
 
 
-@functools.cache
 def extension():
-    return jit.load_extension(EXTENSION_NAME, SOURCES)
+    """The compiled module of the BUILD variant (built once per process, cached on disk)."""
+    return _extension(BUILD)
+
+
+@functools.cache
+def _extension(variant: str):
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown grouping build {variant!r}; known: {sorted(VARIANTS)}")
+    if variant == "default":
+        return jit.load_extension(EXTENSION_NAME, SOURCES)
+    return jit.load_extension(f"{EXTENSION_NAME}_{variant.replace('-', '_')}", SOURCES,
+                              extra_cuda_cflags=VARIANTS[variant])
 
 
 def parts_for(device: torch.device, groups: int, n: int, head_dim: int, clusters: int, tensor_cores: bool = False) -> int:

@@ -316,3 +316,18 @@ def test_the_reuse_permutation_replays_from_a_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured.long().cpu(), ref.labels_to_permutation(fresh.cpu()))
+
+
+@pytest.mark.parametrize("variant", ["order-block", "order-gram"])
+@pytest.mark.parametrize("clusters,d", [(20, 128), (64, 128), (64, 64), (100, 64)])
+def test_each_build_variant_groups_bit_for_bit_as_the_default(variant, clusters, d, monkeypatch):
+    """grouping_fused.VARIANTS change how the chain order is computed, never its result: the same
+    rank, labels, counts, fp16 centroids and permutation as the default build."""
+    v = clustered_v(2, 3, 5000, d, seed=clusters)
+    start = grouping._initial_centroids(v, clusters, 0, None)
+    outs = {}
+    for build in ("default", variant):
+        monkeypatch.setattr(grouping_fused, "BUILD", build)
+        outs[build] = grouping_fused.run(v, start.clone(), 1, True)
+    for name in ("rank", "counts", "labels", "perm", "centroids_fp16", "raw_labels"):
+        assert torch.equal(outs["default"][name], outs[variant][name]), name

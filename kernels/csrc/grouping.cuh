@@ -33,6 +33,8 @@ constexpr int kPassThreads = 128;   // 16 token rows x 8 centroid lanes of the r
 #ifndef VC_GROUP_ORDER_WARP
 #define VC_GROUP_ORDER_WARP 1  // the chain order of <= 64 clusters in one warp (0: the block-wide chain for every count)
 #endif
+// VC_GROUP_ORDER_GRAM (grouping_params.h, default 0; not yet run on a GPU): the one-warp chain reads its
+// dot products from a Gram matrix the block computes first
 constexpr int kOrderThreads = 256;  // >= kGroupMaxClusters: one thread per cluster
 constexpr float kUnreached = 3.0e38f;  // grouping_order._UNREACHED: distance to an empty cluster
 
@@ -481,6 +483,48 @@ __global__ void __launch_bounds__(kOrderThreads) group_order_kernel(const GroupP
       // argmin is a warp shuffle tree with no block barrier (the block-wide version below spends most of
       // its 142 us on 63 pairs of barriers). The same dot products in the same order and the same
       // (distance, id) order: the same chain, up to NaN distances, whose winner may depend on the tree.
+#if VC_GROUP_ORDER_GRAM
+      // Every pairwise dot product once, by the whole block (a 4 x 4 tile of the 64 x 64 Gram matrix per
+      // thread), in the chain's own order: element k into accumulator k % 4, combined (0 + 1) + (2 + 3).
+      // fmaf(a, b, s) == fmaf(b, a, s), so gram[x][y] is bit for bit the dot the chain took from x to y and
+      // the warp below is left with two shared loads and a shuffle tree per step (one warp issuing 256
+      // dependent FMAs a step was the 117 us of the chain without it: docs/grouping.md).
+      float* gram = reinterpret_cast<float*>(red_idx + 32);
+      {
+        const int ta = 4 * (tid / 16), tb = 4 * (tid % 16);
+        if (ta < clusters && tb < clusters) {
+          int ra[4], rb[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            ra[i] = min(ta + i, clusters - 1) * pitch;  // rows past the clusters read a real row, never stored
+            rb[i] = min(tb + i, clusters - 1) * pitch;
+          }
+          float acc[4][4][4] = {};
+          for (int k = 0; k < d; k += 4) {
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+              float a[4], b[4];
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                a[i] = cen[ra[i] + k + u];
+                b[i] = cen[rb[i] + k + u];
+              }
+#pragma unroll
+              for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc[i][j][u] = fmaf(a[i], b[j], acc[i][j][u]);
+            }
+          }
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+              if (ta + i < clusters && tb + j < clusters)
+                gram[(ta + i) * 64 + tb + j] = (acc[i][j][0] + acc[i][j][1]) + (acc[i][j][2] + acc[i][j][3]);
+        }
+      }
+      __syncthreads();
+#endif
       if (tid < 32) {
         bool seen[2] = {tid == current, tid + 32 == current};
         for (int step = 1; step < clusters; ++step) {
@@ -492,12 +536,16 @@ __global__ void __launch_bounds__(kOrderThreads) group_order_kernel(const GroupP
             float dist = INFINITY;
             if (c < clusters && !seen[m]) {
               if (total[c] > 0) {
+#if VC_GROUP_ORDER_GRAM
+                dist = (norms[current] + norms[c]) - 2.f * gram[current * 64 + c];
+#else
                 float dot[4] = {0.f, 0.f, 0.f, 0.f};
                 for (int k = 0; k < d; k += 4) {
 #pragma unroll
                   for (int u = 0; u < 4; ++u) dot[u] = fmaf(cen[current * pitch + k + u], cen[c * pitch + k + u], dot[u]);
                 }
                 dist = (norms[current] + norms[c]) - 2.f * ((dot[0] + dot[1]) + (dot[2] + dot[3]));
+#endif
               } else {
                 dist = kUnreached;
               }
