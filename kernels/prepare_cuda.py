@@ -26,7 +26,8 @@ SOURCES = ("prepare_binding.cpp", "prepare.cu")
 # too (measured slower: docs/kernel-notes.md section 22)
 VARIANTS: dict[str, tuple[str, ...]] = {"default": (), "rows-in-regs": ("-DVC_PREP_ROWS_IN_REGS=1",),
                                         "legacy-quantize": ("-DVC_PREP_LEGACY_QUANTIZE=1",),
-                                        "staged-stats": ("-DVC_PREP_STAGED_STATS=1",)}
+                                        "staged-stats": ("-DVC_PREP_STAGED_STATS=1",),
+                                        "stats-prefetch": ("-DVC_PREP_STATS_PREFETCH=1",)}
 
 
 @functools.cache

@@ -3,7 +3,8 @@ default build's operands bit for bit (skips without a GPU).
 
 "rows-in-regs" (csrc/prepare_regs.cuh), "legacy-quantize" (csrc/prepare.cuh's quantize pass, which the
 default build's csrc/prepare_staged.cuh replaced) and "staged-stats" (csrc/prepare_staged.cuh's statistics
-pass) only change when each row is loaded and how the V^T tile
+pass), "stats-prefetch" (the statistics pass with its permutation indices loaded first) only change
+when each row is loaded and how the V^T tile
 is transposed: the same arithmetic in the same order, so every operand (codes, scales, the V-Smooth
 means) must be equal, not close: at odd N
 (a partial last block), both head dims, fp16 / bf16, both layouts, INT8 and FP8 QK, with and without
@@ -38,13 +39,14 @@ def _inputs(n, d, dtype, layout, seed):
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
-# (rows_in_regs, legacy_quantize, staged_stats) as each build reports them; the default: the staged
-# quantize pass after prepare.cuh's statistics pass
-EXPECTED_KERNELS = {"rows-in-regs": (1, 0, 0), "legacy-quantize": (0, 1, 0), "staged-stats": (0, 0, 1)}
+# (rows_in_regs, legacy_quantize, staged_stats, stats_prefetch) as each build reports them; the default:
+# the staged quantize pass after prepare.cuh's statistics pass
+EXPECTED_KERNELS = {"rows-in-regs": (1, 0, 0, 0), "legacy-quantize": (0, 1, 0, 0), "staged-stats": (0, 0, 1, 0),
+                    "stats-prefetch": (0, 0, 0, 1)}
 
 
-def _kernels(ext) -> tuple[int, int, int]:
-    return ext.rows_in_regs(), ext.legacy_quantize(), ext.staged_stats()
+def _kernels(ext) -> tuple[int, int, int, int]:
+    return ext.rows_in_regs(), ext.legacy_quantize(), ext.staged_stats(), ext.stats_prefetch()
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -58,7 +60,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 def test_variant_writes_the_default_builds_operands_bit_for_bit(variant, name, n, d, dtype, layout):
     flags = prep.VARIANTS[variant]
     # each build runs the kernels it names (a flag that selected nothing would compare a build with itself)
-    assert _kernels(prep.extension(flags)) == EXPECTED_KERNELS[variant] and _kernels(prep.extension()) == (0, 0, 0)
+    assert _kernels(prep.extension(flags)) == EXPECTED_KERNELS[variant] and _kernels(prep.extension()) == (0, 0, 0, 0)
     config = CONFIGS[name]
     q, k, v = _inputs(n, d, dtype, layout, seed=n + d)
     perm = torch.argsort(torch.rand(2, 3, n, device="cuda"), dim=-1)

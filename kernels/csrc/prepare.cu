@@ -59,6 +59,7 @@ static void launch_prepare_typed(const PrepareParams& p, cudaStream_t stream) {
 int prepare_rows_in_regs() { return VC_PREP_ROWS_IN_REGS; }
 int prepare_legacy_quantize() { return VC_PREP_LEGACY_QUANTIZE; }
 int prepare_staged_stats() { return VC_PREP_STAGED_STATS; }
+int prepare_stats_prefetch() { return VC_PREP_STATS_PREFETCH; }
 
 template <typename T>
 static void launch_prepare_dim(const PrepareParams& p, cudaStream_t stream) {

@@ -119,4 +119,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "1 if this build runs prepare.cuh's quantize kernel instead of the staged one (VC_PREP_LEGACY_QUANTIZE)");
   m.def("staged_stats", &vc::prepare_staged_stats,
         "1 if this build runs prepare_staged.cuh's statistics kernel instead of prepare.cuh's (VC_PREP_STAGED_STATS)");
+  m.def("stats_prefetch", &vc::prepare_stats_prefetch,
+        "1 if this build's statistics kernel loads its permutation indices first (VC_PREP_STATS_PREFETCH)");
 }

@@ -61,6 +61,8 @@ int prepare_rows_in_regs();
 int prepare_legacy_quantize();
 // 1: this prepare build's statistics pass is prepare_staged.cuh's (VC_PREP_STAGED_STATS), 0: prepare.cuh's.
 int prepare_staged_stats();
+// 1 if the statistics kernel loads its permutation indices first (VC_PREP_STATS_PREFETCH, prepare.cuh)
+int prepare_stats_prefetch();
 const char* launch_attn_mma(const AttnParams& p, void* stream);
 // Query rows per CTA of the attention kernel this build runs (tells the build-time variants apart).
 int attn_mma_cta_rows();
