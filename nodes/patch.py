@@ -80,18 +80,17 @@ class VCPatch:
 
     def end_run(self, model_patcher=None) -> None:
         if self.stats.backend_calls or self.stats.fallbacks:
-            payload = self.stats.payload(self.node_id, kept_slower=not self.settings.avoid_slower)
-            payload.update(self.cross_payload())
-            publish(payload)
+            publish(self.stats.payload(self.node_id, kept_slower=not self.settings.avoid_slower,
+                                       cross=self.cross_summary()))
         self.cache.clear()
         self.stats.reset()
         self.cross_stats.reset()
         self._reset_run_state()
 
-    def cross_payload(self) -> dict:
+    def cross_summary(self) -> tuple[dict, list]:
         """The run's cross-attention routes (calls per route) and the shapes where cuDNN measured slower."""
         slower = self.cross_stats.payload(self.node_id)["slower_shapes"] if self._cross_routes else []
-        return {"cross_attention": dict(self._cross_routes), "cross_slower_shapes": slower}
+        return dict(self._cross_routes), slower
 
     def _reset_run_state(self) -> None:
         self._forward_options: Optional[dict] = None

@@ -227,7 +227,7 @@ class RunStats:
         stats.pending.append((timer.mark(), self.grouping_calls > groupings_before))
         return out, False
 
-    def payload(self, node_id: str, kept_slower: bool = False) -> dict:
+    def payload(self, node_id: str, kept_slower: bool = False, cross: Optional[tuple[dict, list]] = None) -> dict:
         """The event the web extension reads (reads every timer: call it when the run has ended).
 
         attention_ms: mean time of one sampled VC call (grouping included, at the rate it happened).
@@ -237,6 +237,8 @@ class RunStats:
         slower_shapes: shapes where VC-Attention measured slower than the model's attention;
         kept_slower: VC-Attention kept running there (fidelity, custom), else the model's did.
         baseline_reused: shapes whose model-attention time came from an earlier run of this process.
+        cross: (calls per route, shapes where cuDNN measured slower) of the exact cross-attention
+        (nodes/cross_attention.py), sent as cross_attention / cross_slower_shapes.
         """
         total_base = total_vc = group_ms = attention_ms = 0.0
         sampled = 0
@@ -268,6 +270,8 @@ class RunStats:
             "slower_shapes": [shape_name(s) for s, stats in self._shapes.items() if stats.slower],
             "kept_slower": kept_slower,
             "baseline_reused": sum(stats.baseline_reused for stats in self._shapes.values()),
+            "cross_attention": dict(cross[0]) if cross else {},
+            "cross_slower_shapes": list(cross[1]) if cross else [],
         }
 
     @staticmethod

@@ -98,6 +98,9 @@ def test_core_helpers_under_node():
       available: [core.backendWarning("auto", {{mma: "x"}}), core.backendWarning("sm90", undefined)],
       slower: core.statusLines({{...stats, grouping_share: 0.0712, slower_shapes: ["1x12x32760x128"], kept_slower: false}}),
       kept: core.statusLines({{...stats, slower_shapes: ["1x12x32760x128"], kept_slower: true}}),
+      cross: core.statusLines({{...stats, cross_attention: {{cudnn: 598, model: 2}}, cross_slower_shapes: []}}),
+      crossSlower: core.statusLines({{...stats, cross_attention: {{"model: cuDNN measured slower": 590, cudnn: 10}},
+                                     cross_slower_shapes: ["2x12x32760x128x512"]}}),
     }}));
     """
     proc = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60)
@@ -124,6 +127,10 @@ def test_core_helpers_under_node():
         "slower than the model's attention at 1x12x32760x128 (the model's attention ran there)",
     ]
     assert out["kept"][3] == "slower than the model's attention at 1x12x32760x128 (kept as chosen)"
+    assert len(out["status"]) == 3  # no cross-attention line without cross-attention calls
+    assert out["cross"][3] == "cross-attention (exact): cudnn x598, model x2"
+    assert out["crossSlower"][3] == ("cross-attention (exact): model: cuDNN measured slower x590, cudnn x10 "
+                                     "(cuDNN slower at 2x12x32760x128x512)")
 
 
 def test_the_backend_marks_come_from_the_schema_key_the_node_sends():

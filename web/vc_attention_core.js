@@ -60,6 +60,12 @@ export function statusLines(stats) {
     const action = stats.kept_slower ? "kept as chosen" : "the model's attention ran there";
     lines.push(`slower than the model's attention at ${stats.slower_shapes.join(", ")} (${action})`);
   }
+  const cross = counts(stats.cross_attention);
+  if (cross) {
+    const slower = stats.cross_slower_shapes && stats.cross_slower_shapes.length
+      ? ` (cuDNN slower at ${stats.cross_slower_shapes.join(", ")})` : "";
+    lines.push(`cross-attention (exact): ${cross}${slower}`);
+  }
   return lines;
 }
 
