@@ -7,8 +7,8 @@
 #         bench   `vc-attention bench --save`: attention kernels + grouping at every shape
 #         e2e     `vc-attention bench --e2e --save`: the Wan 14B forward (diffusers), SDPA / SageAttention / ours
 #         grouping bench/grouping_bench.py: the torch k-means path vs the fused kernels, share of a speed call
-#         comfyui `vc-attention bench --comfyui PATH --save`: sampling in real ComfyUI, default attention vs
-#                 `--use-sage-attention` vs our node's presets
+#         comfyui `vc-attention bench --comfyui PATH --comfyui-rounds 2 --save`: sampling in real ComfyUI, default
+#                 attention vs `--use-sage-attention` vs our node's presets, every mode twice, interleaved (~5 min)
 #         variants (not in the default list) the portable kernel's build-time variants side by side with
 #                 SageAttention 2.2's portable kernel (bench/mma_variants.py; $MMA_VARIANTS), the prepare
 #                 extension's variants (bench/prepare_variants.py), then one ncu
@@ -65,7 +65,7 @@ for stage in $stages; do
     grouping) step grouping 150 python3 bench/grouping_bench.py ;;
     e2e) step e2e 240 python3 -m vc_attention.cli bench --e2e --save ;;
     comfyui)
-      if [ -n "${COMFYUI_PATH:-}" ]; then step comfyui 300 python3 -m vc_attention.cli bench --comfyui "$COMFYUI_PATH" --save
+      if [ -n "${COMFYUI_PATH:-}" ]; then step comfyui 420 python3 -m vc_attention.cli bench --comfyui "$COMFYUI_PATH" --comfyui-rounds 2 --save
       else echo "[comfyui] skipped: no ComfyUI checkout (.comfy/ or COMFYUI_PATH)" | tee -a "$OUT/steps.txt"; fi ;;
     variants)
       step mma_variants 420 python3 bench/mma_variants.py --reps 3 --out "$OUT" \

@@ -57,6 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", type=int, default=1,
                         help="with --e2e: GPUs for the Ulysses context-parallel run (N > 1 adds the multi-GPU section)")
     parser.add_argument("--comfyui", metavar="PATH", help="run the ComfyUI sampling benchmark in this ComfyUI checkout instead")
+    parser.add_argument("--comfyui-rounds", type=int, default=1,
+                        help="with --comfyui: run every mode this many times, interleaved (median seconds reported)")
     parser.add_argument("--all", action="store_true", help="attention + e2e (+ comfyui with --comfyui or $COMFYUI_PATH)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--save", action="store_true", help="write the sections that ran into bench/results/<gpu>.json")
@@ -164,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             from .bench_comfyui import comfyui_rows
 
-            produced["comfyui"] = comfyui_rows(args.comfyui or os.environ["COMFYUI_PATH"])
+            produced["comfyui"] = comfyui_rows(args.comfyui or os.environ["COMFYUI_PATH"], rounds=args.comfyui_rounds)
     if args.json:
         print(json.dumps(produced, indent=1))
     if args.save:

@@ -144,6 +144,13 @@ def _comfyui_table(rows: list[dict]) -> list[str]:
             name += f" (grouping {r['preset']['clusters']} x {r['preset']['kmeans_iters']})"
         out.append(f"| {name} | {r['seconds']:.2f} | {r['x_default']:.2f} | "
                    f"{_num(r['x_sage'], '.2f')} | {r['rel_l2_vs_default']:.4f} | {calls} |")
+    if any(r.get("x_sage_rounds") for r in rows):
+        rounds = len(rows[0]["seconds_rounds"])
+        per_round = "; ".join(f"{COMFY_NAMES.get(r['mode'], r['mode'])} "
+                              + ", ".join(f"{x:.3f}" for x in r["x_sage_rounds"])
+                              for r in rows if r.get("x_sage_rounds") and r["mode"] not in ("sage",))
+        out += ["", f"Seconds are the median of {rounds} rounds (each round runs every mode once, in the order above). "
+                f"x `--use-sage-attention` per round: {per_round}."]
     if any(r.get("pyav_placeholder") for r in rows):
         out += ["", "PyAV was not installed on this machine: ComfyUI's module-level `import av` (video file I/O, "
                 "unused by sampling) got named placeholders that raise on any use (commands/comfyui_av_placeholder.py)."]
