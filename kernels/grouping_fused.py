@@ -91,13 +91,16 @@ def _runtime_reason() -> Optional[str]:
     return jit.runtime_reason() or jit.toolchain_reason()
 
 
+def _machine_reason(t: torch.Tensor, name: str) -> Optional[str]:
+    """Why no fused kernel can run on `t` whatever its shape (not on CUDA, no build, no toolchain), or None."""
+    if not t.is_cuda:
+        return f"{name} {'is' if name == 'V' else 'are'} on {t.device.type}"
+    return _disabled if _disabled is not None else _runtime_reason()
+
+
 def unsupported_reason(v: torch.Tensor, clusters: int) -> Optional[str]:
     """Why the fused path cannot group this V (one short phrase), or None when it can."""
-    if not v.is_cuda:
-        return f"V is on {v.device.type}"
-    if _disabled is not None:
-        return _disabled
-    reason = _runtime_reason()
+    reason = _machine_reason(v, "V")
     if reason:
         return reason
     if v.dtype not in DTYPES:
@@ -196,11 +199,7 @@ def run(v: torch.Tensor, centroids: torch.Tensor, iters: int, order: Optional[bo
 
 def labels_unsupported_reason(labels: torch.Tensor, clusters: int) -> Optional[str]:
     """Why the fused permutation cannot sort these stored labels (one short phrase), or None."""
-    if not labels.is_cuda:
-        return f"labels are on {labels.device.type}"
-    if _disabled is not None:
-        return _disabled
-    reason = _runtime_reason()
+    reason = _machine_reason(labels, "labels")
     if reason:
         return reason
     if labels.dim() != 3 or labels.dtype != torch.uint8:  # one phrase per kind, not per shape (logged once)
