@@ -19,6 +19,9 @@
 //   permute: per block range of the final pass: labels in the new ids and the stable counting-sort
 //            scatter; a block's start offsets come from the final pass's per-block counts, so no
 //            separate histogram pass is needed.
+//   reuse:   a cached grouping's permutation (the steps after the grouping window): label counts per
+//            block range (group_label_counts_kernel), then the permute kernel with the stored labels
+//            as the final ids.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
