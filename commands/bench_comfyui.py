@@ -39,9 +39,9 @@ def comfyui_rows(comfy_path: str, steps: int = STEPS, size: str = "wan1.3b", log
     runs: dict[str, list[dict]] = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory() as out_dir:
         for r in range(rounds):
+            round_dir = Path(out_dir, f"round{r}")
+            round_dir.mkdir()
             for mode in modes:
-                round_dir = Path(out_dir, f"round{r}")
-                round_dir.mkdir(exist_ok=True)
                 done = subprocess.run([sys.executable, str(WORKER), comfy_path, mode, str(round_dir), str(steps), size],
                                       capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
                 if done.returncode != 0:

@@ -229,18 +229,26 @@ def _initial_centroids(
     return init_centroids.to(device=v_bhnd.device, dtype=torch.float32, copy=True).contiguous()
 
 
-def _fused(v_bhnd, clusters, iters, seed, init_centroids, order: Optional[bool]) -> Optional[dict]:
-    """The fused CUDA grouping (grouping_fused.run), or None after counting why it cannot run."""
-    reason = grouping_fused.unsupported_reason(v_bhnd, clusters)
+def _fused_or_counted(reason_of, run, tensor: torch.Tensor):
+    """run() when reason_of() says the fused kernels can take the call, else None after counting why
+    (a build failure disables the fused path for the process and is counted as its reason)."""
+    reason = reason_of()
     if reason is None:
-        centroids = _initial_centroids(v_bhnd, clusters, seed, init_centroids)
         try:
-            return grouping_fused.run(v_bhnd, centroids, iters, order)
+            return run()
         except jit.JitError as err:  # no working toolchain: the torch path for the rest of the process
             grouping_fused.disable(str(err))
-            reason = grouping_fused.unsupported_reason(v_bhnd, clusters)
-    grouping_fused.count_fallback(v_bhnd, reason)
+            reason = reason_of()
+    grouping_fused.count_fallback(tensor, reason)
     return None
+
+
+def _fused(v_bhnd, clusters, iters, seed, init_centroids, order: Optional[bool]) -> Optional[dict]:
+    """The fused CUDA grouping (grouping_fused.run), or None after counting why it cannot run."""
+    return _fused_or_counted(
+        lambda: grouping_fused.unsupported_reason(v_bhnd, clusters),
+        lambda: grouping_fused.run(v_bhnd, _initial_centroids(v_bhnd, clusters, seed, init_centroids), iters, order),
+        v_bhnd)
 
 
 def _torch_kmeans(v_bhnd, clusters, iters, seed, init_centroids) -> tuple[torch.Tensor, torch.Tensor]:
@@ -308,15 +316,9 @@ class CompactGrouping:
         if self.fresh_perm is not None:
             perm, self.fresh_perm = self.fresh_perm, None
             return perm
-        reason = grouping_fused.labels_unsupported_reason(self.labels, self.clusters)
-        if reason is None:
-            try:
-                return grouping_fused.permute_labels(self.labels, self.clusters)
-            except jit.JitError as err:  # no working toolchain: the torch path for the rest of the process
-                grouping_fused.disable(str(err))
-                reason = grouping_fused.labels_unsupported_reason(self.labels, self.clusters)
-        grouping_fused.count_fallback(self.labels, reason)
-        return permutation_from_labels(self.labels, self.clusters)
+        perm = _fused_or_counted(lambda: grouping_fused.labels_unsupported_reason(self.labels, self.clusters),
+                                 lambda: grouping_fused.permute_labels(self.labels, self.clusters), self.labels)
+        return perm if perm is not None else permutation_from_labels(self.labels, self.clusters)
 
     @property
     def nbytes(self) -> int:

@@ -43,7 +43,7 @@ BLOCKS_PER_SLOT = 2  # assignment blocks per resident block slot: a short tail, 
 SPLITS = 3  # csrc/grouping_params.h kGroupSplits: bf16 terms per float32 centroid
 TENSOR_CORES = True  # bf16 V: the tensor-core assignment pass where its shared memory fits
 # Build-time variants of csrc/grouping.cuh (compile flags): the GPU tests check each against the default
-# build and bench/prepare_profile.py --grouping-variant times it. BUILD below is the one run() uses.
+# build and bench/prepare_profile.py --grouping-build times it. BUILD below is the one run() uses.
 VARIANTS: dict[str, tuple[str, ...]] = {
     "default": (),
     "order-block": ("-DVC_GROUP_ORDER_WARP=0",),  # the block-wide chain for every cluster count

@@ -71,10 +71,10 @@ def bhnd_views(call: O.AttentionCall) -> tuple[torch.Tensor, torch.Tensor, torch
     return views[0], views[1], views[2]
 
 
-def cudnn_attention(call: O.AttentionCall) -> torch.Tensor:
-    """The call through torch SDPA restricted to cuDNN, in the layout ComfyUI expects back."""
+def cudnn_attention(call: O.AttentionCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The call through torch SDPA restricted to cuDNN (q, k, v: its bhnd_views), in the layout ComfyUI
+    expects back."""
     backend, sdpa_kernel = _cudnn_backend()
-    q, k, v = bhnd_views(call)
     with sdpa_kernel([backend]):
         out = F.scaled_dot_product_attention(q, k, v)
     return O.to_output_layout(out, "bhnd", call.skip_output_reshape)

@@ -210,7 +210,7 @@ class VCPatch:
                        call.model_attention_id())
         try:
             out, from_model = self.cross_stats.run_call(shape, q.device, lambda: None,
-                                                        lambda _: X.cudnn_attention(call), call.model_attention,
+                                                        lambda _: X.cudnn_attention(call, q, k, v), call.model_attention,
                                                         baseline_id)
         except RuntimeError as err:  # cuDNN refused what torch said it takes: never stop the user's run
             self._cross_failed.add(shape)

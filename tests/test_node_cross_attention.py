@@ -28,7 +28,7 @@ def run_toy(steps, monkeypatch, cudnn_ms, model_ms=1.0, vc_ms=0.5, cudnn=None):
             return fn(*args, **kwargs)
         return timed
 
-    def fake_cudnn(call):
+    def fake_cudnn(call, *views):
         routed.append(tuple(call.k.shape))
         return exact(call)  # the same output; the clock says what it cost
 
@@ -80,7 +80,7 @@ def test_cross_attention_goes_back_to_the_model_where_cudnn_is_slower(monkeypatc
 def test_a_cudnn_failure_sends_the_shape_to_the_model_and_is_counted(monkeypatch, caplog):
     """Call 1 raises: the model's attention answers it and every later call of the shape (one warning)."""
 
-    def refuse(call):
+    def refuse(call, *views):
         raise RuntimeError("cuDNN: no engine for this configuration")
 
     steps, blocks = 4, 2
@@ -119,7 +119,7 @@ def test_the_cudnn_route_is_exact_attention_in_comfyuis_layouts(skip_reshape):
     call = AttentionCall(func=None, previous=None, q=args[0], k=args[1], v=args[2], heads=h, mask=None,
                          skip_reshape=skip_reshape, skip_output_reshape=skip_reshape, kwargs=kwargs)
     assert X.cudnn_reason(*X.bhnd_views(call), None, call.kwargs) is None
-    out = X.cudnn_attention(call)
+    out = X.cudnn_attention(call, *X.bhnd_views(call))
     expected = torch.softmax(q.double() @ k.double().transpose(-1, -2) / d**0.5, -1) @ v.double()
     if not skip_reshape:
         expected = expected.transpose(1, 2).reshape(b, nq, h * d)
