@@ -6,7 +6,7 @@ max), plus the previous spec (Q per 64 rows, integer running offset M = ceil(max
 - Q scale per 64 rows, per 16 rows and per thread group (rows g and g+8 of each 16-row MMA tile);
 - K scale per 32 keys;
 - V residual scale per 128-key block and channel instead of per channel over all tokens;
-- V-Smooth block means per 64 or 32 rows instead of per 128 (residual scale per channel as the spec);
+- V-Smooth block means per 64, 32 or 256 rows instead of per 128 (residual scale per channel as the spec);
 - P range: the other row max (448 for exp2 + cast, 256 for the ExpCast chord);
 - integer running row offset (ceil of the running max) instead of the exact max.
 Data: video-like Q/K/V (study/videodata.py) and random Gaussian Q/K/V (V with channel offsets),
@@ -57,7 +57,7 @@ class Knobs:
     p: str = "exp2"
     q_groups: str = "1"  # rows per scale ("1": the spec), or "thread" (rows g, g+8 of each 16)
     k_block: int = 128
-    v_scale: str = "channel"  # or "block" (per 128-key block and channel), "mean64" / "mean32" (V-Smooth means per 64 / 32 rows), "lowrank3" / "lowrank6" / "lowrank6s" (v_hat_lowrank)
+    v_scale: str = "channel"  # or "block" (per 128-key block and channel), "mean64" / "mean32" / "mean256" (V-Smooth means per 64 / 32 / 256 rows), "lowrank3" / "lowrank6" / "lowrank6s" (v_hat_lowrank)
     p_max: int = 0  # 0: the spec's row max of the encoding (SPEC_P_MAX)
     offset: str = "exact"  # or "integer" (ceil of the running max: the previous spec)
     label: str = field(default="", compare=False)
@@ -69,7 +69,8 @@ class Knobs:
 
 # the V-quantization knobs other than the spec's ("channel"): label suffix of each
 V_SCALE_LABELS = {"block": "V residual scale per block x channel", "mean64": "V-Smooth means per 64 rows",
-                  "mean32": "V-Smooth means per 32 rows", "lowrank3": "+ head-global rank-3 term",
+                  "mean32": "V-Smooth means per 32 rows",
+                  "mean256": "V-Smooth means per 256 rows (one per 256-key softmax step)", "lowrank3": "+ head-global rank-3 term",
                   "lowrank6": "+ head-global rank-6 term", "lowrank6s": "+ rank-6 term from 4,096 tokens"}
 
 
@@ -233,6 +234,7 @@ def make_case(kind: str, n: int, heads: int, rows: int, seed: int, grouping: Gro
     p_exact = torch.softmax(logits, dim=-1)
     v_hat = {"channel": ref.dequantized_v(vp, ref.VCConfig()).float(), "block": v_hat_block_scale(vp).float(),
              "mean64": v_hat_mean_rows(vp, 64).float(), "mean32": v_hat_mean_rows(vp, 32).float(),
+             "mean256": v_hat_mean_rows(vp, 256).float(),
              "lowrank3": v_hat_lowrank(vp, 3), "lowrank6": v_hat_lowrank(vp, 6),
              "lowrank6s": v_hat_lowrank(vp, 6, sample=4096)}
     return Case(q, kp, vp, idx, p_exact @ vp.double(), p_exact, v_hat)
@@ -275,7 +277,7 @@ def main(argv=None) -> None:
     parser.add_argument("--v-block-scale", type=parse_grouping, nargs="*", default=[],
                         help="groupings that also get a row with the V residual scale per block x channel")
     parser.add_argument("--v-mean-rows", type=parse_grouping, nargs="*", default=[],
-                        help="groupings that also get rows with the V-Smooth means per 64 and per 32 rows")
+                        help="groupings that also get rows with the V-Smooth means per 64, 32 and 256 rows")
     parser.add_argument("--v-lowrank", type=parse_grouping, nargs="*", default=[],
                         help="groupings that also get rows with a head-global rank-3 / rank-6 term in V (v_hat_lowrank)")
     args = parser.parse_args(argv)
@@ -314,7 +316,7 @@ def grouping_sweep(args) -> None:
     """rel-L2, QK term and V term per grouping candidate and mode (each mode's spec quantizers)."""
     modes = [m for m in args.modes if m != "expcast_paper"] or ["exp2"]
     variants_of = {g: [Knobs(p=m) for m in modes] for g in args.groupings}
-    for groupings, v_scales in ((args.v_block_scale, ["block"]), (args.v_mean_rows, ["mean64", "mean32"]),
+    for groupings, v_scales in ((args.v_block_scale, ["block"]), (args.v_mean_rows, ["mean64", "mean32", "mean256"]),
                                 (args.v_lowrank, ["lowrank3", "lowrank6", "lowrank6s"])):
         for g in groupings:
             variants_of.setdefault(g, [Knobs(p=m) for m in modes])

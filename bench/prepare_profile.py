@@ -1,7 +1,7 @@
 """Where a fused prepare call's GPU time goes: every kernel one call launches, with its duration.
 
   python3 bench/prepare_profile.py [--shapes wan21-1.3b-480p,wan22-14b-720p] [--mode fidelity] [--ncu]
-  python3 bench/prepare_profile.py --grouping 64x1 [--batch 2] [--grouping-build order-gram]   # a grouping call
+  python3 bench/prepare_profile.py --grouping 64x1 [--batch 2] [--grouping-build order-direct]   # a grouping call
 
 Per shape (random bf16, (B,H,N,D), a random permutation, as bench/prepare_variants.py): the call timed
 with CUDA events (median of 20 after a warm-up), then one call under torch.profiler (CUPTI kernel
@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--grouping", default=None, help="CLUSTERSxITERS: profile a grouping call instead")
     parser.add_argument("--batch", type=int, default=0, help="batch size (default: the shape's)")
     parser.add_argument("--grouping-build", default="default",
-                        help="a build of kernels.grouping_fused.VARIANTS for --grouping (e.g. order-gram)")
+                        help="a build of kernels.grouping_fused.VARIANTS for --grouping (e.g. order-direct)")
     args = parser.parse_args()
     config = MODES[args.mode]
     results = []

@@ -29,6 +29,7 @@ from vc_attention.commands.bench import cuda_time_ms
 from vc_attention.kernels import FIDELITY, PLAIN_8BIT, SPEED, reference
 from vc_attention.kernels.layout import from_bhnd
 from vc_attention.kernels.prepare_reference import prepare_reference
+from vc_attention.kernels.backend_sm90 import vsmooth_mode  # 2: the means equal in pairs (v_mean_rows 256)
 
 WAN_SHAPE = (1, 40, 75600, 128)
 
@@ -75,7 +76,7 @@ class Sm90Library:
         rc = self.lib.vc_sm90_forward(
             ops.q_q.data_ptr(), ops.q_scale.data_ptr(), ops.k_q.data_ptr(), ops.k_scale.data_ptr(), ops.v_t.data_ptr(),
             ops.v_scale.data_ptr(), ops.v_mean.data_ptr(), out.data_ptr(), b, h, ops.n_tokens, n_pad, d, sb, sh, sn,
-            int(config.p == "expcast"), int(config.v == "vsmooth"), int(out.dtype == torch.bfloat16), torch.cuda.current_stream().cuda_stream,
+            int(config.p == "expcast"), vsmooth_mode(config), int(out.dtype == torch.bfloat16), torch.cuda.current_stream().cuda_stream,
         )
         if rc:
             raise RuntimeError(f"{self.name}: {self.lib.vc_sm90_last_error().decode()}")

@@ -59,13 +59,16 @@ def _attention_op(
     p: str,
     smooth_k: bool,
     v_rank: int,
+    v_mean_rows: int,
     sm_scale: Optional[float],
     backend: str,
     selected: bool,
     perm_from_grouping: bool,
 ) -> torch.Tensor:
     inputs.check_perm_values(perm, perm_from_grouping)
-    config = VCConfig(qk=qk, v=v_format, p=p, smooth_k=smooth_k, v_rank=v_rank)
+    # every field of the caller's config (a field left out here silently ran its default: session 14's
+    # v_mean_rows did, until tests/test_api.py's round trip checked each field)
+    config = VCConfig(qk=qk, v=v_format, p=p, smooth_k=smooth_k, v_rank=v_rank, v_mean_rows=v_mean_rows)
     # the one selection of this call: here, or by the caller that passed the Backend it selected
     chosen = backends.get(backend) if selected else backends.select(q, config, layout, backend, kv=(k, v))
     if chosen.slow and backend == "auto" and q.device.type not in SILENT_EMULATION_DEVICES:
@@ -77,7 +80,8 @@ def _attention_op(
 
 
 @_attention_op.register_fake
-def _attention_fake(q, k, v, perm, v_basis, layout, qk, v_format, p, smooth_k, v_rank, sm_scale, backend, selected, perm_from_grouping):
+def _attention_fake(q, k, v, perm, v_basis, layout, qk, v_format, p, smooth_k, v_rank, v_mean_rows, sm_scale, backend, selected,
+                    perm_from_grouping):
     return torch.empty_like(q)
 
 
@@ -119,5 +123,6 @@ def vc_attention(
     selected = isinstance(backend, backends.Backend)
     name = backend.name if selected else backend
     inputs.check_basis(v_basis, config, b, h, to_bhnd(q, layout).shape[-1], q.device)
-    return _attention_op(q, k, v, perm, v_basis, layout, config.qk, config.v, config.p, config.smooth_k, config.v_rank, sm_scale, name, selected,
+    return _attention_op(q, k, v, perm, v_basis, layout, config.qk, config.v, config.p, config.smooth_k, config.v_rank,
+                         config.v_mean_rows, sm_scale, name, selected,
                          perm_from_grouping)

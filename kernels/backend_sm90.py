@@ -58,12 +58,21 @@ def extension():
     return jit.load_extension(EXTENSION_NAME, SOURCES, extra_cuda_cflags=CUDA_FLAGS, arch=ARCH)
 
 
+def vsmooth_mode(config: VCConfig) -> int:
+    """The kernel's V mode: 0 per-channel V, 1 V-Smooth, 2 V-Smooth with means equal in 128-row pairs
+    (v_mean_rows = 256: where the library has it (`extension().step_mean`), the 256-key loop restores
+    one mean per step; elsewhere the two-mean fold, which is right for such means too)."""
+    if config.v != "vsmooth":
+        return 0
+    return 2 if config.v_mean_rows == 2 * K_BLOCK else 1
+
+
 def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.Tensor, layout: str) -> torch.Tensor:
     """Run the Hopper kernel on prepared operands into `out` (q's shape in `layout`)."""
     extension().attention(
         ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean, ops.v_low_t, ops.v_low_basis,
         ops.v_low_scale, to_bhnd(out, layout),
-        ops.n_tokens, config.p == "expcast", config.v == "vsmooth", torch.cuda.current_stream(out.device).cuda_stream,
+        ops.n_tokens, config.p == "expcast", vsmooth_mode(config), torch.cuda.current_stream(out.device).cuda_stream,
     )
     return out
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .constants import MAX_V_RANK  # V-Smooth's low-rank term: at most the PV MMA's spare columns (6)
+from .constants import V_BLOCK
+
+V_MEAN_ROWS = (V_BLOCK, 2 * V_BLOCK)  # rows per V-Smooth block mean (VCConfig.v_mean_rows)
 
 QK_FORMATS = ("int8", "fp8")
 V_FORMATS = ("vsmooth", "per_channel")
@@ -29,6 +32,11 @@ class VCConfig:
     v_rank: with V-Smooth, a head-global rank-`v_rank` term taken out of the residual before its FP8
         rounding (reference.lowrank_basis, quantize_v_vsmooth); 0 (the default) is V-Smooth as the
         paper has it. Kernels: sm90 at head dim 128 (measured slower: opt-in, docs/kernel-notes.md 21).
+    v_mean_rows: with V-Smooth, the permuted V rows one block mean covers: 128 (the paper's block, the
+        K-scale block) or 256 (one mean per 256-key online-softmax step of the Hopper kernel, whose fold
+        then restores one mean per step instead of two: 4-5% of the speed kernel's time for +1.5% rel-L2
+        on the video-like data; the speed mode's choice, docs/kernel-notes.md section 24). The operands
+        keep one mean per 128 keys either way (equal in pairs at 256), so every kernel reads them alike.
     """
 
     qk: str = "int8"
@@ -36,6 +44,7 @@ class VCConfig:
     p: str = "exp2"
     smooth_k: bool = True
     v_rank: int = 0
+    v_mean_rows: int = V_BLOCK
 
     def __post_init__(self) -> None:
         if self.qk not in QK_FORMATS:
@@ -48,6 +57,12 @@ class VCConfig:
             raise ValueError(f"VCConfig.v_rank must be an integer from 0 to {MAX_V_RANK}, got {self.v_rank!r}.")
         if self.v_rank and self.v != "vsmooth":
             raise ValueError(f"VCConfig.v_rank needs v='vsmooth' (the term is taken out of its residual), got v={self.v!r}.")
+        if isinstance(self.v_mean_rows, bool) or self.v_mean_rows not in V_MEAN_ROWS:
+            raise ValueError(f"VCConfig.v_mean_rows must be one of {V_MEAN_ROWS}, got {self.v_mean_rows!r}.")
+        if self.v_mean_rows != V_BLOCK and self.v != "vsmooth":
+            raise ValueError(f"VCConfig.v_mean_rows={self.v_mean_rows} needs v='vsmooth' (per-channel V has no block means), "
+                             f"got v={self.v!r}.")
+
 
     def with_(self, **changes) -> "VCConfig":
         return replace(self, **changes)
@@ -60,10 +75,11 @@ class VCConfig:
     def tag(self) -> str:
         """Short stable name, used in benchmark tables, stats and kernel instantiation keys."""
         return (f"{self.qk}-{self.v}-{self.p}" + ("" if self.smooth_k else "-nosmoothk")
-                + (f"-rank{self.v_rank}" if self.v_rank else ""))
+                + (f"-rank{self.v_rank}" if self.v_rank else "")
+                + (f"-mean{self.v_mean_rows}" if self.v_mean_rows != V_BLOCK else ""))
 
 
 # The three configurations the product talks about.
 FIDELITY = VCConfig(qk="int8", v="vsmooth", p="exp2")
-SPEED = VCConfig(qk="int8", v="vsmooth", p="expcast")
+SPEED = VCConfig(qk="int8", v="vsmooth", p="expcast", v_mean_rows=2 * V_BLOCK)
 PLAIN_8BIT = VCConfig(qk="int8", v="per_channel", p="exp2")

@@ -47,7 +47,7 @@ TENSOR_CORES = True  # bf16 V: the tensor-core assignment pass where its shared 
 VARIANTS: dict[str, tuple[str, ...]] = {
     "default": (),
     "order-block": ("-DVC_GROUP_ORDER_WARP=0",),  # the block-wide chain for every cluster count
-    "order-gram": ("-DVC_GROUP_ORDER_GRAM=1",),  # the one-warp chain on a Gram matrix (not yet the default)
+    "order-direct": ("-DVC_GROUP_ORDER_GRAM=0",),  # the one-warp chain without the Gram matrix (default until session 14)
 }
 BUILD = "default"
 
@@ -72,9 +72,12 @@ def uses_tensor_cores(dtype: torch.dtype, head_dim: int, clusters: int, optin: i
     return TENSOR_CORES and dtype == torch.bfloat16 and pass_smem_bytes(head_dim, clusters, True) <= optin
 
 
-def order_smem_bytes(head_dim: int, clusters: int) -> int:
-    """Shared memory of the cluster-order kernel (csrc/grouping_params.h group_order_smem_bytes)."""
-    return clusters * (head_dim + 1) * 4 + clusters * 16 + head_dim * 4 + 64 * 4
+def order_smem_bytes(head_dim: int, clusters: int, build: Optional[str] = None) -> int:
+    """Shared memory of the cluster-order kernel (csrc/grouping_params.h group_order_smem_bytes) in a build
+    of VARIANTS (default: BUILD): the one-warp chain's 64 x 64 Gram matrix up to 64 clusters, except in
+    the build without it."""
+    gram = "-DVC_GROUP_ORDER_GRAM=0" not in VARIANTS[BUILD if build is None else build]
+    return clusters * (head_dim + 1) * 4 + clusters * 16 + head_dim * 4 + 64 * 4 + (64 * 64 * 4 if gram and clusters <= 64 else 0)
 
 
 @functools.lru_cache(maxsize=None)

@@ -28,6 +28,8 @@ VARIANTS: dict[str, tuple[str, ...]] = {"default": (), "rows-in-regs": ("-DVC_PR
                                         "legacy-quantize": ("-DVC_PREP_LEGACY_QUANTIZE=1",),
                                         "staged-stats": ("-DVC_PREP_STAGED_STATS=1",),
                                         "stats-prefetch": ("-DVC_PREP_STATS_PREFETCH=1",)}
+# the variants whose statistics pass covers 128 rows per block only: VCConfig.v_mean_rows = 128
+MEAN_128_ONLY = frozenset({"rows-in-regs", "staged-stats", "stats-prefetch"})
 
 
 @functools.cache
@@ -49,6 +51,11 @@ def prepare_cuda(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout
     variant_flags: a build of VARIANTS (the default build without). basis: the low-rank term's W
     (B,H,config.v_rank,D) fp16 (the node's cached one); None with config.v_rank > 0 computes
     reference.lowrank_basis's on the permuted V (a gather of V and an eigensolve per head: slow)."""
+    if variant_flags and config.v_mean_rows != N_ALIGN:
+        name = next((n for n, f in VARIANTS.items() if f == tuple(variant_flags)), None)
+        if name in MEAN_128_ONLY:
+            raise ValueError(f"the prepare variant {name!r} takes {N_ALIGN}-row V means only; this configuration has "
+                             f"v_mean_rows={config.v_mean_rows}.")
     qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))
     b, h, n, d = qb.shape
     n_pad = padded_length(n)
@@ -78,6 +85,6 @@ def prepare_cuda(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout
         qb, kb, vb, perm32, ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean,
         ops.v_low_basis, ops.v_low_t, ops.v_low_scale,
         reference.qk_scale(d, sm_scale), config.qk == "fp8", config.v == "vsmooth", config.smooth_k,
-        torch.cuda.current_stream(dev).cuda_stream,
+        config.v_mean_rows, torch.cuda.current_stream(dev).cuda_stream,
     )
     return ops

@@ -34,7 +34,7 @@ def prepare_reference(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, l
     low = {}
     if config.v == "vsmooth":
         basis = reference.resolve_basis(vb, config.v_rank, basis)
-        vs = reference.quantize_v_vsmooth(vb, basis)
+        vs = reference.quantize_v_vsmooth(vb, basis, config.v_mean_rows)
         resid, scale, mean = vs.residual_q, vs.scale, vs.mean
         if basis is not None:
             low = dict(v_low_t=low_rows(vs.coeff_q, n_pad),

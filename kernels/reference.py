@@ -366,6 +366,16 @@ def block_means_fp16(v: torch.Tensor, block: int = V_BLOCK) -> torch.Tensor:
     return block_means(v.float(), block).to(torch.float16)
 
 
+def vsmooth_means(v: torch.Tensor, mean_rows: int = V_BLOCK) -> torch.Tensor:
+    """The V-Smooth means as the operands store them: one fp16 mean per V_BLOCK rows (B,H,ceil(N/V_BLOCK),D),
+    each the mean over its `mean_rows`-row block (VCConfig.v_mean_rows: 128, or 256, when the two
+    128-row blocks of a 256-row block share one mean: the tail block averages only its own rows)."""
+    if mean_rows % V_BLOCK:
+        raise ValueError(f"mean_rows must be a multiple of {V_BLOCK}, got {mean_rows}.")
+    per = mean_rows // V_BLOCK
+    return block_means_fp16(v, mean_rows).repeat_interleave(per, dim=2)[:, :, :_blocks(v.shape[-2], V_BLOCK)]
+
+
 @dataclass
 class VSmoothV:
     """V-Smooth operands of one (permuted) V: what the prepare kernel writes."""
@@ -438,8 +448,9 @@ def resolve_basis(v_perm: torch.Tensor, rank: int, basis: torch.Tensor | None) -
     return basis
 
 
-def quantize_v_vsmooth(v_perm: torch.Tensor, basis: torch.Tensor | None = None) -> VSmoothV:
+def quantize_v_vsmooth(v_perm: torch.Tensor, basis: torch.Tensor | None = None, mean_rows: int = V_BLOCK) -> VSmoothV:
     """V-Smooth on an already permuted V: R = V - mu (fp16 mean as float32), then per-channel FP8.
+    mean_rows: the rows one mean covers (VCConfig.v_mean_rows; vsmooth_means).
 
     The residual is taken against the ROUNDED mean, so mean + residual reconstructs V up to the
     residual's FP8 error only. Residual scale: amax over all tokens per channel / 448.
@@ -452,7 +463,7 @@ def quantize_v_vsmooth(v_perm: torch.Tensor, basis: torch.Tensor | None = None) 
     rounding moves A by at most 2^-4 of its magnitude). On the video-like data it is within 2% of the
     exact amax and the output error is the same (docs/fidelity-study.md).
     """
-    mean = block_means_fp16(v_perm)
+    mean = vsmooth_means(v_perm, mean_rows)
     resid = v_perm.float() - expand_rows(mean.float(), V_BLOCK, v_perm.shape[-2])
     if basis is None:
         r_q, r_scale = quantize_fp8_per_channel(resid)
@@ -470,7 +481,7 @@ def dequantized_v(v_perm: torch.Tensor, config: VCConfig, basis: torch.Tensor | 
     config.v_rank the low-rank term on `basis`, by default the one lowrank_basis proposes)."""
     if config.v == "vsmooth":
         basis = resolve_basis(v_perm, config.v_rank, basis)
-        return quantize_v_vsmooth(v_perm, basis).dequantized()
+        return quantize_v_vsmooth(v_perm, basis, config.v_mean_rows).dequantized()
     v_q, v_scale = quantize_fp8_per_channel(v_perm)
     return v_q * v_scale
 

@@ -6,7 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from vc_attention.kernels import FIDELITY, api, backends
+import dataclasses
+
+from vc_attention.kernels import FIDELITY, PLAIN_8BIT, SPEED, VCConfig, api, backends
 
 
 def test_reference_call_is_counted_and_matches_the_emulation():
@@ -193,3 +195,19 @@ def test_the_checks_leave_the_op_traceable_in_one_graph():
     perm[0, 0, 0] = perm[0, 0, 1]
     with pytest.raises(ValueError, match="perm must be a permutation"):
         compiled(q, perm)
+
+
+@pytest.mark.parametrize("config", [FIDELITY, SPEED, PLAIN_8BIT, SPEED.with_(v_mean_rows=128, smooth_k=False),
+                                    FIDELITY.with_(v_mean_rows=256, v_rank=2)])
+def test_the_backend_runs_the_callers_config_field_for_field(config, monkeypatch):
+    """The custom op carries the config as separate fields: each one must arrive (a field the op dropped
+    ran its default silently: speed mode's v_mean_rows did, and ran the two-mean kernel)."""
+    seen = []
+    backend = backends.get("reference")
+    real_run = backend.run
+    monkeypatch.setattr(backend, "run", lambda q, k, v, perm, cfg, *rest: seen.append(cfg) or real_run(q, k, v, perm, cfg, *rest))
+    q = torch.randn(1, 1, 8, 64)
+    api.vc_attention(q, q, q, config=config, backend="reference")
+    assert seen == [config]
+    assert {f.name for f in dataclasses.fields(VCConfig)} == {"qk", "v", "p", "smooth_k", "v_rank", "v_mean_rows"}, \
+        "a new VCConfig field: pass it through kernels/api._attention_op"

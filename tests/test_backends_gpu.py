@@ -289,17 +289,19 @@ def test_an_undeclared_case_is_declined_with_its_reason(name):
         api.vc_attention(q, q, q.transpose(-1, -2).contiguous().transpose(-1, -2), backend=name)
 
 
-@pytest.mark.parametrize("cfg", ["fidelity", "plain8", "fp8qk"])
-def test_cuda_prepare_matches_the_contract(cfg):
+@pytest.mark.parametrize("cfg,n", [("fidelity", 1000), ("plain8", 1000), ("fp8qk", 1000), ("speed", 1000), ("speed", 1100)])
+def test_cuda_prepare_matches_the_contract(cfg, n):
+    """speed has one V-Smooth mean per 256 rows (v_mean_rows), stored once per 128 rows; N = 1100 ends on a
+    lone 128-row block (9 of them), whose mean covers only its own rows."""
     config = CONFIGS[cfg]
-    q, k, v = _random_qkv(2, 3, 1000, 128, torch.bfloat16, "bnhd", seed=3)
-    perm = torch.argsort(torch.rand(2, 3, 1000, device="cuda"), dim=-1)
+    q, k, v = _random_qkv(2, 3, n, 128, torch.bfloat16, "bnhd", seed=3)
+    perm = torch.argsort(torch.rand(2, 3, n, device="cuda"), dim=-1)
     got = prepare_cuda(q, k, v, perm, config, "bnhd")
     want = prepare_reference(q, k, v, perm, config, "bnhd")
     assert torch.equal(got.q_q.view(torch.uint8), want.q_q.view(torch.uint8))
     # scales: amax / 127 is a true division in the kernel and on the CPU reference, while torch on
     # CUDA multiplies by the rounded reciprocal: one ulp apart at most
-    assert got.q_scale.shape == (2, 3, 1024)  # one scale per query row, padded rows 0
+    assert got.q_scale.shape == (2, 3, -(-n // 128) * 128)  # one scale per query row, padded rows 0
     torch.testing.assert_close(got.q_scale, want.q_scale, rtol=2.5e-7, atol=0)
     # K mean and V block means are float32 sums in another order: allow rare one-code differences
     for field in ("k_q", "v_t"):
@@ -308,6 +310,10 @@ def test_cuda_prepare_matches_the_contract(cfg):
     torch.testing.assert_close(got.k_scale, want.k_scale, rtol=1e-6, atol=0)
     torch.testing.assert_close(got.v_scale, want.v_scale, rtol=1e-6, atol=0)
     torch.testing.assert_close(got.v_mean.float(), want.v_mean.float(), rtol=1e-3, atol=1e-3)
+    if config.v_mean_rows == 256:  # the pairs' two slots hold one mean, bit for bit
+        pairs = got.v_mean.shape[2] // 2
+        assert torch.equal(got.v_mean[:, :, 0:2 * pairs:2], got.v_mean[:, :, 1:2 * pairs:2])
+        assert not torch.equal(got.v_mean[:, :, 0:2 * pairs - 2:2], got.v_mean[:, :, 2:2 * pairs:2])
 
 
 def test_mma_log_sum_exp_output():
@@ -407,3 +413,50 @@ def test_sm90_runs_each_case_on_the_cta_shape_its_split_names(cfg, d):
     ran = {e.name for e in prof.events() if "vc_attention_sm90_kernel" in e.name}
     assert ran and all(f"consumers{expected}" in name for name in ran), ran
     _check(out, _emulation("sm90", q, k, v, perm, config, "bhnd"), "bhnd")
+
+
+def _last_two_template_flags(kernel_name: str) -> tuple[bool, bool]:
+    """(LOWRANK, STEPMEAN) of an sm90 kernel name as the profiler gives it, demangled
+    ("...kernel<128, true, true, __nv_bfloat16, 4, false, true>(...)") or mangled ("...Li4ELb0ELb1EEEv...")."""
+    import re
+
+    demangled = re.search(r"vc_attention_sm90_kernel<[^>]*?, (true|false), (true|false)>", kernel_name)
+    if demangled:
+        return demangled.group(1) == "true", demangled.group(2) == "true"
+    mangled = re.search(r"vc_attention_sm90_kernelI.*?Li\d+ELb([01])ELb([01])EE", kernel_name)
+    assert mangled, kernel_name
+    return mangled.group(1) == "1", mangled.group(2) == "1"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sm90_speed_restores_one_mean_per_step_when_the_means_come_in_pairs(dtype):
+    """Speed mode's means cover 256 rows (VCConfig.v_mean_rows), so its 256-key loop restores one mean per
+    step: the STEPMEAN kernel (the profiler's kernel name: its last template argument) runs for them and
+    the two-mean kernel for 128-row means; both match their emulation, and their outputs differ in bits
+    ((l_a + l_b) mu vs l_a mu + l_b mu: another rounding), so the fast fold is what ran."""
+    from vc_attention.kernels import backend_sm90
+
+    backend = _backend("sm90")
+    assert backend_sm90.extension().step_mean(128, True) == 1 and backend_sm90.extension().step_mean(64, True) == 0
+    q, k, v = _random_qkv(1, 2, 1100, 128, dtype, "bhnd", seed=11)
+    perm = _perm(q, "bhnd", SPEED)
+    outs = {}
+    for rows in (256, 128):
+        config = SPEED.with_(v_mean_rows=rows)
+        ops = prepare_cuda(q, k, v, perm, config, "bhnd")
+        out = torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            backend.attend(ops, config, out, "bhnd")
+            torch.cuda.synchronize()
+        ran = [e.name for e in prof.events() if "vc_attention_sm90_kernel" in e.name]
+        assert ran and all(_last_two_template_flags(name) == (False, rows == 256) for name in ran), ran
+        _check(out, _emulation("sm90", q, k, v, perm, config, "bhnd"), "bhnd")
+        outs[rows] = out
+    # the 128-row run used its own means: compare the one-mean fold with the two-mean fold on the SAME operands
+    config = SPEED
+    ops = prepare_cuda(q, k, v, perm, config, "bhnd")
+    two = torch.empty_like(q)
+    backend_sm90.extension().attention(ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean,
+                                       None, None, None, two, ops.n_tokens, True, 1, torch.cuda.current_stream().cuda_stream)
+    assert not torch.equal(two, outs[256])
+    assert _rel_l2(two, outs[256]) < 1e-3

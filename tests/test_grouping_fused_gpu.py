@@ -318,7 +318,7 @@ def test_the_reuse_permutation_replays_from_a_cuda_graph():
     assert torch.equal(captured.long().cpu(), ref.labels_to_permutation(fresh.cpu()))
 
 
-@pytest.mark.parametrize("variant", ["order-block", "order-gram"])
+@pytest.mark.parametrize("variant", [name for name in grouping_fused.VARIANTS if name != "default"])
 @pytest.mark.parametrize("clusters,d", [(20, 128), (64, 128), (64, 64), (100, 64)])
 def test_each_build_variant_groups_bit_for_bit_as_the_default(variant, clusters, d, monkeypatch):
     """grouping_fused.VARIANTS change how the chain order is computed, never its result: the same

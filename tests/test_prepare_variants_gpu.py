@@ -62,6 +62,8 @@ def test_variant_writes_the_default_builds_operands_bit_for_bit(variant, name, n
     # each build runs the kernels it names (a flag that selected nothing would compare a build with itself)
     assert _kernels(prep.extension(flags)) == EXPECTED_KERNELS[variant] and _kernels(prep.extension()) == (0, 0, 0, 0)
     config = CONFIGS[name]
+    if variant in prep.MEAN_128_ONLY:  # its statistics pass covers 128 rows a block (refusal: the test below)
+        config = config.with_(v_mean_rows=128)
     q, k, v = _inputs(n, d, dtype, layout, seed=n + d)
     perm = torch.argsort(torch.rand(2, 3, n, device="cuda"), dim=-1)
     expected = prep.prepare_cuda(q, k, v, perm, config, layout)
@@ -77,3 +79,11 @@ def test_variant_writes_the_default_builds_operands_bit_for_bit(variant, name, n
 def test_unknown_variant_flags_are_refused():
     with pytest.raises(ValueError, match="unknown prepare variant"):
         prep.extension(("-DVC_PREP_SOMETHING=1",))
+
+
+@pytest.mark.parametrize("variant", sorted(prep.MEAN_128_ONLY))
+def test_variants_with_128_row_statistics_refuse_256_row_means(variant):
+    q, k, v = _inputs(300, 128, torch.bfloat16, "bhnd", seed=1)
+    assert SPEED.v_mean_rows == 256
+    with pytest.raises(ValueError, match="128-row V means only"):
+        prep.prepare_cuda(q, k, v, None, SPEED, variant_flags=prep.VARIANTS[variant])

@@ -48,7 +48,7 @@ def ptxas_report(tmp_path_factory):
 def test_every_kernel_instantiation_is_compiled(ptxas_report):
     kernels = re.findall(KERNEL_ENTRY, ptxas_report)
     # head dim {64, 128} x {exp2, ExpCast} x {V-Smooth, per-channel} x {fp16, bf16}
-    assert len(set(kernels)) == 16
+    assert len({k for k in kernels if not _step_mean(k)}) == 16
 
 
 # At 240 registers per consumer thread ptxas keeps a few words of the V-Smooth head-dim-128 kernels in
@@ -90,8 +90,10 @@ def test_variant_compiles_cleanly(name, tmp_path):
     report = _ptxas_report(LAUNCHER, tmp_path / f"{name}.cubin", VARIANTS[name], f"(variant {name})")
     kernels = set(re.findall(KERNEL_ENTRY, report))
     low_rank = {k for k in kernels if _low_rank(k)}  # the 256-key builds: the low-rank V term's kernels too
-    assert len(kernels - low_rank) == 16
+    step_mean = {k for k in kernels if _step_mean(k)}  # and the early-QK loop's one-mean-per-step kernels
+    assert len(kernels - low_rank - step_mean) == 16
     assert all(re.search(r"ILi128ELb\dELb1E", k) for k in low_rank), low_rank
+    assert all(re.search(r"ILi128ELb1ELb1E", k) for k in step_mean) and len(step_mean) in (0, 2), step_mean
     assert "warning" not in report.lower(), report  # C7510-C7515 serialization, C7508 setmaxnreg ignored
     frames = re.findall(r"(\d+) bytes stack frame", report)
     assert max(int(f) for f in frames) <= MAX_VARIANT_STACK_BYTES, report
@@ -109,7 +111,9 @@ def test_split_variant_compiles_cleanly(name, tmp_path):
                for src in (LAUNCHER, LAUNCHER_C3)]
     kernels = [k for r in reports for k in set(re.findall(KERNEL_ENTRY, r))]
     low_rank = [k for k in kernels if _low_rank(k)]
-    assert len(kernels) - len(low_rank) == 16
+    step_mean = [k for k in kernels if _step_mean(k)]
+    assert len(kernels) - len(low_rank) - len(step_mean) == 16
+    assert all(re.search(r"ILi128ELb1ELb1E", k) for k in step_mean) and len(step_mean) in (0, 2), step_mean
     # the low-rank V term's kernels (the last template argument): head dim 128 V-Smooth only
     assert all(re.search(r"ILi128ELb\dELb1E", k) for k in low_rank), low_rank
     for report in reports:
@@ -117,9 +121,21 @@ def test_split_variant_compiles_cleanly(name, tmp_path):
         assert max(int(f) for f in re.findall(r"(\d+) bytes stack frame", report)) <= MAX_VARIANT_STACK_BYTES, report
 
 
+def _flags(kernel: str) -> tuple[bool, bool]:
+    """The kernel's last two template arguments (LOWRANK, STEPMEAN: after the stage count)."""
+    found = re.search(r"Li\d+ELb([01])ELb([01])EEEv", kernel)
+    assert found, kernel
+    return found.group(1) == "1", found.group(2) == "1"
+
+
 def _low_rank(kernel: str) -> bool:
-    """Whether a kernel's last template argument (LOWRANK, after the stage count) is true."""
-    return re.search(r"Li\d+ELb1EEEv", kernel) is not None
+    """Whether the kernel has the low-rank V term (LOWRANK)."""
+    return _flags(kernel)[0]
+
+
+def _step_mean(kernel: str) -> bool:
+    """Whether the kernel restores one V-Smooth mean per 256-key step (STEPMEAN: means equal in pairs)."""
+    return _flags(kernel)[1]
 
 
 def test_product_library_splits_the_kernels_between_two_cta_shapes(tmp_path):
@@ -150,6 +166,10 @@ def test_product_library_splits_the_kernels_between_two_cta_shapes(tmp_path):
     # the low-rank V term: both P modes x both output types, where backend_sm90 declares it (head dim 128)
     low_rank = {k for k in re.findall(KERNEL_ENTRY, two) if _low_rank(k)}
     assert len(low_rank) == 4 and not any(_low_rank(k) for k in re.findall(KERNEL_ENTRY, three))
+    # one mean per 256-key step (speed: ExpCast + V-Smooth at head dim 128, means equal in pairs): bf16, fp16
+    step_mean = {k for k in re.findall(KERNEL_ENTRY, two) if _step_mean(k)}
+    assert len(step_mean) == 2 and all(re.search(r"ILi128ELb1ELb1E", k) for k in step_mean), step_mean
+    assert not any(_step_mean(k) for k in re.findall(KERNEL_ENTRY, three))
     assert backend_sm90.CONSTRAINTS.v_rank_head_dims == (128,) and backend_sm90.CONSTRAINTS.max_v_rank == 6
     assert max(int(f) for f in re.findall(r"(\d+) bytes stack frame", two)) <= MAX_STACK_BYTES, two
     assert max(int(f) for f in re.findall(r"(\d+) bytes stack frame", three)) <= MAX_VARIANT_STACK_BYTES, three

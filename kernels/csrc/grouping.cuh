@@ -36,8 +36,8 @@ constexpr int kPassThreads = 128;   // 16 token rows x 8 centroid lanes of the r
 #ifndef VC_GROUP_ORDER_WARP
 #define VC_GROUP_ORDER_WARP 1  // the chain order of <= 64 clusters in one warp (0: the block-wide chain for every count)
 #endif
-// VC_GROUP_ORDER_GRAM (grouping_params.h, default 0; not yet run on a GPU): the one-warp chain reads its
-// dot products from a Gram matrix the block computes first
+// VC_GROUP_ORDER_GRAM (grouping_params.h, default 1): the one-warp chain reads its dot products from a Gram
+// matrix the block computes first (H200, Wan2.1-1.3B with CFG: order kernel 116.5 -> 35.2 us; docs/grouping.md)
 constexpr int kOrderThreads = 256;  // >= kGroupMaxClusters: one thread per cluster
 constexpr float kUnreached = 3.0e38f;  // grouping_order._UNREACHED: distance to an empty cluster
 

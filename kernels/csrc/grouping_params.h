@@ -30,7 +30,7 @@ constexpr int64_t group_pass_smem_bytes(int head_dim, int clusters, bool tensor_
 // centroids float [C][D+1] + four per-cluster arrays + the weighted mean [D] + reduction scratch
 // (+ the 64 x 64 Gram matrix of the one-warp chain when built with VC_GROUP_ORDER_GRAM, grouping.cuh)
 #ifndef VC_GROUP_ORDER_GRAM
-#define VC_GROUP_ORDER_GRAM 0
+#define VC_GROUP_ORDER_GRAM 1  // 0 (variant "order-direct"): the one-warp chain computes each dot product itself
 #endif
 constexpr int64_t group_order_smem_bytes(int head_dim, int clusters) {
   return int64_t(clusters) * (head_dim + 1) * 4 + int64_t(clusters) * 16 + int64_t(head_dim) * 4 + 64 * 4 +

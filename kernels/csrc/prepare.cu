@@ -22,6 +22,9 @@ namespace vc {
 template <typename T, int D>
 static void launch_prepare_typed(const PrepareParams& p, cudaStream_t stream) {
   const dim3 grid(p.n_pad / kKBlock, p.batch * p.heads);
+  // the statistics pass: one block per V-Smooth mean (v_mean_rows rows; launch_prepare admits 256 for
+  // prepare.cuh's statistics kernel only)
+  const dim3 stats_grid((p.n_pad + p.v_mean_rows - 1) / p.v_mean_rows, p.batch * p.heads);
   if constexpr (VC_PREP_ROWS_IN_REGS) {
     prepare_stats_regs_kernel<T, D><<<grid, kPrepThreads, 0, stream>>>(p);
     if (p.qk_fp8) {
@@ -30,7 +33,7 @@ static void launch_prepare_typed(const PrepareParams& p, cudaStream_t stream) {
       prepare_quantize_regs_kernel<T, D, false><<<grid, kPrepThreads, 0, stream>>>(p);
     }
   } else if (p.v_rank) {  // V-Smooth's low-rank term: its own instantiations (registers)
-    prepare_stats_kernel<T, D, true><<<grid, kPrepThreads, 0, stream>>>(p);
+    prepare_stats_kernel<T, D, true><<<stats_grid, kPrepThreads, 0, stream>>>(p);
     if (p.qk_fp8) {
       prepare_quantize_kernel<T, D, true, true><<<grid, kPrepThreads, 0, stream>>>(p);
     } else {
@@ -40,7 +43,7 @@ static void launch_prepare_typed(const PrepareParams& p, cudaStream_t stream) {
     if constexpr (VC_PREP_STAGED_STATS) {
       prepare_stats_staged_kernel<T, D><<<grid, kPrepThreads, 0, stream>>>(p);
     } else {
-      prepare_stats_kernel<T, D><<<grid, kPrepThreads, 0, stream>>>(p);
+      prepare_stats_kernel<T, D><<<stats_grid, kPrepThreads, 0, stream>>>(p);
     }
     if constexpr (VC_PREP_LEGACY_QUANTIZE) {
       if (p.qk_fp8) {
@@ -73,6 +76,9 @@ static void launch_prepare_dim(const PrepareParams& p, cudaStream_t stream) {
 const char* launch_prepare(const PrepareParams& p, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   if (VC_PREP_ROWS_IN_REGS && p.v_rank) return "the rows-in-regs prepare variant has no low-rank V term";
+  if (p.v_mean_rows != kKBlock && p.v_mean_rows != 2 * kKBlock) return "v_mean_rows must be 128 or 256";
+  if (p.v_mean_rows != kKBlock && (VC_PREP_ROWS_IN_REGS || VC_PREP_STAGED_STATS || VC_PREP_STATS_PREFETCH))
+    return "this prepare variant's statistics pass takes 128-row V means only (v_mean_rows=128)";
   if (p.input_bf16) {
     launch_prepare_dim<__nv_bfloat16>(p, s);
   } else {

@@ -103,7 +103,11 @@ __device__ __forceinline__ void stats_block_sums(const PrepareParams& p, int bh,
     const float total = reduce_channels<D, false>(vacc, partial, row_sub, c0);
     if (threadIdx.x < D) {
       const __half mean = __float2half_rn(total / float(valid));
-      p.v_mean[(int64_t(bh) * gridDim.x + blockIdx.x) * D + threadIdx.x] = __half_as_ushort(mean);
+      // one mean per 128 rows in the operands: a 256-row block writes its mean into both of its slots
+      // (the second only where it exists: an odd n_pad / 128 ends on a single 128-row block)
+      const int per = p.v_mean_rows / kKBlock, slots = p.n_pad / kKBlock, first = blockIdx.x * per;
+      for (int s = first; s < min(first + per, slots); ++s)
+        p.v_mean[(int64_t(bh) * slots + s) * D + threadIdx.x] = __half_as_ushort(mean);
       block_mean[threadIdx.x] = __half2float(mean);
     }
     __syncthreads();
@@ -129,8 +133,11 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_stats_kernel(const Prepa
   __shared__ float block_mean[D];
 
   const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
-  const int row0 = blockIdx.x * kKBlock;
-  const int valid = min(kKBlock, p.n - row0);
+  // one block per V-Smooth mean: 128 rows, or 256 (VCConfig.v_mean_rows; the launcher's grid has
+  // n_pad / v_mean_rows blocks, rounded up). The K sums and the V amax do not depend on the split.
+  const int block_rows = p.v_mean_rows;
+  const int row0 = blockIdx.x * block_rows;
+  const int valid = min(block_rows, p.n - row0);
   const int c0 = (threadIdx.x % kLanesPerRow) * 8, row_sub = threadIdx.x / kLanesPerRow;
 
   float ksum[8] = {}, vacc[8] = {};

@@ -29,7 +29,7 @@ void prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
              torch::Tensor q_q, torch::Tensor q_scale, torch::Tensor k_q, torch::Tensor k_scale, torch::Tensor v_t,
              torch::Tensor v_scale, torch::Tensor v_mean, const std::optional<torch::Tensor>& v_basis,
              const std::optional<torch::Tensor>& v_low_t, const std::optional<torch::Tensor>& v_low_scale, double qk_scale,
-             bool qk_fp8, bool vsmooth, bool smooth_k, int64_t stream) {
+             bool qk_fp8, bool vsmooth, bool smooth_k, int64_t v_mean_rows, int64_t stream) {
   TORCH_CHECK_VALUE(q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16, "q must be float16 or bfloat16.");
   check_input(q, "q", q);
   check_input(k, "k", q);
@@ -42,7 +42,10 @@ void prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
   // the stats kernel's grid and the per-block K sums below are sized from it
   TORCH_CHECK_VALUE(q_q.size(2) % vc::kKBlock == 0 && k_scale.numel() == q_q.size(0) * q_q.size(1) * (q_q.size(2) / vc::kKBlock),
                     "k_scale must hold one scale per ", vc::kKBlock, "-key block, shape (B, H, n_pad / ", vc::kKBlock, ").");
+  TORCH_CHECK_VALUE(v_mean_rows == vc::kKBlock || v_mean_rows == 2 * vc::kKBlock, "v_mean_rows must be ", vc::kKBlock,
+                    " or ", 2 * vc::kKBlock, ", got ", v_mean_rows, ".");
   vc::PrepareParams p{};
+  p.v_mean_rows = static_cast<int>(v_mean_rows);
   p.q = q.data_ptr();
   p.k = k.data_ptr();
   p.v = v.data_ptr();

@@ -562,9 +562,18 @@ __device__ __forceinline__ void fold_tile(float (&o)[D / 2], float (&row_sum)[2]
   for (int r = 0; r < 2; ++r) row_sum[r] = fmaf(row_sum[r], alpha[r], l_blk[r]);
 }
 
+#ifndef VC_SM90_STEP_MEAN_DIAG
+// 1: the 256-key loops restore no V-Smooth mean at all: a timing bound (WRONG numbers; bench/sm90_variants.sh
+// split_m0), never a product build.
+#define VC_SM90_STEP_MEAN_DIAG 0
+#endif
+
 // The fold of a pair (pair_accumulation): pv holds alpha_b PV_a + PV_b, its columns D + 2t and
 // D + 2t + 1 the row sums alpha_b l_a and l_b; O = alpha_a alpha_b O + pv + l_a mu_a + l_b mu_b.
-template <int D, bool VSMOOTH>
+// MEANS = 1 (STEPMEAN kernels: the prepare's V-Smooth means are equal in 128-row pairs, VCConfig.v_mean_rows
+// = 256): O = alpha_a alpha_b O + pv + (l_a + l_b) mu_a, 2 FFMA and one LDS.64 per O element pair instead of
+// 3 and two (speed kernel -4.4% at Wan2.2-14B, docs/kernel-notes.md section 24). MEANS = 0: the diagnostic.
+template <int D, bool VSMOOTH, int MEANS = 2>
 __device__ __forceinline__ void fold_pair(float (&o)[D / 2], float (&row_sum)[2], const float (&pv)[D / 2 + 4],
                                           const float (&alpha_a)[2], const float (&alpha_b)[2], const float* mu_a,
                                           const float* mu_b, int t, const float* l4 = nullptr) {
@@ -574,13 +583,22 @@ __device__ __forceinline__ void fold_pair(float (&o)[D / 2], float (&row_sum)[2]
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) {
     float2 ma = make_float2(0.f, 0.f), mb = make_float2(0.f, 0.f);
-    if constexpr (VSMOOTH) {
+    if constexpr (VSMOOTH && MEANS == 2) {
       ma = *reinterpret_cast<const float2*>(mu_a + 8 * i + 2 * t);
       mb = *reinterpret_cast<const float2*>(mu_b + 8 * i + 2 * t);
+    } else if constexpr (VSMOOTH && MEANS == 1) {
+      ma = *reinterpret_cast<const float2*>(mu_a + 8 * i + 2 * t);
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      if constexpr (VSMOOTH) {
+      if constexpr (VSMOOTH && MEANS == 1) {
+        const float l_ab = l_a[r] + l_b[r];
+        o[4 * i + 2 * r] = fmaf(o[4 * i + 2 * r], ab[r], fmaf(l_ab, ma.x, pv[4 * i + 2 * r]));
+        o[4 * i + 2 * r + 1] = fmaf(o[4 * i + 2 * r + 1], ab[r], fmaf(l_ab, ma.y, pv[4 * i + 2 * r + 1]));
+      } else if constexpr (VSMOOTH && MEANS == 0) {
+        o[4 * i + 2 * r] = fmaf(o[4 * i + 2 * r], ab[r], pv[4 * i + 2 * r]);
+        o[4 * i + 2 * r + 1] = fmaf(o[4 * i + 2 * r + 1], ab[r], pv[4 * i + 2 * r + 1]);
+      } else if constexpr (VSMOOTH) {
         o[4 * i + 2 * r] = fmaf(o[4 * i + 2 * r], ab[r], fmaf(l_a[r], ma.x, fmaf(l_b[r], mb.x, pv[4 * i + 2 * r])));
         o[4 * i + 2 * r + 1] = fmaf(o[4 * i + 2 * r + 1], ab[r], fmaf(l_a[r], ma.y, fmaf(l_b[r], mb.y, pv[4 * i + 2 * r + 1])));
       } else {
@@ -759,7 +777,7 @@ __device__ __forceinline__ void store_p_tile(uint8_t* p_tile, const uint32_t (&p
 // (Issuing [QK(j), PV(j-1)] so that the softmax also overlaps the own PV needs a second P fragment
 // set live; at head dim 128 that spills under 240 registers and measured slower: kernel-notes.md.
 // The VC_SM90_P_SMEM variant gets the same overlap by staging P through shared memory instead.)
-template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK>
+template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK, bool STEPMEAN>
 __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, uint64_t* bar_q, uint64_t* bar_full,
                                               uint64_t* bar_empty) {
   constexpr bool kPSmem = p_through_smem<D, EXPCAST>();
@@ -897,6 +915,9 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     // a branch made ptxas serialize the pipeline). The product's head dim 128 speed loop (=2, ExpCast
     // only): fidelity stays on the next branch's loop, 8% faster there (docs/kernel-notes.md 18-19).
     static_assert(!kTurns, "the early QK splits the QK batch: no turns");
+    // V-Smooth means restored per step: one (STEPMEAN: equal in the step's two tiles), two, or none (diagnostic)
+    constexpr int kStepMeans = VC_SM90_STEP_MEAN_DIAG ? 0 : (STEPMEAN ? 1 : 2);
+    static_assert(!STEPMEAN || (VSMOOTH && !LOWRANK && !kMeanPv), "one mean per step: V-Smooth's plain 256-key loop");
     // the next pair's first QK waits for a stage that both warpgroups release only after this fold's
     // predecessor: four stages (two pairs) keep that wait from closing a cycle
     static_assert(STAGES >= 4, "the early-QK loop needs two tile pairs in the ring");
@@ -952,7 +973,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       if constexpr (kMeanPv && kNext == 2)  // a next pair step restores this step's means
         fold_step_deferred<D>(o, row_sum, pv, alpha, l_prev);
       else
-        fold_pair<D, VSMOOTH>(o, row_sum, pv, alpha, one, mu_smem + s0 * D, mu_smem + s1 * D, t, l_step);
+        fold_pair<D, VSMOOTH, kStepMeans>(o, row_sum, pv, alpha, one, mu_smem + s0 * D, mu_smem + s1 * D, t, l_step);
       release(s0);
       release(s1);
       if constexpr (kNext == 2) issue_qk_tile(s_hi, j0 + 3);
@@ -1372,7 +1393,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   }
 }
 
-template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK = false>
+template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK = false, bool STEPMEAN = false>
 __global__ void __launch_bounds__(kThreads, 1)
     vc_attention_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                              const __grid_constant__ CUtensorMap tm_vt, const __grid_constant__ CUtensorMap tm_vlow,
@@ -1415,7 +1436,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       producer_loop<D, EXPCAST, VSMOOTH, STAGES, L, LOWRANK>(&tm_q, &tm_k, &tm_vt, &tm_vlow, p, smem, bar_q, bar_full, bar_empty);
   } else {
     regs_alloc<kConsumerRegs>();
-    consumer_loop<D, EXPCAST, VSMOOTH, OutT, STAGES, LOWRANK>(p, smem, bar_q, bar_full, bar_empty);
+    consumer_loop<D, EXPCAST, VSMOOTH, OutT, STAGES, LOWRANK, STEPMEAN>(p, smem, bar_q, bar_full, bar_empty);
   }
 }
 

@@ -16,6 +16,7 @@ extern "C" int vc_sm90_low_rank(int head_dim, int expcast, int vsmooth);
 extern "C" const char* vc_sm90_last_error();
 extern "C" int vc_sm90_consumers(int head_dim, int expcast, int vsmooth);
 extern "C" int vc_sm90_step_keys(int head_dim, int expcast, int vsmooth);
+extern "C" int vc_sm90_step_mean(int head_dim, int expcast);
 
 namespace {
 
@@ -29,7 +30,10 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
                const torch::Tensor& k_scale, const torch::Tensor& v_t, const torch::Tensor& v_scale,
                const torch::Tensor& v_mean, const std::optional<torch::Tensor>& v_low_t,
                const std::optional<torch::Tensor>& v_low_basis, const std::optional<torch::Tensor>& v_low_scale,
-               torch::Tensor out, int64_t n_tokens, bool expcast, bool vsmooth, int64_t stream) {
+               torch::Tensor out, int64_t n_tokens, bool expcast, int64_t vsmooth, int64_t stream) {
+  // vsmooth: 0 per-channel V, 1 V-Smooth, 2 V-Smooth with means equal in 128-row pairs (v_mean_rows = 256)
+  TORCH_CHECK_VALUE(vsmooth >= 0 && vsmooth <= 2, "vsmooth must be 0 (per-channel V), 1 (V-Smooth) or 2 (V-Smooth, "
+                    "means equal in 128-row pairs), got ", vsmooth, ".");
   check_operand(q_q, "q_q", torch::kChar);
   check_operand(k_q, "k_q", torch::kChar);
   check_operand(v_t, "v_t", torch::kFloat8_e4m3fn);
@@ -65,7 +69,7 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
       v_scale.data_ptr<float>(), v_mean.data_ptr(), low_rank ? v_low_t->data_ptr() : nullptr,
       low_rank ? v_low_basis->data_ptr() : nullptr, low_rank ? v_low_scale->data_ptr<float>() : nullptr, rank,
       out.data_ptr(), static_cast<int>(batch), static_cast<int>(heads), static_cast<int>(n_tokens),
-      static_cast<int>(n_pad), static_cast<int>(head_dim), out.stride(0), out.stride(1), out.stride(2), expcast, vsmooth,
+      static_cast<int>(n_pad), static_cast<int>(head_dim), out.stride(0), out.stride(1), out.stride(2), expcast, static_cast<int>(vsmooth),
       out.scalar_type() == torch::kBFloat16, reinterpret_cast<void*>(stream));
   TORCH_CHECK(rc == 0, "sm90 attention launch failed: ", vc_sm90_last_error());
 }
@@ -83,4 +87,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("step_keys", [](int64_t head_dim, bool expcast, bool vsmooth) {
     return vc_sm90_step_keys(static_cast<int>(head_dim), expcast, vsmooth);
   }, "keys per online-softmax step of the kernel that runs this case (its emulation's offset_block)");
+  m.def("step_mean", [](int64_t head_dim, bool expcast) {
+    return vc_sm90_step_mean(static_cast<int>(head_dim), expcast);
+  }, "1 if this build restores one V-Smooth mean per 256-key step when the means are equal in pairs (vsmooth=2)");
 }

@@ -30,6 +30,8 @@
 #endif
 
 namespace vc_sm90 {
+constexpr int kVsmoothPairMeans = 2;  // the forward's vsmooth argument for means equal in 128-row pairs
+
 // Which consumer count runs a (head dim, P mode, V mode) in the split build, from the side-by-side run on
 // the H200 (docs/kernel-notes.md section 17): three warpgroups won every case (Wan2.2-14B speed 124.6 vs
 // 131.5 ms, plain 8-bit 128.9 vs 138.4, head dim 64 exp2 V-Smooth 15.5 vs 19.4) except head dim 128 with
@@ -82,7 +84,7 @@ bool byte_map(CUtensorMap* map, const void* base, int rank, const cuuint64_t* di
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK>
+template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK, bool STEPMEAN>
 int launch(const void* q_q, const void* k_q, const void* v_t, const void* v_low_t, const Params& p, int bh,
            cudaStream_t stream) {
   using L = LayoutFor<D, EXPCAST, VSMOOTH, STAGES, LOWRANK>;
@@ -116,7 +118,7 @@ int launch(const void* q_q, const void* k_q, const void* v_t, const void* v_low_
   } else {
     tm_vlow = tm_vt;  // unread
   }
-  auto kernel = vc_attention_sm90_kernel<D, EXPCAST, VSMOOTH, OutT, STAGES, LOWRANK>;
+  auto kernel = vc_attention_sm90_kernel<D, EXPCAST, VSMOOTH, OutT, STAGES, LOWRANK, STEPMEAN>;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kAlloc) != cudaSuccess)
     return fail("cudaFuncSetAttribute(max dynamic shared memory) failed");
   const dim3 grid((p.n_pad + kBlockM - 1) / kBlockM, bh);  // 192-row CTAs (3 consumers) overhang n_pad
@@ -139,28 +141,45 @@ constexpr bool has_low_rank(int head_dim, bool expcast, bool vsmooth) {
   return consumers == kConsumers && low_rank_loop(head_dim, vsmooth, consumers, stages) && !deferred_means;
 }
 
+// Whether this build has the one-mean-per-step kernel for (head dim, P mode, V mode): ExpCast with V-Smooth
+// on the early-QK 256-key loop (the speed kernel at head dim 128), without the low-rank term. Elsewhere
+// means equal in pairs run the two-mean fold, which is right for them too.
+constexpr bool has_step_mean(int head_dim, bool expcast, bool vsmooth) {
+  const int consumers = VC_SM90_SPLIT ? split_consumers(head_dim, expcast, vsmooth) : kConsumers;
+  const int stages = head_dim == 128 ? VC_SM90_STAGES_D128 : VC_SM90_STAGES_D64;
+  const bool early_qk = VC_SM90_STEP256_EARLY_QK == 1 || (VC_SM90_STEP256_EARLY_QK == 2 && expcast);
+  const bool deferred_means = VC_SM90_STEP256_MEAN_PV == 1 || (VC_SM90_STEP256_MEAN_PV == 2 && !expcast);  // mean_in_pv
+  return expcast && vsmooth && consumers == kConsumers && step256(head_dim, consumers, stages) && early_qk &&
+         !deferred_means;
+}
+
 template <int D, bool EXPCAST, bool VSMOOTH, bool LOWRANK>
 int launch_out(const void* q_q, const void* k_q, const void* v_t, const void* v_low_t, const Params& p, int bh,
-               bool out_bf16, cudaStream_t stream) {
+               bool out_bf16, bool pair_means, cudaStream_t stream) {
   constexpr int kStages = stages_for<D>();
   if constexpr (VC_SM90_SPLIT && split_consumers(D, EXPCAST, VSMOOTH) != kConsumers) {
     return fail("internal: this kernel lives in the other consumer build");  // never instantiated here
   } else if constexpr (LOWRANK && !has_low_rank(D, EXPCAST, VSMOOTH)) {
     return fail("this build has no low-rank V kernel for this head dim and mode");  // never instantiated
   } else {
-    return out_bf16 ? launch<D, EXPCAST, VSMOOTH, __nv_bfloat16, kStages, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, stream)
-                    : launch<D, EXPCAST, VSMOOTH, __half, kStages, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, stream);
+    if constexpr (!LOWRANK && has_step_mean(D, EXPCAST, VSMOOTH)) {
+      if (pair_means)
+        return out_bf16 ? launch<D, EXPCAST, VSMOOTH, __nv_bfloat16, kStages, false, true>(q_q, k_q, v_t, v_low_t, p, bh, stream)
+                        : launch<D, EXPCAST, VSMOOTH, __half, kStages, false, true>(q_q, k_q, v_t, v_low_t, p, bh, stream);
+    }
+    return out_bf16 ? launch<D, EXPCAST, VSMOOTH, __nv_bfloat16, kStages, LOWRANK, false>(q_q, k_q, v_t, v_low_t, p, bh, stream)
+                    : launch<D, EXPCAST, VSMOOTH, __half, kStages, LOWRANK, false>(q_q, k_q, v_t, v_low_t, p, bh, stream);
   }
 }
 
 template <int D, bool LOWRANK>
 int launch_d(const void* q_q, const void* k_q, const void* v_t, const void* v_low_t, const Params& p, int bh,
-             bool expcast, bool vsmooth, bool out_bf16, cudaStream_t stream) {
+             bool expcast, bool vsmooth, bool pair_means, bool out_bf16, cudaStream_t stream) {
   if (expcast)
-    return vsmooth ? launch_out<D, true, true, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, stream)
-                   : launch_out<D, true, false, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, stream);
-  return vsmooth ? launch_out<D, false, true, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, stream)
-                 : launch_out<D, false, false, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, stream);
+    return vsmooth ? launch_out<D, true, true, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, pair_means, stream)
+                   : launch_out<D, true, false, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, false, stream);
+  return vsmooth ? launch_out<D, false, true, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, pair_means, stream)
+                 : launch_out<D, false, false, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, false, stream);
 }
 
 }  // namespace
@@ -197,6 +216,13 @@ int VC_SM90_EXPORT(vc_sm90_step_keys)(int head_dim, int expcast, int vsmooth) {
 int VC_SM90_EXPORT(vc_sm90_low_rank)(int head_dim, int expcast, int vsmooth) {
   if (head_dim != 64 && head_dim != 128) return 0;
   return vc_sm90::has_low_rank(head_dim, expcast != 0, vsmooth != 0) ? 1 : 0;
+}
+
+// 1 where this library restores one V-Smooth mean per 256-key step for (head_dim, expcast) when the means
+// are equal in pairs (vsmooth = 2 in the forward calls; has_step_mean).
+int VC_SM90_EXPORT(vc_sm90_step_mean)(int head_dim, int expcast) {
+  if (head_dim != 64 && head_dim != 128) return 0;
+  return vc_sm90::has_step_mean(head_dim, expcast != 0, true) ? 1 : 0;
 }
 
 // The forward with V-Smooth's low-rank term: v_low_t (B,H,8,n_pad) e4m3, v_low_basis (B,H,v_rank,D) fp16,
@@ -239,17 +265,20 @@ int VC_SM90_EXPORT(vc_sm90_forward_low_rank)(const void* q_q, const float* q_sca
   p.v_rank = v_rank;
   const int bh = batch * heads;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const bool e = expcast != 0, vs = vsmooth != 0, bf = out_bf16 != 0;
+  // vsmooth 2: V-Smooth means equal in 128-row pairs (VCConfig.v_mean_rows = 256)
+  const bool e = expcast != 0, vs = vsmooth != 0, pairs = vsmooth == kVsmoothPairMeans, bf = out_bf16 != 0;
   if (head_dim == 128)
-    return v_rank ? launch_d<128, true>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, bf, s)
-                  : launch_d<128, false>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, bf, s);
+    return v_rank ? launch_d<128, true>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, bf, s)
+                  : launch_d<128, false>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, bf, s);
   if (head_dim == 64)
-    return v_rank ? launch_d<64, true>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, bf, s)
-                  : launch_d<64, false>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, bf, s);
+    return v_rank ? launch_d<64, true>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, bf, s)
+                  : launch_d<64, false>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, bf, s);
   return fail("head_dim must be 64 or 128");
 }
 
-// Returns 0 on success, else non-zero with vc_sm90_last_error() describing the failure.
+// Returns 0 on success, else non-zero with vc_sm90_last_error() describing the failure. vsmooth (here and in
+// vc_sm90_forward_low_rank): 0 per-channel V, 1 V-Smooth, 2 V-Smooth whose block means are equal in 128-row
+// pairs (the prepare's v_mean_rows = 256): the speed kernel then restores one mean per 256-key step.
 int VC_SM90_EXPORT(vc_sm90_forward)(const void* q_q, const float* q_scale, const void* k_q, const float* k_scale,
                                     const void* v_t, const float* v_scale, const void* v_mean, void* out, int batch,
                                     int heads, int n, int n_pad, int head_dim, long long out_stride_b,

@@ -32,6 +32,7 @@ struct PrepareParams {
   float* v_low_scale;       // (B,H,v_rank)
   float* c_amax;            // workspace (B,H,kMaxVRank), zeroed by the caller: amax |A_k|
   int v_rank;
+  int v_mean_rows;      // V-Smooth: rows per block mean, 128 or 256 (one statistics block each; v_mean keeps one mean per 128 rows)
   int batch, heads, n, n_pad, head_dim;
   float qk_scale;       // sm_scale * log2(e)
   bool input_bf16, qk_fp8, vsmooth, smooth_k;
