@@ -32,13 +32,18 @@ VARIANTS: dict[str, tuple[str, ...]] = {"default": (), "rows-in-regs": ("-DVC_PR
 MEAN_128_ONLY = frozenset({"rows-in-regs", "staged-stats", "stats-prefetch"})
 
 
+def _variant_name(variant_flags) -> Optional[str]:
+    """The name in VARIANTS of a build's flags (None: not a known variant)."""
+    return next((n for n, f in VARIANTS.items() if f == tuple(variant_flags)), None)
+
+
 @functools.cache
 def extension(variant_flags: tuple[str, ...] = ()):
     """The compiled module (built once per process, cached on disk across processes); variant_flags:
     the -D flags of one of VARIANTS (the default build without)."""
     if not variant_flags:
         return jit.load_extension(EXTENSION_NAME, SOURCES)
-    name = next((n for n, f in VARIANTS.items() if f == tuple(variant_flags)), None)
+    name = _variant_name(variant_flags)
     if name is None:
         raise ValueError(f"unknown prepare variant flags {variant_flags}; known: {VARIANTS}")
     return jit.load_extension(f"{EXTENSION_NAME}_{name.replace('-', '_')}", SOURCES, extra_cuda_cflags=tuple(variant_flags))
@@ -52,7 +57,7 @@ def prepare_cuda(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout
     (B,H,config.v_rank,D) fp16 (the node's cached one); None with config.v_rank > 0 computes
     reference.lowrank_basis's on the permuted V (a gather of V and an eigensolve per head: slow)."""
     if variant_flags and config.v_mean_rows != N_ALIGN:
-        name = next((n for n, f in VARIANTS.items() if f == tuple(variant_flags)), None)
+        name = _variant_name(variant_flags)
         if name in MEAN_128_ONLY:
             raise ValueError(f"the prepare variant {name!r} takes {N_ALIGN}-row V means only; this configuration has "
                              f"v_mean_rows={config.v_mean_rows}.")

@@ -133,12 +133,16 @@ constexpr int stages_for() {
   return D == 128 ? VC_SM90_STAGES_D128 : VC_SM90_STAGES_D64;
 }
 
+// Whether the 256-key loops restore a step's means in the next step's PV batch for this P mode (mean_in_pv).
+constexpr bool deferred_means(bool expcast) {
+  return VC_SM90_STEP256_MEAN_PV == 1 || (VC_SM90_STEP256_MEAN_PV == 2 && !expcast);
+}
+
 // Whether this build runs (head dim, P mode, V mode) with the low-rank V term (low_rank_loop).
 constexpr bool has_low_rank(int head_dim, bool expcast, bool vsmooth) {
   const int consumers = VC_SM90_SPLIT ? split_consumers(head_dim, expcast, vsmooth) : kConsumers;
   const int stages = head_dim == 128 ? VC_SM90_STAGES_D128 : VC_SM90_STAGES_D64;
-  const bool deferred_means = VC_SM90_STEP256_MEAN_PV == 1 || (VC_SM90_STEP256_MEAN_PV == 2 && !expcast);  // mean_in_pv
-  return consumers == kConsumers && low_rank_loop(head_dim, vsmooth, consumers, stages) && !deferred_means;
+  return consumers == kConsumers && low_rank_loop(head_dim, vsmooth, consumers, stages) && !deferred_means(expcast);
 }
 
 // Whether this build has the one-mean-per-step kernel for (head dim, P mode, V mode): ExpCast with V-Smooth
@@ -148,9 +152,8 @@ constexpr bool has_step_mean(int head_dim, bool expcast, bool vsmooth) {
   const int consumers = VC_SM90_SPLIT ? split_consumers(head_dim, expcast, vsmooth) : kConsumers;
   const int stages = head_dim == 128 ? VC_SM90_STAGES_D128 : VC_SM90_STAGES_D64;
   const bool early_qk = VC_SM90_STEP256_EARLY_QK == 1 || (VC_SM90_STEP256_EARLY_QK == 2 && expcast);
-  const bool deferred_means = VC_SM90_STEP256_MEAN_PV == 1 || (VC_SM90_STEP256_MEAN_PV == 2 && !expcast);  // mean_in_pv
   return expcast && vsmooth && consumers == kConsumers && step256(head_dim, consumers, stages) && early_qk &&
-         !deferred_means;
+         !deferred_means(expcast);
 }
 
 template <int D, bool EXPCAST, bool VSMOOTH, bool LOWRANK>
