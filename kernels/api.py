@@ -46,6 +46,23 @@ def _announce_emulation(q: torch.Tensor, config: VCConfig, layout: str) -> None:
 OP_NAME = "vc_attention::attention_" + re.sub(r"\W", "_", __package__)
 
 
+def _run(q, k, v, perm, v_basis, layout: str, config: VCConfig, sm_scale, backend: Union[str, backends.Backend],
+         perm_from_grouping: bool) -> torch.Tensor:
+    """One call after the public checks: the perm's values, the backend, its run (eager, real tensors)."""
+    inputs.check_perm_values(perm, perm_from_grouping)
+    # the one selection of this call: here, or by the caller that passed the Backend it selected
+    if isinstance(backend, backends.Backend):
+        chosen = backend
+    else:
+        chosen = backends.select(q, config, layout, backend, kv=(k, v))
+        if chosen.slow and backend == "auto" and q.device.type not in SILENT_EMULATION_DEVICES:
+            _announce_emulation(q, config, layout)
+    BACKEND_CALLS[chosen.name] += 1
+    if v_basis is None:  # a backend's run takes v_basis only if it declares the low-rank term (max_v_rank)
+        return chosen.run(q, k, v, perm, config, layout, sm_scale)
+    return chosen.run(q, k, v, perm, config, layout, sm_scale, v_basis)
+
+
 @torch.library.custom_op(OP_NAME, mutates_args=())
 def _attention_op(
     q: torch.Tensor,
@@ -65,24 +82,25 @@ def _attention_op(
     selected: bool,
     perm_from_grouping: bool,
 ) -> torch.Tensor:
-    inputs.check_perm_values(perm, perm_from_grouping)
     # every field of the caller's config (a field left out here silently ran its default: session 14's
     # v_mean_rows did, until tests/test_api.py's round trip checked each field)
     config = VCConfig(qk=qk, v=v_format, p=p, smooth_k=smooth_k, v_rank=v_rank, v_mean_rows=v_mean_rows)
-    # the one selection of this call: here, or by the caller that passed the Backend it selected
-    chosen = backends.get(backend) if selected else backends.select(q, config, layout, backend, kv=(k, v))
-    if chosen.slow and backend == "auto" and q.device.type not in SILENT_EMULATION_DEVICES:
-        _announce_emulation(q, config, layout)
-    BACKEND_CALLS[chosen.name] += 1
-    if v_basis is None:  # a backend's run takes v_basis only if it declares the low-rank term (max_v_rank)
-        return chosen.run(q, k, v, perm, config, layout, sm_scale)
-    return chosen.run(q, k, v, perm, config, layout, sm_scale, v_basis)
+    return _run(q, k, v, perm, v_basis, layout, config, sm_scale, backends.get(backend) if selected else backend,
+                perm_from_grouping)
 
 
 @_attention_op.register_fake
 def _attention_fake(q, k, v, perm, v_basis, layout, qk, v_format, p, smooth_k, v_rank, v_mean_rows, sm_scale, backend, selected,
                     perm_from_grouping):
     return torch.empty_like(q)
+
+
+def _through_the_op(*tensors: torch.Tensor) -> bool:
+    """Whether a call goes through the registered custom op: while torch.compile / export traces, and for
+    fake, meta or subclassed tensors (the dispatcher's cases). Plain tensors in eager mode call `_run`
+    directly: the op's dispatch costs ~10-20 us of host time a call, which a short call (LTX-Video: a
+    0.5 ms kernel) pays in full (docs/kernel-notes.md section 25)."""
+    return torch.compiler.is_compiling() or any(type(t) is not torch.Tensor or t.is_meta for t in tensors)
 
 
 def vc_attention(
@@ -120,9 +138,10 @@ def vc_attention(
     inputs.check_perm_shape(perm, b, h, n)
     if q.numel() == 0:
         return torch.empty_like(q)
-    selected = isinstance(backend, backends.Backend)
-    name = backend.name if selected else backend
     inputs.check_basis(v_basis, config, b, h, to_bhnd(q, layout).shape[-1], q.device)
+    if not _through_the_op(q, k, v):
+        return _run(q, k, v, perm, v_basis, layout, config, sm_scale, backend, perm_from_grouping)
+    selected = isinstance(backend, backends.Backend)
     return _attention_op(q, k, v, perm, v_basis, layout, config.qk, config.v, config.p, config.smooth_k, config.v_rank,
-                         config.v_mean_rows, sm_scale, name, selected,
+                         config.v_mean_rows, sm_scale, backend.name if selected else backend, selected,
                          perm_from_grouping)

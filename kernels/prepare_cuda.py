@@ -14,8 +14,7 @@ import torch
 from . import jit, reference
 from .config import VCConfig
 from .layout import to_bhnd
-from .constants import V_LOW_ROWS
-from .operands import N_ALIGN, PreparedOperands, padded_length
+from .operands import N_ALIGN, PreparedOperands
 
 EXTENSION_NAME = "vc_attention_prepare"
 SOURCES = ("prepare_binding.cpp", "prepare.cu")
@@ -62,34 +61,16 @@ def prepare_cuda(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout
             raise ValueError(f"the prepare variant {name!r} takes {N_ALIGN}-row V means only; this configuration has "
                              f"v_mean_rows={config.v_mean_rows}.")
     qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))
-    b, h, n, d = qb.shape
-    n_pad = padded_length(n)
-    dev = q.device
+    n, d = qb.shape[2:]
     # the V the basis is computed from: permuted only when a basis is to be computed
     v_perm = reference.permute_tokens(vb, perm.long()) if config.v_rank and basis is None and perm is not None else vb
     basis = reference.resolve_basis(v_perm, config.v_rank, basis)
     if basis is not None:
         basis = basis.contiguous()
-    qk_dtype = torch.int8 if config.qk == "int8" else torch.float8_e4m3fn
-    ops = PreparedOperands(
-        q_q=torch.empty(b, h, n_pad, d, dtype=qk_dtype, device=dev),
-        q_scale=torch.empty(b, h, n_pad, dtype=torch.float32, device=dev),
-        k_q=torch.empty(b, h, n_pad, d, dtype=qk_dtype, device=dev),
-        k_scale=torch.empty(b, h, n_pad // N_ALIGN, dtype=torch.float32, device=dev),
-        v_t=torch.empty(b, h, d, n_pad, dtype=torch.float8_e4m3fn, device=dev),
-        v_scale=torch.empty(b, h, d, dtype=torch.float32, device=dev),
-        v_mean=(torch.empty if config.v == "vsmooth" else torch.zeros)(b, h, n_pad // N_ALIGN, d, dtype=torch.float16, device=dev),
-        n_tokens=n,
-    )
-    if config.v_rank:
-        ops.v_low_t = torch.empty(b, h, V_LOW_ROWS, n_pad, dtype=torch.float8_e4m3fn, device=dev)
-        ops.v_low_scale = torch.empty(b, h, config.v_rank, dtype=torch.float32, device=dev)
-        ops.v_low_basis = basis
-    perm32 = None if perm is None else perm.to(device=dev, dtype=torch.int32).contiguous()
-    extension(tuple(variant_flags)).prepare(
-        qb, kb, vb, perm32, ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean,
-        ops.v_low_basis, ops.v_low_t, ops.v_low_scale,
-        reference.qk_scale(d, sm_scale), config.qk == "fp8", config.v == "vsmooth", config.smooth_k,
-        config.v_mean_rows, torch.cuda.current_stream(dev).cuda_stream,
-    )
-    return ops
+    perm32 = None if perm is None else perm.to(device=q.device, dtype=torch.int32).contiguous()
+    # the binding allocates the operands (one call, no per-tensor allocation from Python) on q's device
+    q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_low_t, v_low_scale = extension(tuple(variant_flags)).prepare(
+        qb, kb, vb, perm32, basis, reference.qk_scale(d, sm_scale), config.qk == "fp8", config.v == "vsmooth",
+        config.smooth_k, config.v_mean_rows)
+    return PreparedOperands(q_q=q_q, q_scale=q_scale, k_q=k_q, k_scale=k_scale, v_t=v_t, v_scale=v_scale, v_mean=v_mean,
+                            n_tokens=n, v_low_t=v_low_t, v_low_scale=v_low_scale, v_low_basis=basis)

@@ -49,7 +49,9 @@ def test_a_second_copy_of_the_package_gets_its_own_op(tmp_path):
         q = torch.randn(1, 1, 20, 64)
         before = api.BACKEND_CALLS["reference"]
         api2.vc_attention(q, q, q, backend="reference")
-        assert api2.BACKEND_CALLS["reference"] == 1 and api.BACKEND_CALLS["reference"] == before
+        api2._attention_op(q, q, q, None, None, "bhnd", "int8", "vsmooth", "exp2", True, 0, 128, None, "reference", False,
+                           False)  # the registered op of the copy (eager calls of plain tensors skip it)
+        assert api2.BACKEND_CALLS["reference"] == 2 and api.BACKEND_CALLS["reference"] == before
     finally:
         for name in [n for n in sys.modules if n.startswith(spec.name)]:
             del sys.modules[name]
@@ -197,11 +199,14 @@ def test_the_checks_leave_the_op_traceable_in_one_graph():
         compiled(q, perm)
 
 
+@pytest.mark.parametrize("through_the_op", [True, False], ids=["custom-op", "eager"])
 @pytest.mark.parametrize("config", [FIDELITY, SPEED, PLAIN_8BIT, SPEED.with_(v_mean_rows=128, smooth_k=False),
                                     FIDELITY.with_(v_mean_rows=256, v_rank=2)])
-def test_the_backend_runs_the_callers_config_field_for_field(config, monkeypatch):
+def test_the_backend_runs_the_callers_config_field_for_field(config, through_the_op, monkeypatch):
     """The custom op carries the config as separate fields: each one must arrive (a field the op dropped
-    ran its default silently: speed mode's v_mean_rows did, and ran the two-mean kernel)."""
+    ran its default silently: speed mode's v_mean_rows did, and ran the two-mean kernel). Both paths: the
+    op (torch.compile, fake and meta tensors) and the eager call of plain tensors."""
+    monkeypatch.setattr(api, "_through_the_op", lambda *tensors: through_the_op)
     seen = []
     backend = backends.get("reference")
     real_run = backend.run
@@ -211,3 +216,28 @@ def test_the_backend_runs_the_callers_config_field_for_field(config, monkeypatch
     assert seen == [config]
     assert {f.name for f in dataclasses.fields(VCConfig)} == {"qk", "v", "p", "smooth_k", "v_rank", "v_mean_rows"}, \
         "a new VCConfig field: pass it through kernels/api._attention_op"
+
+
+def test_eager_calls_of_plain_tensors_skip_the_custom_op_dispatch(monkeypatch):
+    """The op's dispatch is host time a short call pays in full; eager calls run the same `_run` without it,
+    with the same result and the same accounting (the op itself is exercised by the tests above)."""
+    q = torch.randn(1, 2, 100, 64)
+    expected = api.vc_attention(q, q, q, config=SPEED, backend="reference")
+
+    def no_op(*args):
+        raise AssertionError("the custom op was dispatched for an eager call of plain tensors")
+
+    monkeypatch.setattr(api, "_attention_op", no_op)
+    before = api.BACKEND_CALLS["reference"]
+    assert torch.equal(api.vc_attention(q, q, q, config=SPEED, backend="reference"), expected)
+    assert api.BACKEND_CALLS["reference"] == before + 1
+
+
+def test_meta_tensors_and_tracing_go_through_the_op():
+    """Shapes without data (meta tensors, as memory planners use) get the op's fake implementation; a
+    plain tensor in eager mode does not take the op."""
+    meta = torch.empty(1, 2, 100, 64, device="meta")
+    out = api.vc_attention(meta, meta, meta, config=SPEED, backend="reference")
+    assert out.is_meta and out.shape == meta.shape
+    assert api._through_the_op(meta) and not api._through_the_op(torch.randn(1))
+    assert api._through_the_op(torch.nn.Parameter(torch.randn(1)))  # a tensor subclass: the dispatcher's case

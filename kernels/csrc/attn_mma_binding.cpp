@@ -1,6 +1,7 @@
 // Torch binding of the portable mma.sync attention kernel: tensor checks, raw pointers, launch.
 // The kernels themselves are torch-free (vc_params.h); the stream comes from Python as an integer
 // (torch.cuda.current_stream().cuda_stream), so this file needs no CUDA headers.
+#include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
 #include <optional>
@@ -19,6 +20,7 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
                const std::optional<torch::Tensor>& lse, int64_t n, bool qk_fp8, bool expcast, bool vsmooth, int64_t stream) {
   for (const auto* t : {&q_q, &q_scale, &k_q, &k_scale, &v_t, &v_scale, &v_mean}) check_cuda_contiguous(*t, "prepared operand");
   TORCH_CHECK_VALUE(out.is_cuda() && out.dim() == 4 && out.stride(3) == 1, "out must be a 4-D CUDA (B, H, N, D) view with a contiguous last dim.");
+  const c10::cuda::CUDAGuard guard(out.device());  // the launch goes to out's GPU whatever the current one
   TORCH_CHECK_VALUE(out.scalar_type() == torch::kHalf || out.scalar_type() == torch::kBFloat16, "out must be float16 or bfloat16.");
   const int64_t head_dim = q_q.size(3);
   TORCH_CHECK_VALUE(head_dim == 64 || head_dim == 128, "head dim must be 64 or 128, got ", head_dim, ".");

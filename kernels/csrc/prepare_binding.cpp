@@ -1,8 +1,11 @@
 // Torch binding of the fused prepare kernels (prepare.cu): tensor checks, raw pointers, launch.
 // Its own extension (vc_attention_prepare), shared by every CUDA attention backend.
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
 #include <optional>
+#include <tuple>
 
 #include "binding_checks.h"
 #include "vc_constants.h"
@@ -25,11 +28,11 @@ void check_input(const torch::Tensor& t, const char* name, const torch::Tensor& 
                     name, " rows must be 16-byte aligned.");
 }
 
-void prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const std::optional<torch::Tensor>& perm,
-             torch::Tensor q_q, torch::Tensor q_scale, torch::Tensor k_q, torch::Tensor k_scale, torch::Tensor v_t,
-             torch::Tensor v_scale, torch::Tensor v_mean, const std::optional<torch::Tensor>& v_basis,
-             const std::optional<torch::Tensor>& v_low_t, const std::optional<torch::Tensor>& v_low_scale, double qk_scale,
-             bool qk_fp8, bool vsmooth, bool smooth_k, int64_t v_mean_rows, int64_t stream) {
+void run_prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const std::optional<torch::Tensor>& perm,
+                 torch::Tensor q_q, torch::Tensor q_scale, torch::Tensor k_q, torch::Tensor k_scale, torch::Tensor v_t,
+                 torch::Tensor v_scale, torch::Tensor v_mean, const std::optional<torch::Tensor>& v_basis,
+                 const std::optional<torch::Tensor>& v_low_t, const std::optional<torch::Tensor>& v_low_scale, double qk_scale,
+                 bool qk_fp8, bool vsmooth, bool smooth_k, int64_t v_mean_rows, cudaStream_t stream) {
   TORCH_CHECK_VALUE(q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16, "q must be float16 or bfloat16.");
   check_input(q, "q", q);
   check_input(k, "k", q);
@@ -109,14 +112,52 @@ void prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
   p.qk_fp8 = qk_fp8;
   p.vsmooth = vsmooth;
   p.smooth_k = smooth_k;
-  raise_on_error(vc::launch_prepare(p, reinterpret_cast<void*>(stream)), "prepare");
+  raise_on_error(vc::launch_prepare(p, stream), "prepare");
+}
+
+using Operands = std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor,
+                            torch::Tensor, std::optional<torch::Tensor>, std::optional<torch::Tensor>>;
+
+// The operand contract (kernels/operands.py) allocated here and filled on q's device and current stream:
+// one binding call per attention call. Allocating the seven operands from Python cost a short call ~30 us
+// of host time, which the event timing of a 0.5 ms call counts in full (docs/kernel-notes.md section 25).
+// v_basis (B, H, rank, D) float16 turns the low-rank term on (then v_low_t and v_low_scale are returned).
+Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const std::optional<torch::Tensor>& perm,
+                 const std::optional<torch::Tensor>& v_basis, double qk_scale, bool qk_fp8, bool vsmooth, bool smooth_k,
+                 int64_t v_mean_rows) {
+  TORCH_CHECK_VALUE(q.is_cuda() && q.dim() == 4, "q must be a 4-D CUDA tensor (B, H, N, D view).");
+  const c10::cuda::CUDAGuard guard(q.device());
+  const int64_t b = q.size(0), h = q.size(1), n = q.size(2), d = q.size(3);
+  const int64_t n_pad = (n + vc::kKBlock - 1) / vc::kKBlock * vc::kKBlock;
+  const auto on_q = q.options();
+  const auto f32 = on_q.dtype(torch::kFloat32);
+  const auto e4m3 = on_q.dtype(torch::kFloat8_e4m3fn);
+  auto q_q = torch::empty({b, h, n_pad, d}, on_q.dtype(qk_fp8 ? torch::kFloat8_e4m3fn : torch::kChar));
+  auto k_q = torch::empty({b, h, n_pad, d}, q_q.options());
+  auto q_scale = torch::empty({b, h, n_pad}, f32);
+  auto k_scale = torch::empty({b, h, n_pad / vc::kKBlock}, f32);
+  auto v_t = torch::empty({b, h, d, n_pad}, e4m3);
+  auto v_scale = torch::empty({b, h, d}, f32);
+  // per-channel V: the kernels' mean restore reads zeros (operands.py)
+  const std::vector<int64_t> mean_shape{b, h, n_pad / vc::kKBlock, d};
+  auto v_mean = vsmooth ? torch::empty(mean_shape, on_q.dtype(torch::kHalf)) : torch::zeros(mean_shape, on_q.dtype(torch::kHalf));
+  std::optional<torch::Tensor> v_low_t, v_low_scale;
+  if (v_basis.has_value()) {
+    TORCH_CHECK_VALUE(v_basis->dim() == 4, "v_basis must be (B, H, rank, D).");
+    v_low_t = torch::empty({b, h, vc::kVLowRows, n_pad}, e4m3);
+    v_low_scale = torch::empty({b, h, v_basis->size(2)}, f32);
+  }
+  run_prepare(q, k, v, perm, q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_basis, v_low_t, v_low_scale, qk_scale,
+              qk_fp8, vsmooth, smooth_k, v_mean_rows, c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
+  return {q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_low_t, v_low_scale};
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "VC-Attention fused prepare: q, k, v (+perm) -> the quantized operands of the attention kernels.";
-  m.def("prepare", &prepare, "q, k, v (+perm) -> quantized operands, written into the given tensors");
+  m.def("prepare", &prepare, "q, k, v (+perm, +v_basis) -> the quantized operands (q_q, q_scale, k_q, k_scale, v_t, v_scale, "
+        "v_mean, v_low_t, v_low_scale), on q's device and current stream");
   m.def("rows_in_regs", &vc::prepare_rows_in_regs, "1 if this build runs the register-staged kernels (VC_PREP_ROWS_IN_REGS)");
   m.def("legacy_quantize", &vc::prepare_legacy_quantize,
         "1 if this build runs prepare.cuh's quantize kernel instead of the staged one (VC_PREP_LEGACY_QUANTIZE)");

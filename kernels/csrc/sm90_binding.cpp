@@ -1,5 +1,6 @@
 // Torch binding of the Hopper (sm_90a) VC-Attention kernel: checks, raw pointers, launch.
 // The launcher (sm90_launch.cu) is torch-free; the stream comes from Python as an integer.
+#include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
 #include <optional>
@@ -42,6 +43,7 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
   check_operand(v_scale, "v_scale", torch::kFloat);
   check_operand(v_mean, "v_mean", torch::kHalf);
   TORCH_CHECK_VALUE(out.is_cuda() && out.dim() == 4 && out.stride(3) == 1, "out must be a 4-D CUDA view with unit channel stride.");
+  const c10::cuda::CUDAGuard guard(out.device());  // the launch goes to out's GPU whatever the current one
   TORCH_CHECK_VALUE(out.scalar_type() == torch::kHalf || out.scalar_type() == torch::kBFloat16, "out must be float16 or bfloat16.");
   const int64_t batch = q_q.size(0), heads = q_q.size(1), n_pad = q_q.size(2), head_dim = q_q.size(3);
   TORCH_CHECK_VALUE(out.size(0) == batch && out.size(1) == heads && out.size(2) == n_tokens && out.size(3) == head_dim,
