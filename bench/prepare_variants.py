@@ -1,6 +1,7 @@
 """Times the prepare extension's build-time variants (kernels/prepare_cuda.VARIANTS) side by side.
 
-  python3 bench/prepare_variants.py [--shapes wan21-1.3b-480p,wan22-14b-720p,d64] [--reps 20] [--out DIR]
+  python3 bench/prepare_variants.py [--shapes wan21-1.3b-480p,wan22-14b-720p,d64] [--variants default,stats-prefetch]
+                                    [--modes fidelity,plain8,speed] [--reps 20] [--out DIR]
 
 Per shape (random bf16 with channel offsets, (B,H,N,D) layout, a random permutation) and mode
 (V-Smooth fidelity, plain 8-bit): each variant's fused prepare (both kernels and the workspace
@@ -22,9 +23,10 @@ import torch
 
 from vc_attention.commands.bench import SHAPES, cuda_time_ms
 from vc_attention.kernels import prepare_cuda as prep
-from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT
+from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED
 
-MODES = {"fidelity": FIDELITY, "plain8": PLAIN_8BIT}
+# speed: 256-row V-Smooth means (VCConfig.v_mean_rows); the 128-row-only variants are skipped there
+MODES = {"fidelity": FIDELITY, "plain8": PLAIN_8BIT, "speed": SPEED}
 
 
 def same_operands(a, b) -> bool:
@@ -41,10 +43,14 @@ def floor_ms(b, h, n, d, peak_tbs) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="wan21-1.3b-480p,wan22-14b-720p,d64")
+    parser.add_argument("--variants", default=",".join(prep.VARIANTS), help="comma list of kernels/prepare_cuda.VARIANTS")
+    parser.add_argument("--modes", default="fidelity,plain8", help=f"comma list of {', '.join(MODES)}")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--peak-tbs", type=float, default=4.8, help="DRAM bandwidth for the floor column (H200: 4.8)")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     args = parser.parse_args()
+    variants = {name: prep.VARIANTS[name] for name in args.variants.split(",")}
+    modes = {name: MODES[name] for name in args.modes.split(",")}
     rows = []
     for shape in args.shapes.split(","):
         b, h, n, d = SHAPES[shape]
@@ -53,9 +59,11 @@ def main() -> None:
         v = v + 2.0 * torch.randn(d, generator=gen, device="cuda")
         q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
         perm = torch.argsort(torch.rand(b, h, n, device="cuda"), dim=-1).to(torch.int32)
-        for mode, config in MODES.items():
+        for mode, config in modes.items():
             reference = prep.prepare_cuda(q, k, v, perm, config)
-            for variant, flags in prep.VARIANTS.items():
+            for variant, flags in variants.items():
+                if config.v_mean_rows != prep.N_ALIGN and variant in prep.MEAN_128_ONLY:
+                    continue
                 ops = prep.prepare_cuda(q, k, v, perm, config, variant_flags=flags)
                 ms = cuda_time_ms(lambda: prep.prepare_cuda(q, k, v, perm, config, variant_flags=flags), reps=args.reps)
                 rows.append({"shape": shape, "mode": mode, "variant": variant, "ms": ms,
@@ -65,7 +73,7 @@ def main() -> None:
         del q, k, v, perm
         torch.cuda.empty_cache()
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda, "reps": args.reps,
-           "command": "python3 bench/prepare_variants.py --shapes " + args.shapes}
+           "command": f"python3 bench/prepare_variants.py --shapes {args.shapes} --variants {args.variants} --modes {args.modes}"}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "prepare_variants.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))

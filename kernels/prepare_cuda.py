@@ -28,7 +28,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {"default": (), "rows-in-regs": ("-DVC_PR
                                         "staged-stats": ("-DVC_PREP_STAGED_STATS=1",),
                                         "stats-prefetch": ("-DVC_PREP_STATS_PREFETCH=1",)}
 # the variants whose statistics pass covers 128 rows per block only: VCConfig.v_mean_rows = 128
-MEAN_128_ONLY = frozenset({"rows-in-regs", "staged-stats", "stats-prefetch"})
+MEAN_128_ONLY = frozenset({"rows-in-regs", "staged-stats"})
 
 
 def _variant_name(variant_flags) -> Optional[str]:

@@ -76,7 +76,7 @@ static void launch_prepare_dim(const PrepareParams& p, cudaStream_t stream) {
 const char* launch_prepare(const PrepareParams& p, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   if (VC_PREP_ROWS_IN_REGS && p.v_rank) return "the rows-in-regs prepare variant has no low-rank V term";
-  if (p.v_mean_rows != kKBlock && (VC_PREP_ROWS_IN_REGS || VC_PREP_STAGED_STATS || VC_PREP_STATS_PREFETCH))
+  if (p.v_mean_rows != kKBlock && (VC_PREP_ROWS_IN_REGS || VC_PREP_STAGED_STATS))
     return "this prepare variant's statistics pass takes 128-row V means only (v_mean_rows=128)";
   if (p.input_bf16) {
     launch_prepare_dim<__nv_bfloat16>(p, s);

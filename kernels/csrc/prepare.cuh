@@ -142,34 +142,42 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_stats_kernel(const Prepa
 
   float ksum[8] = {}, vacc[8] = {};
 #if VC_PREP_STATS_PREFETCH
-  // The variant (VC_PREP_STATS_PREFETCH=1, not yet run on a GPU): every permutation index of the
-  // thread's rows first, then branch-free row loads (rows past `valid` load row 0 and are not added:
-  // a select keeps the accumulator, so the sums are those of the default loop, bit for bit), so the
-  // compiler may keep several rows' loads in flight. The default loop waits index load -> K and V
-  // loads -> adds, one row at a time (~2.3 TB/s at Wan2.1-1.3B with CFG). The second pass reuses
-  // the indices.
+  // The variant (VC_PREP_STATS_PREFETCH=1): every permutation index of the thread's rows first, then
+  // branch-free row loads (rows past `valid` load row 0 and are not added: a select keeps the accumulator,
+  // so the sums are those of the default loop, bit for bit), so the compiler may keep several rows' loads
+  // in flight. The default loop waits index load -> K and V loads -> adds, one row at a time (~2.3 TB/s at
+  // Wan2.1-1.3B with CFG; at LTX-Video a block's 16 dependent rounds are the whole kernel). A 256-row block
+  // (v_mean_rows = 256) runs as two 128-row halves in row order, the same order as the default loop's. The
+  // second pass reuses the indices.
   constexpr int kIters = kKBlock / kRowsPerPass;
-  int tok[kIters];
+  const int halves = block_rows / kKBlock;
+  int tok[2][kIters];
 #pragma unroll
-  for (int it = 0; it < kIters; ++it) {
-    const int r = row_sub + it * kRowsPerPass;
-    tok[it] = r < valid ? int(source_token(p, bh, row0 + r)) : 0;
-  }
-  auto first_pass = [&](auto smooth_k, auto vsmooth) {
+  for (int half = 0; half < 2; ++half)
 #pragma unroll
     for (int it = 0; it < kIters; ++it) {
-      const bool in = row_sub + it * kRowsPerPass < valid;
-      float x[8];
-      if constexpr (decltype(smooth_k)::value) {
-        load8_as_float(row_ptr<T>(p.k, p.k_stride, b, h, tok[it]) + c0, x);
+      const int r = half * kKBlock + row_sub + it * kRowsPerPass;
+      tok[half][it] = half < halves && r < valid ? int(source_token(p, bh, row0 + r)) : 0;
+    }
+  auto first_pass = [&](auto smooth_k, auto vsmooth) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) ksum[i] = in ? ksum[i] + x[i] : ksum[i];
-      }
-      load8_as_float(row_ptr<T>(p.v, p.v_stride, b, h, tok[it]) + c0, x);
+    for (int half = 0; half < 2; ++half) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float next = decltype(vsmooth)::value ? vacc[i] + x[i] : fmaxf(vacc[i], fabsf(x[i]));
-        vacc[i] = in ? next : vacc[i];
+      for (int it = 0; it < kIters; ++it) {
+        if (half >= halves) continue;  // uniform across the block; no break, so the indices stay constants
+        const bool in = half * kKBlock + row_sub + it * kRowsPerPass < valid;
+        float x[8];
+        if constexpr (decltype(smooth_k)::value) {
+          load8_as_float(row_ptr<T>(p.k, p.k_stride, b, h, tok[half][it]) + c0, x);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) ksum[i] = in ? ksum[i] + x[i] : ksum[i];
+        }
+        load8_as_float(row_ptr<T>(p.v, p.v_stride, b, h, tok[half][it]) + c0, x);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float next = decltype(vsmooth)::value ? vacc[i] + x[i] : fmaxf(vacc[i], fabsf(x[i]));
+          vacc[i] = in ? next : vacc[i];
+        }
       }
     }
   };
@@ -211,12 +219,16 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_stats_kernel(const Prepa
     } else {
 #if VC_PREP_STATS_PREFETCH
 #pragma unroll
-      for (int it = 0; it < kIters; ++it) {
-        const bool in = row_sub + it * kRowsPerPass < valid;
-        float x[8];
-        load8_as_float(row_ptr<T>(p.v, p.v_stride, b, h, tok[it]) + c0, x);
+      for (int half = 0; half < 2; ++half) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) vacc[i] = in ? fmaxf(vacc[i], fabsf(x[i] - block_mean[c0 + i])) : vacc[i];
+        for (int it = 0; it < kIters; ++it) {
+          if (half >= halves) continue;
+          const bool in = half * kKBlock + row_sub + it * kRowsPerPass < valid;
+          float x[8];
+          load8_as_float(row_ptr<T>(p.v, p.v_stride, b, h, tok[half][it]) + c0, x);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) vacc[i] = in ? fmaxf(vacc[i], fabsf(x[i] - block_mean[c0 + i])) : vacc[i];
+        }
       }
 #else
       for (int r = row_sub; r < valid; r += kRowsPerPass) {
