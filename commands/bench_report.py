@@ -26,8 +26,9 @@ NAMES = {
     "vc-speed": "VC-Attention **speed** (V-Smooth + ExpCast)",
 }
 METHOD_NOTE = """\
-Method: CUDA events, one warm-up call, median of the repetitions named in the command (default 10),
-random bf16 inputs (not zeros) in layout (B, H, N, D), every method of a shape in the same process on
+Method: CUDA events, one warm-up call, median of the repetitions named in the command (default 10;
+in the attention and grouping tables a short call repeats until its timed calls add up to 100 ms, at
+most 200 times), random bf16 inputs (not zeros) in layout (B, H, N, D), every method of a shape in the same process on
 the same tensors. VC-Attention times include its preprocessing (K smoothing, INT8/FP8 quantization,
 permutation gather, V-Smooth block means, transposed FP8 residual); the V-Smooth grouping (k-means +
 permutation) is timed separately (Grouping), because a sampling run computes it only inside the
