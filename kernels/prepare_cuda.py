@@ -22,7 +22,8 @@ SOURCES = ("prepare_binding.cpp", "prepare.cu")
 # test_prepare_variants_gpu.py compares them): "rows-in-regs" issues every load of a 128-token block
 # before using any (csrc/prepare_regs.cuh); "legacy-quantize" is the quantize pass before the staged one
 # (csrc/prepare.cuh's instead of csrc/prepare_staged.cuh's); "staged-stats" stages the statistics pass
-# too (measured slower: docs/kernel-notes.md section 22)
+# too (measured slower: docs/kernel-notes.md section 22); "stats-prefetch" loads a statistics block's
+# permutation indices first (measured slower at head dim 128: section 25)
 VARIANTS: dict[str, tuple[str, ...]] = {"default": (), "rows-in-regs": ("-DVC_PREP_ROWS_IN_REGS=1",),
                                         "legacy-quantize": ("-DVC_PREP_LEGACY_QUANTIZE=1",),
                                         "staged-stats": ("-DVC_PREP_STAGED_STATS=1",),

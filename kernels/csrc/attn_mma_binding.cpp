@@ -1,6 +1,6 @@
 // Torch binding of the portable mma.sync attention kernel: tensor checks, raw pointers, launch.
 // The kernels themselves are torch-free (vc_params.h); the stream comes from Python as an integer
-// (torch.cuda.current_stream().cuda_stream), so this file needs no CUDA headers.
+// (torch.cuda.current_stream().cuda_stream); the only CUDA header is the device guard's.
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 

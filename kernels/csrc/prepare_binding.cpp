@@ -84,8 +84,8 @@ void run_prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
   // launch); the per-block K sums need no zeroing (every block writes its own)
   auto workspace = torch::empty({2 * bh * head_dim + bh + (low_rank ? bh * vc::kMaxVRank : 0)},
                                 q.options().dtype(torch::kFloat32));
-  TORCH_CHECK(cudaMemsetAsync(workspace.data_ptr(), 0, workspace.nbytes(), stream) == cudaSuccess,
-              "prepare: zeroing the statistics workspace failed: ", cudaGetErrorString(cudaGetLastError()));
+  const cudaError_t zeroed = cudaMemsetAsync(workspace.data_ptr(), 0, workspace.nbytes(), stream);
+  TORCH_CHECK(zeroed == cudaSuccess, "prepare: zeroing the statistics workspace failed: ", cudaGetErrorString(zeroed));
   // one slot per stats block = per K scale block (k_scale holds one scale per block)
   auto k_partial = torch::empty({smooth_k ? k_scale.numel() * head_dim : 0}, q.options().dtype(torch::kFloat32));
   p.q_q = q_q.data_ptr();
@@ -123,8 +123,8 @@ using Operands = std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::
                             torch::Tensor, std::optional<torch::Tensor>, std::optional<torch::Tensor>>;
 
 // The operand contract (kernels/operands.py) allocated here and filled on q's device and current stream:
-// one binding call per attention call. Allocating the seven operands from Python cost a short call ~30 us
-// of host time, which the event timing of a 0.5 ms call counts in full (docs/kernel-notes.md section 25).
+// one binding call per attention call. Allocated from Python, one tensor at a time, they were part of the
+// host time a short call pays before its first launch (docs/kernel-notes.md section 25).
 // v_basis (B, H, rank, D) float16 turns the low-rank term on (then v_low_t and v_low_scale are returned).
 Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const std::optional<torch::Tensor>& perm,
                  const std::optional<torch::Tensor>& v_basis, double qk_scale, bool qk_fp8, bool vsmooth, bool smooth_k,
