@@ -1,6 +1,7 @@
 """Where a short attention call's time goes: the host's Python work against the GPU's kernels.
 
-  python3 bench/host_overhead.py [--shapes ltx-video,wan21-1.3b-480p] [--reps 200] [--out DIR]
+  python3 bench/host_overhead.py [--shapes ltx-video,wan21-1.3b-480p] [--paths eager,op]
+                                 [--grad-modes inference,grad] [--reps 200] [--out DIR]
 
 The published benchmark times one call between two CUDA events, so a call whose host work (checks,
 backend selection, allocations, bindings) outlasts the GPU's idle start counts that host time too: at
@@ -8,7 +9,8 @@ LTX-Video (1,32,6144,64) the kernel alone ran 0.52 ms and the call 0.68 ms. Per 
 process on the same tensors: the event time of one call (as `vc-attention bench`), the host time of one
 call (perf_counter over `reps` calls without a sync, the GPU running behind), the GPU time of the
 kernels (torch.profiler, summed per kernel), and the functions that take the host's time (cProfile,
-top entries by own time). cuDNN SDPA is measured the same way beside it. Writes
+top entries by own time), under torch.inference_mode() and/or with grad mode on (the bench's way).
+cuDNN SDPA is measured the same way beside it. Writes
 $OUT/host_overhead.json (bench/results/ without --out).
 """
 from __future__ import annotations
@@ -86,6 +88,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--paths", default="eager,op",
                         help="eager: the public call as shipped; op: the same call forced through the custom op's dispatch")
+    parser.add_argument("--grad-modes", default="inference",
+                        help="inference: calls under torch.inference_mode() (how ComfyUI samples); grad: autograd's grad "
+                             "mode on, as `vc-attention bench` times them (comma list: both in one process)")
     parser.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench" / "results")))
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -103,18 +108,18 @@ def main() -> None:
             for path in args.paths.split(","):
                 methods[f"vc-{mode}-{path}"] = (lambda cfg=cfg: vc_attention(q, k, v, config=cfg, perm=perm, backend="sm90",
                                                                                perm_from_grouping=True))
-        for mname, fn in methods.items():
+        for (mname, fn), grad_mode in ((m, g) for m in methods.items() for g in args.grad_modes.split(",")):
             # the op path: what every call paid before eager calls skipped the dispatch (kernels/api.py)
             api._through_the_op = (lambda *t: True) if mname.endswith("-op") else through_the_op
-            with torch.inference_mode():
+            with torch.inference_mode(grad_mode == "inference"):
                 event_ms = cuda_time_ms(fn, 50, warmup=3)
                 host = _host_us(fn, args.reps)
                 kernels = _gpu_kernels_us(fn)
                 top = _top_functions(fn, args.reps) if mname.startswith("vc-") else []
-            row = {"shape": name, "bhnd": [b, h, n, d], "method": mname, "event_ms": event_ms, "host_us": host,
-                   "gpu_us": sum(kernels.values()), "kernels_us": kernels, "cprofile_top": top}
+            row = {"shape": name, "bhnd": [b, h, n, d], "method": mname, "grad_mode": grad_mode, "event_ms": event_ms,
+                   "host_us": host, "gpu_us": sum(kernels.values()), "kernels_us": kernels, "cprofile_top": top}
             rows.append(row)
-            print(f"{name:18s} {mname:20s} event {event_ms * 1e3:8.1f} us | host {host:7.1f} us | "
+            print(f"{name:18s} {mname:20s} {grad_mode:9s} event {event_ms * 1e3:8.1f} us | host {host:7.1f} us | "
                   f"GPU kernels {row['gpu_us']:8.1f} us in {len(kernels)} kernels", flush=True)
     api._through_the_op = through_the_op
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -123,7 +128,7 @@ def main() -> None:
     Path(args.out, "host_overhead.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
     for row in rows:
         if row["cprofile_top"]:
-            print(f"\n{row['shape']} {row['method']}: cProfile over {args.reps} calls")
+            print(f"\n{row['shape']} {row['method']} ({row['grad_mode']}): cProfile over {args.reps} calls")
             print("\n".join(row["cprofile_top"][:16]))
 
 
