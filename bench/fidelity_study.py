@@ -57,7 +57,7 @@ class Knobs:
     p: str = "exp2"
     q_groups: str = "1"  # rows per scale ("1": the spec), or "thread" (rows g, g+8 of each 16)
     k_block: int = 128
-    v_scale: str = "channel"  # or "block" (per 128-key block and channel), "mean64" / "mean32" / "mean256" (V-Smooth means per 64 / 32 / 256 rows), "lowrank3" / "lowrank6" / "lowrank6s" (v_hat_lowrank)
+    v_scale: str = "channel"  # or "block" (per 128-key block and channel), "mean64" / "mean32" / "mean256" (V-Smooth means per 64 / 32 / 256 rows), "cluster" (per cluster segment), "lowrank3" / "lowrank6" / "lowrank6s" (v_hat_lowrank)
     p_max: int = 0  # 0: the spec's row max of the encoding (SPEC_P_MAX)
     offset: str = "exact"  # or "integer" (ceil of the running max: the previous spec)
     label: str = field(default="", compare=False)
@@ -70,7 +70,12 @@ class Knobs:
 # the V-quantization knobs other than the spec's ("channel"): label suffix of each
 V_SCALE_LABELS = {"block": "V residual scale per block x channel", "mean64": "V-Smooth means per 64 rows",
                   "mean32": "V-Smooth means per 32 rows",
-                  "mean256": "V-Smooth means per 256 rows (one per 256-key softmax step)", "lowrank3": "+ head-global rank-3 term",
+                  "mean256": "V-Smooth means per 256 rows (one per 256-key softmax step)",
+                  "cluster": "V-Smooth means per cluster (one per run of a cluster in the permuted order)",
+                  "cluster256": "V-Smooth means per cluster, runs merged to >= 256 rows (<= 1 boundary per 256-key step)",
+                  "cluster128": "V-Smooth means per cluster, runs merged to >= 128 rows (<= 1 boundary per 128-key tile)",
+                  "cluster64": "V-Smooth means per cluster, runs merged to >= 64 rows (<= 1 boundary per 64 keys)",
+                  "lowrank3": "+ head-global rank-3 term",
                   "lowrank6": "+ head-global rank-6 term", "lowrank6s": "+ rank-6 term from 4,096 tokens"}
 
 
@@ -129,6 +134,42 @@ def v_hat_mean_rows(v_perm: torch.Tensor, rows: int) -> torch.Tensor:
     """V-Smooth with the block means over `rows` rows instead of V_BLOCK (fp16 means, residual scale
     per channel, as reference.quantize_v_vsmooth otherwise)."""
     mean = ref.expand_rows(ref.block_means_fp16(v_perm, rows).float(), rows, v_perm.shape[-2])
+    r_q, r_scale = ref.quantize_fp8_per_channel(v_perm.float() - mean)
+    return r_q * r_scale + mean
+
+
+def cluster_segments(labels_perm: torch.Tensor, min_rows: int = 0) -> torch.Tensor:
+    """(B,H,N) segment index of every permuted token: a segment is a run of equal labels (one cluster with
+    a cluster-sorted perm); min_rows > 0 merges runs so every segment but a head's only one has >= min_rows
+    rows (a boundary only where the label changes and the segment so far is long enough; a short tail
+    joins the segment before it), so a min_rows-key softmax step holds at most one segment boundary."""
+    starts = torch.ones_like(labels_perm, dtype=torch.bool)
+    starts[..., 1:] = labels_perm[..., 1:] != labels_perm[..., :-1]
+    if min_rows:
+        n = labels_perm.shape[-1]
+        flat = starts.reshape(-1, n).clone()
+        for row in flat:  # a sequential rule per head (the study's sizes: a few heads)
+            begin = 0
+            for i in row.nonzero().flatten().tolist()[1:]:
+                if i - begin >= min_rows and n - i >= min_rows:
+                    begin = i
+                else:
+                    row[i] = False
+        starts = flat.reshape(starts.shape)
+    return starts.long().cumsum(-1) - 1
+
+
+def v_hat_cluster_means(v_perm: torch.Tensor, labels_perm: torch.Tensor, min_rows: int = 0) -> torch.Tensor:
+    """V-Smooth with one fp16 mean per cluster segment (cluster_segments) instead of one per 128-row block;
+    residual scale per channel. The kernel design it tests: the mean restored once per segment end
+    instead of every softmax step."""
+    b, h, n, d = v_perm.shape
+    seg = cluster_segments(labels_perm, min_rows)
+    n_seg = int(seg.max()) + 1
+    sums = torch.zeros(b, h, n_seg, d, dtype=torch.float64).scatter_add_(2, seg.unsqueeze(-1).expand(b, h, n, d), v_perm.double())
+    counts = torch.zeros(b, h, n_seg, dtype=torch.float64).scatter_add_(2, seg, torch.ones_like(seg, dtype=torch.float64))
+    means = (sums / counts.clamp(min=1).unsqueeze(-1)).half().float()  # fp16 as the operand contract stores means
+    mean = means.gather(2, seg.unsqueeze(-1).expand(b, h, n, d))
     r_q, r_scale = ref.quantize_fp8_per_channel(v_perm.float() - mean)
     return r_q * r_scale + mean
 
@@ -194,12 +235,17 @@ SWEEP = ("64x2:kmeans", "64x2", "64x3", "64x4", "32x2", "128x2", "256x2",
          "64x2:chain:norm", "64x2:chain:chain", "64x2:chain:pca", "128x2:chain:pca", "64x4:chain:pca")
 
 
-def grouping_permutation(v: torch.Tensor, g: Grouping, seed: int) -> torch.Tensor:
-    """(B,H,N) permutation of the tokens for grouping g (k-means seeded with `seed`, as the study)."""
+def grouping_labels(v: torch.Tensor, g: Grouping, seed: int) -> torch.Tensor:
+    """(B,H,N) cluster label of every token for grouping g (k-means seeded with `seed`, as the study)."""
     if g.ids == "kmeans":
         labels, _ = ref.kmeans_labels(v, g.clusters, g.iters, seed)
-    else:
-        labels = grouping_ops.group_tokens(v, g.clusters, g.iters, seed).labels
+        return labels
+    return grouping_ops.group_tokens(v, g.clusters, g.iters, seed).labels
+
+
+def grouping_permutation(v: torch.Tensor, g: Grouping, seed: int, labels=None) -> torch.Tensor:
+    """(B,H,N) permutation of the tokens for grouping g (labels: grouping_labels's, computed if None)."""
+    labels = grouping_labels(v, g, seed) if labels is None else labels
     return within_cluster_order.permutation(v, labels, g.clusters, g.within)
 
 
@@ -227,7 +273,8 @@ class Case:
 
 def make_case(kind: str, n: int, heads: int, rows: int, seed: int, grouping: Grouping = Grouping(), data=None) -> Case:
     q, k, v = make_data(kind, n, heads, seed) if data is None else data
-    perm = grouping_permutation(v, grouping, seed)
+    labels = grouping_labels(v, grouping, seed)
+    perm = grouping_permutation(v, grouping, seed, labels)
     kp, vp = ref.permute_tokens(k, perm), ref.permute_tokens(v, perm)
     idx = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:rows].sort().values
     logits = q[:, :, idx].double() @ kp.double().transpose(-1, -2) / math.sqrt(q.shape[-1])
@@ -235,6 +282,8 @@ def make_case(kind: str, n: int, heads: int, rows: int, seed: int, grouping: Gro
     v_hat = {"channel": ref.dequantized_v(vp, ref.VCConfig()).float(), "block": v_hat_block_scale(vp).float(),
              "mean64": v_hat_mean_rows(vp, 64).float(), "mean32": v_hat_mean_rows(vp, 32).float(),
              "mean256": v_hat_mean_rows(vp, 256).float(),
+             "cluster": v_hat_cluster_means(vp, labels.long().gather(-1, perm.long())).float(),
+             **{f"cluster{r}": v_hat_cluster_means(vp, labels.long().gather(-1, perm.long()), r).float() for r in (64, 128, 256)},
              "lowrank3": v_hat_lowrank(vp, 3), "lowrank6": v_hat_lowrank(vp, 6),
              "lowrank6s": v_hat_lowrank(vp, 6, sample=4096)}
     return Case(q, kp, vp, idx, p_exact @ vp.double(), p_exact, v_hat)
@@ -277,7 +326,7 @@ def main(argv=None) -> None:
     parser.add_argument("--v-block-scale", type=parse_grouping, nargs="*", default=[],
                         help="groupings that also get a row with the V residual scale per block x channel")
     parser.add_argument("--v-mean-rows", type=parse_grouping, nargs="*", default=[],
-                        help="groupings that also get rows with the V-Smooth means per 64, 32 and 256 rows")
+                        help="groupings that also get rows with the V-Smooth means per 64, 32 and 256 rows and per cluster")
     parser.add_argument("--v-lowrank", type=parse_grouping, nargs="*", default=[],
                         help="groupings that also get rows with a head-global rank-3 / rank-6 term in V (v_hat_lowrank)")
     args = parser.parse_args(argv)
@@ -316,7 +365,7 @@ def grouping_sweep(args) -> None:
     """rel-L2, QK term and V term per grouping candidate and mode (each mode's spec quantizers)."""
     modes = [m for m in args.modes if m != "expcast_paper"] or ["exp2"]
     variants_of = {g: [Knobs(p=m) for m in modes] for g in args.groupings}
-    for groupings, v_scales in ((args.v_block_scale, ["block"]), (args.v_mean_rows, ["mean64", "mean32", "mean256"]),
+    for groupings, v_scales in ((args.v_block_scale, ["block"]), (args.v_mean_rows, ["mean64", "mean32", "mean256", "cluster", "cluster256", "cluster128", "cluster64"]),
                                 (args.v_lowrank, ["lowrank3", "lowrank6", "lowrank6s"])):
         for g in groupings:
             variants_of.setdefault(g, [Knobs(p=m) for m in modes])

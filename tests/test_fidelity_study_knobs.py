@@ -7,7 +7,7 @@ FP8 rounding: on V whose residual is mostly rank 2, rank 3 leaves a much smaller
 """
 import torch
 
-from vc_attention.bench.fidelity_study import v_hat_lowrank, v_hat_mean_rows
+from vc_attention.bench.fidelity_study import cluster_segments, v_hat_cluster_means, v_hat_lowrank, v_hat_mean_rows
 from vc_attention.kernels import reference as ref
 
 
@@ -38,3 +38,27 @@ def test_low_rank_term_takes_the_residuals_main_directions_out():
     low = float((v_hat_lowrank(v, 3) - v.float()).norm())
     sampled = float((v_hat_lowrank(v, 3, sample=512) - v.float()).norm())
     assert low < 0.3 * spec and sampled < 0.3 * spec
+
+
+def test_cluster_means_equal_block_means_when_the_clusters_are_the_blocks():
+    """Labels that change every 128 rows make one segment per block: the spec's V, bit for bit; labels
+    of two well-separated groups take each group's own mean out (a smaller residual than the blocks',
+    which straddle the groups)."""
+    v = _smooth_v(n=1024)
+    blocks = (torch.arange(1024) // ref.V_BLOCK).expand(1, 2, 1024)
+    assert torch.equal(v_hat_cluster_means(v, blocks), ref.quantize_v_vsmooth(v).dequantized().float())
+    gen = torch.Generator().manual_seed(2)
+    sizes = (300, 724)
+    two = torch.cat([torch.randn(1, 2, s, 64, generator=gen) * 0.1 + c for s, c in zip(sizes, (-4.0, 4.0))], dim=2).bfloat16()
+    labels = torch.cat([torch.full((1, 2, s), i) for i, s in enumerate(sizes)], dim=2)
+    err_cluster = float((v_hat_cluster_means(two, labels) - two.float()).norm())
+    err_blocks = float((ref.quantize_v_vsmooth(two).dequantized().float() - two.float()).norm())
+    assert err_cluster < err_blocks
+
+
+def test_merged_segments_are_long_enough_and_break_only_where_the_label_changes():
+    labels = torch.tensor([0] * 100 + [1] * 300 + [2] * 50 + [3] * 400 + [4] * 30).view(1, 1, -1)
+    seg = cluster_segments(labels, 256)[0, 0]
+    # label changes at 100, 400, 450 and 850: 100 is too early, 450 too close to 400, 850 leaves a 30-row tail
+    assert torch.bincount(seg).tolist() == [400, 480]
+    assert torch.equal(cluster_segments(labels)[0, 0], torch.repeat_interleave(torch.arange(5), torch.tensor([100, 300, 50, 400, 30])))
