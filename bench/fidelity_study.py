@@ -57,7 +57,7 @@ class Knobs:
     p: str = "exp2"
     q_groups: str = "1"  # rows per scale ("1": the spec), or "thread" (rows g, g+8 of each 16)
     k_block: int = 128
-    v_scale: str = "channel"  # or "block" (per 128-key block and channel), "mean64" / "mean32" / "mean256" (V-Smooth means per 64 / 32 / 256 rows), "cluster" (per cluster segment), "lowrank3" / "lowrank6" / "lowrank6s" (v_hat_lowrank)
+    v_scale: str = "channel"  # or "block" (per 128-key block and channel), "mean64" / "mean32" / "mean256" (V-Smooth means per 64 / 32 / 256 rows), "cluster" / "cluster64" / "cluster128" / "cluster256" (per cluster run, merged to >= R rows), "lowrank3" / "lowrank6" / "lowrank6s" (v_hat_lowrank)
     p_max: int = 0  # 0: the spec's row max of the encoding (SPEC_P_MAX)
     offset: str = "exact"  # or "integer" (ceil of the running max: the previous spec)
     label: str = field(default="", compare=False)
@@ -276,14 +276,14 @@ def make_case(kind: str, n: int, heads: int, rows: int, seed: int, grouping: Gro
     labels = grouping_labels(v, grouping, seed)
     perm = grouping_permutation(v, grouping, seed, labels)
     kp, vp = ref.permute_tokens(k, perm), ref.permute_tokens(v, perm)
+    labels_perm = labels.long().gather(-1, perm.long())  # the permuted order's labels (the cluster knobs)
     idx = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:rows].sort().values
     logits = q[:, :, idx].double() @ kp.double().transpose(-1, -2) / math.sqrt(q.shape[-1])
     p_exact = torch.softmax(logits, dim=-1)
     v_hat = {"channel": ref.dequantized_v(vp, ref.VCConfig()).float(), "block": v_hat_block_scale(vp).float(),
              "mean64": v_hat_mean_rows(vp, 64).float(), "mean32": v_hat_mean_rows(vp, 32).float(),
              "mean256": v_hat_mean_rows(vp, 256).float(),
-             "cluster": v_hat_cluster_means(vp, labels.long().gather(-1, perm.long())).float(),
-             **{f"cluster{r}": v_hat_cluster_means(vp, labels.long().gather(-1, perm.long()), r).float() for r in (64, 128, 256)},
+             **{f"cluster{r or ''}": v_hat_cluster_means(vp, labels_perm, r).float() for r in (0, 64, 128, 256)},
              "lowrank3": v_hat_lowrank(vp, 3), "lowrank6": v_hat_lowrank(vp, 6),
              "lowrank6s": v_hat_lowrank(vp, 6, sample=4096)}
     return Case(q, kp, vp, idx, p_exact @ vp.double(), p_exact, v_hat)
