@@ -75,6 +75,14 @@ V_SCALE_LABELS = {"block": "V residual scale per block x channel", "mean64": "V-
                   "cluster256": "V-Smooth means per cluster, runs merged to >= 256 rows (<= 1 boundary per 256-key step)",
                   "cluster128": "V-Smooth means per cluster, runs merged to >= 128 rows (<= 1 boundary per 128-key tile)",
                   "cluster64": "V-Smooth means per cluster, runs merged to >= 64 rows (<= 1 boundary per 64 keys)",
+                  "merge2": "V-Smooth means per run of 256-row blocks merged while their means agree within 1/2 of the block's residual amax",
+                  "merge4": "V-Smooth means per run of 256-row blocks merged within 1/4 of the residual amax",
+                  "merge8": "V-Smooth means per run of 256-row blocks merged within 1/8 of the residual amax",
+                  "rms2": "V-Smooth means per run of 256-row blocks merged while the mean's L2 shift is within 1/2 of the block's residual RMS norm",
+                  "rms3": "V-Smooth means per run of 256-row blocks merged within 1/3 of the residual RMS norm",
+                  "rms4": "V-Smooth means per run of 256-row blocks merged within 1/4 of the residual RMS norm",
+                  "rms3loose": "as rms3, the residual scale from the head amax plus the largest shift",
+                  "headmean": "one V-Smooth mean per head",
                   "lowrank3": "+ head-global rank-3 term",
                   "lowrank6": "+ head-global rank-6 term", "lowrank6s": "+ rank-6 term from 4,096 tokens"}
 
@@ -171,6 +179,68 @@ def v_hat_cluster_means(v_perm: torch.Tensor, labels_perm: torch.Tensor, min_row
     means = (sums / counts.clamp(min=1).unsqueeze(-1)).half().float()  # fp16 as the operand contract stores means
     mean = means.gather(2, seg.unsqueeze(-1).expand(b, h, n, d))
     r_q, r_scale = ref.quantize_fp8_per_channel(v_perm.float() - mean)
+    return r_q * r_scale + mean
+
+
+MERGE_KAPPA = {"merge2": 0.5, "merge4": 0.25, "merge8": 0.125, "rms2": 0.5, "rms3": 1 / 3, "rms4": 0.25,
+               "rms3loose": 1 / 3, "headmean": math.inf}
+SEGMENTS_PER_HEAD: dict = {}  # (knob, N) -> list of (segments, 256-row blocks) per head, for the study's printout
+
+
+def merged_block_segments(v_perm: torch.Tensor, kappa: float, rows: int = 256, rms: bool = False, loose: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step-aligned V-Smooth segments found from the data alone (no cluster labels): 256-row blocks
+    (one Hopper softmax step each) in order; a block joins the current segment while, in every channel,
+    its float32 mean is within kappa x its own residual amax (against its fp16 mean) of the segment's
+    first block's mean (rms: instead the L2 norm over channels of that shift within kappa x the block's
+    residual RMS norm, sqrt(sum_d mean_rows r_d^2)). Returns the (B,H,nb) segment index per block and the residual amax bound
+    (B,H,1,D): max over blocks of (block residual amax + |block fp16 mean - segment fp16 mean|), with loose
+    the looser max over blocks of the first plus max over blocks of the second. rms with kappa 1/3 is the
+    spec's rule (reference.vsmooth_segments, up to float32 summation order)."""
+    b, h, n, d = v_perm.shape
+    vf = v_perm.float()
+    m = ref.block_means(vf, rows)  # (B,H,nb,D) float32
+    mu = m.half().float()
+    nb = m.shape[2]
+    dev = (vf - ref.expand_rows(mu, rows, n)).abs()
+    a = ref.pad_rows(dev, rows).reshape(b, h, nb, rows, d).amax(3)  # (B,H,nb,D)
+    valid = torch.full((nb, 1), float(rows))
+    valid[-1] = n - rows * (nb - 1)
+    rms_norm = (ref.pad_rows(dev, rows).reshape(b, h, nb, rows, d).square().sum(3) / valid).sum(-1).sqrt()  # (B,H,nb)
+    seg = torch.zeros(b, h, nb, dtype=torch.long)
+    for bi in range(b):
+        for hi in range(h):
+            anchor, s = m[bi, hi, 0], 0
+            for j in range(1, nb):
+                shift = m[bi, hi, j] - anchor
+                joins = (bool(shift.norm() <= kappa * rms_norm[bi, hi, j]) if rms
+                         else bool((shift.abs() <= kappa * a[bi, hi, j]).all()))
+                if not joins:
+                    s, anchor = s + 1, m[bi, hi, j]
+                seg[bi, hi, j] = s
+    counts = torch.full((nb,), float(rows))
+    counts[-1] = n - rows * (nb - 1)
+    n_seg = int(seg.max()) + 1
+    sums = torch.zeros(b, h, n_seg, d, dtype=torch.float64).scatter_add_(
+        2, seg.unsqueeze(-1).expand(b, h, nb, d), (m * counts[:, None]).double())
+    cnt = torch.zeros(b, h, n_seg, dtype=torch.float64).scatter_add_(2, seg, counts.double().expand(b, h, nb))
+    seg_mu = (sums / cnt.clamp(min=1).unsqueeze(-1)).half().float().gather(2, seg.unsqueeze(-1).expand(b, h, nb, d))
+    if loose:  # the head's amax against the block means plus the largest shift (no per-block amax needed)
+        bound = a.amax(2, keepdim=True) + (mu - seg_mu).abs().amax(2, keepdim=True)
+    else:
+        bound = (a + (mu - seg_mu).abs()).amax(2, keepdim=True)
+    return seg, seg_mu, bound
+
+
+def v_hat_merged_means(v_perm: torch.Tensor, knob: str) -> torch.Tensor:
+    """V-Smooth with merged_block_segments' means; residual scale from its amax bound (what a prepare
+    could compute from per-block statistics without another pass over V)."""
+    n = v_perm.shape[-2]
+    seg, seg_mu, bound = merged_block_segments(v_perm, MERGE_KAPPA[knob], rms=knob.startswith("rms"),
+                                               loose=knob.endswith("loose"))
+    SEGMENTS_PER_HEAD.setdefault((knob, n), []).extend(
+        (int(s.max()) + 1, s.numel()) for s in seg.reshape(-1, seg.shape[-1]))
+    mean = ref.expand_rows(seg_mu, 256, n)
+    r_q, r_scale = ref.quantize_fp8_per_channel(v_perm.float() - mean, bound)
     return r_q * r_scale + mean
 
 
@@ -284,6 +354,7 @@ def make_case(kind: str, n: int, heads: int, rows: int, seed: int, grouping: Gro
              "mean64": v_hat_mean_rows(vp, 64).float(), "mean32": v_hat_mean_rows(vp, 32).float(),
              "mean256": v_hat_mean_rows(vp, 256).float(),
              **{f"cluster{r or ''}": v_hat_cluster_means(vp, labels_perm, r).float() for r in (0, 64, 128, 256)},
+             **{knob: v_hat_merged_means(vp, knob).float() for knob in MERGE_KAPPA},
              "lowrank3": v_hat_lowrank(vp, 3), "lowrank6": v_hat_lowrank(vp, 6),
              "lowrank6s": v_hat_lowrank(vp, 6, sample=4096)}
     return Case(q, kp, vp, idx, p_exact @ vp.double(), p_exact, v_hat)
@@ -365,7 +436,8 @@ def grouping_sweep(args) -> None:
     """rel-L2, QK term and V term per grouping candidate and mode (each mode's spec quantizers)."""
     modes = [m for m in args.modes if m != "expcast_paper"] or ["exp2"]
     variants_of = {g: [Knobs(p=m) for m in modes] for g in args.groupings}
-    for groupings, v_scales in ((args.v_block_scale, ["block"]), (args.v_mean_rows, ["mean64", "mean32", "mean256", "cluster", "cluster256", "cluster128", "cluster64"]),
+    for groupings, v_scales in ((args.v_block_scale, ["block"]), (args.v_mean_rows, ["mean64", "mean32", "mean256", "cluster", "cluster256", "cluster128", "cluster64",
+                                                            *MERGE_KAPPA]),
                                 (args.v_lowrank, ["lowrank3", "lowrank6", "lowrank6s"])):
         for g in groupings:
             variants_of.setdefault(g, [Knobs(p=m) for m in modes])
@@ -400,6 +472,9 @@ def grouping_sweep(args) -> None:
                     cells.append(f"{mean['rel_l2']:.5f} | {mean['qk_term']:.5f} | {mean['v_term']:.5f}")
                 extra = f", {V_SCALE_LABELS[knobs.v_scale]}" if knobs.v_scale in V_SCALE_LABELS else ""
                 print(f"| {mode} | {g.label}{extra} | " + " | ".join(cells) + " |")
+    for (knob, n), per_head in SEGMENTS_PER_HEAD.items():
+        segs, blocks = sum(s for s, _ in per_head), sum(nb for _, nb in per_head)
+        print(f"{knob}, N = {n}: {segs / len(per_head):.1f} segments per head, {segs / blocks:.2f} of the 256-row steps end one")
 
 
 if __name__ == "__main__":

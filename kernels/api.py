@@ -77,6 +77,7 @@ def _attention_op(
     smooth_k: bool,
     v_rank: int,
     v_mean_rows: int,
+    v_mean_merge: bool,
     sm_scale: Optional[float],
     backend: str,
     selected: bool,
@@ -84,14 +85,15 @@ def _attention_op(
 ) -> torch.Tensor:
     # every field of the caller's config (a field left out here silently ran its default: session 14's
     # v_mean_rows did, until tests/test_api.py's round trip checked each field)
-    config = VCConfig(qk=qk, v=v_format, p=p, smooth_k=smooth_k, v_rank=v_rank, v_mean_rows=v_mean_rows)
+    config = VCConfig(qk=qk, v=v_format, p=p, smooth_k=smooth_k, v_rank=v_rank, v_mean_rows=v_mean_rows,
+                      v_mean_merge=v_mean_merge)
     return _run(q, k, v, perm, v_basis, layout, config, sm_scale, backends.get(backend) if selected else backend,
                 perm_from_grouping)
 
 
 @_attention_op.register_fake
-def _attention_fake(q, k, v, perm, v_basis, layout, qk, v_format, p, smooth_k, v_rank, v_mean_rows, sm_scale, backend, selected,
-                    perm_from_grouping):
+def _attention_fake(q, k, v, perm, v_basis, layout, qk, v_format, p, smooth_k, v_rank, v_mean_rows, v_mean_merge, sm_scale,
+                    backend, selected, perm_from_grouping):
     return torch.empty_like(q)
 
 
@@ -143,5 +145,5 @@ def vc_attention(
         return _run(q, k, v, perm, v_basis, layout, config, sm_scale, backend, perm_from_grouping)
     selected = isinstance(backend, backends.Backend)
     return _attention_op(q, k, v, perm, v_basis, layout, config.qk, config.v, config.p, config.smooth_k, config.v_rank,
-                         config.v_mean_rows, sm_scale, backend.name if selected else backend, selected,
+                         config.v_mean_rows, config.v_mean_merge, sm_scale, backend.name if selected else backend, selected,
                          perm_from_grouping)

@@ -73,6 +73,7 @@ def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.
         ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean, ops.v_low_t, ops.v_low_basis,
         ops.v_low_scale, to_bhnd(out, layout),
         ops.n_tokens, config.p == "expcast", vsmooth_mode(config), torch.cuda.current_stream(out.device).cuda_stream,
+        ops.v_seg_end,  # V-Smooth segments (v_mean_merge, vsmooth mode 2): the speed loop restores at their ends
     )
     return out
 

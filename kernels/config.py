@@ -37,6 +37,10 @@ class VCConfig:
         then restores one mean per step instead of two: 4-5% of the speed kernel's time for +1.5% rel-L2
         on the video-like data; the speed mode's choice, docs/kernel-notes.md section 24). The operands
         keep one mean per 128 keys either way (equal in pairs at 256), so every kernel reads them alike.
+    v_mean_merge: with v_mean_rows 256, merge consecutive 256-row blocks whose means agree into segments
+        with one mean each (reference.vsmooth_segments): a cluster-sorted V's runs become the segments,
+        and the Hopper speed loop restores a mean only at segment ends (docs/fidelity-study.md, "V-Smooth
+        segments"; docs/kernel-notes.md section 26). The operands still hold one mean per 128 keys.
     """
 
     qk: str = "int8"
@@ -45,6 +49,7 @@ class VCConfig:
     smooth_k: bool = True
     v_rank: int = 0
     v_mean_rows: int = V_BLOCK
+    v_mean_merge: bool = False
 
     def __post_init__(self) -> None:
         if self.qk not in QK_FORMATS:
@@ -64,6 +69,13 @@ class VCConfig:
                              f"got v={self.v!r}.")
 
 
+        if not isinstance(self.v_mean_merge, bool):
+            raise ValueError(f"VCConfig.v_mean_merge must be True or False, got {self.v_mean_merge!r}.")
+        if self.v_mean_merge and (self.v != "vsmooth" or self.v_mean_rows != 2 * V_BLOCK or self.v_rank):
+            raise ValueError("VCConfig.v_mean_merge merges 256-row V-Smooth means: it needs v='vsmooth', "
+                             f"v_mean_rows={2 * V_BLOCK} and v_rank=0, got v={self.v!r}, v_mean_rows={self.v_mean_rows}, "
+                             f"v_rank={self.v_rank}.")
+
     def with_(self, **changes) -> "VCConfig":
         return replace(self, **changes)
 
@@ -76,7 +88,8 @@ class VCConfig:
         """Short stable name, used in benchmark tables, stats and kernel instantiation keys."""
         return (f"{self.qk}-{self.v}-{self.p}" + ("" if self.smooth_k else "-nosmoothk")
                 + (f"-rank{self.v_rank}" if self.v_rank else "")
-                + (f"-mean{self.v_mean_rows}" if self.v_mean_rows != V_BLOCK else ""))
+                + (f"-mean{self.v_mean_rows}" if self.v_mean_rows != V_BLOCK else "")
+                + ("-merged" if self.v_mean_merge else ""))
 
 
 # The three configurations the product talks about.

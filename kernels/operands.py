@@ -50,6 +50,9 @@ class PreparedOperands:
     v_low_t: Optional[torch.Tensor] = None  # the low-rank term's extra V^T rows (v_rank > 0)
     v_low_scale: Optional[torch.Tensor] = None
     v_low_basis: Optional[torch.Tensor] = None
+    # VCConfig.v_mean_merge: (B,H,n_pad/128) uint8, 1 on each V-Smooth segment's last 128-key slot (the
+    # Hopper speed loop restores the segment's mean there); None: no segments (a mean per block)
+    v_seg_end: Optional[torch.Tensor] = None
 
     @property
     def n_pad(self) -> int:

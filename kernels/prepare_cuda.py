@@ -70,8 +70,8 @@ def prepare_cuda(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout
         basis = basis.contiguous()
     perm32 = None if perm is None else perm.to(device=q.device, dtype=torch.int32).contiguous()
     # the binding allocates the operands (one call, no per-tensor allocation from Python) on q's device
-    q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_low_t, v_low_scale = extension(tuple(variant_flags)).prepare(
+    q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_low_t, v_low_scale, v_seg_end = extension(tuple(variant_flags)).prepare(
         qb, kb, vb, perm32, basis, reference.qk_scale(d, sm_scale), config.qk == "fp8", config.v == "vsmooth",
-        config.smooth_k, config.v_mean_rows)
+        config.smooth_k, config.v_mean_rows, config.v_mean_merge)
     return PreparedOperands(q_q=q_q, q_scale=q_scale, k_q=k_q, k_scale=k_scale, v_t=v_t, v_scale=v_scale, v_mean=v_mean,
-                            n_tokens=n, v_low_t=v_low_t, v_low_scale=v_low_scale, v_low_basis=basis)
+                            n_tokens=n, v_low_t=v_low_t, v_low_scale=v_low_scale, v_low_basis=basis, v_seg_end=v_seg_end)

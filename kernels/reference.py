@@ -376,6 +376,76 @@ def vsmooth_means(v: torch.Tensor, mean_rows: int = V_BLOCK) -> torch.Tensor:
     return block_means_fp16(v, mean_rows).repeat_interleave(per, dim=2)[:, :, :_blocks(v.shape[-2], V_BLOCK)]
 
 
+# V-Smooth segments (VCConfig.v_mean_merge): a 256-row block joins the segment before it while the
+# squared L2 shift of its float32 mean from the segment's first block's is <= 1/9 of its residual's mean
+# squared row norm (kappa = 1/3 in RMS terms: docs/fidelity-study.md, "V-Smooth segments")
+V_MERGE_INV_KAPPA2 = 9.0
+
+
+@dataclass
+class VSmoothSegments:
+    """What the segment merge decides for one (permuted) V (vsmooth_segments)."""
+
+    mean: torch.Tensor  # (B,H,ceil(N/128),D) fp16: every 128-row slot holds its segment's mean
+    seg_end: torch.Tensor  # (B,H,ceil(N/128)) uint8: 1 on each segment's last slot
+    amax: torch.Tensor  # (B,H,1,D) float32: the residual's amax bound (the FP8 scale's amax)
+
+
+def vsmooth_segments(v: torch.Tensor) -> VSmoothSegments:
+    """V-Smooth means per segment of 256-row blocks, found from V alone (no cluster labels needed; a
+    cluster-sorted V makes its runs the segments). In block order, per (batch, head):
+    - m_b: the block's float32 mean (sum / valid rows), mu_b = fp16(m_b), E_b = sum over its rows and
+      channels of (v - mu_b)^2 (float32), a_b = its per-channel amax of |v - mu_b|;
+    - block 0 opens a segment (its anchor m_0); block b joins the open segment iff
+      9 * sum_d (m_b - anchor)^2 * valid_b <= E_b, else it opens the next one (anchor m_b);
+    - a segment's mean is fp16(S / C): S the float32 sum of m_b * valid_b in block order, C its rows;
+    - the residual's per-channel amax bound: max over blocks of a_b + |mu_b - mu_seg(b)| (float32).
+    The Hopper speed loop then restores a mean only at segment ends (seg_end), not every 256-key step;
+    every other kernel restores per 128-key tile as always (each slot holds its segment's mean)."""
+    b, h, n, d = v.shape
+    vf = v.float()
+    m = block_means(vf, 2 * V_BLOCK)  # (B,H,nb,D)
+    mu = m.to(torch.float16).float()
+    nb = m.shape[2]
+    dev = pad_rows(vf - expand_rows(mu, 2 * V_BLOCK, n), 2 * V_BLOCK).reshape(b, h, nb, 2 * V_BLOCK, d)
+    valid = torch.full((nb,), 2 * V_BLOCK, dtype=torch.int64)
+    valid[-1] = n - 2 * V_BLOCK * (nb - 1)
+    energy = dev.square().sum(dim=(3, 4))  # (B,H,nb) E_b
+    a = dev.abs().amax(3)  # (B,H,nb,D) a_b
+    seg = torch.zeros(b, h, nb, dtype=torch.int64, device=v.device)
+    seg_sums = torch.zeros(b, h, nb, d, dtype=torch.float32, device=v.device)
+    seg_rows = torch.zeros(b, h, nb, dtype=torch.float32, device=v.device)
+    anchor, total, rows = m[:, :, 0], m[:, :, 0] * float(valid[0]), torch.full((b, h), float(valid[0]), device=v.device)
+    sid = torch.zeros(b, h, 1, dtype=torch.int64, device=v.device)
+    for j in range(1, nb):
+        shift2 = (m[:, :, j] - anchor).square().sum(-1)
+        joins = V_MERGE_INV_KAPPA2 * shift2 * float(valid[j]) <= energy[:, :, j]
+        # a head whose block opens a segment stores the closed one's sums first
+        seg_sums.scatter_(2, sid.unsqueeze(-1).expand(b, h, 1, d), total.unsqueeze(2))
+        seg_rows.scatter_(2, sid, rows.unsqueeze(-1))
+        sid = sid + (~joins).long().unsqueeze(-1)
+        weighted = m[:, :, j] * float(valid[j])
+        total = torch.where(joins.unsqueeze(-1), total + weighted, weighted)
+        rows = torch.where(joins, rows + float(valid[j]), torch.full_like(rows, float(valid[j])))
+        anchor = torch.where(joins.unsqueeze(-1), anchor, m[:, :, j])
+        seg[:, :, j] = sid.squeeze(-1)
+    seg_sums.scatter_(2, sid.unsqueeze(-1).expand(b, h, 1, d), total.unsqueeze(2))
+    seg_rows.scatter_(2, sid, rows.unsqueeze(-1))
+    seg_mu = (seg_sums / seg_rows.clamp(min=1).unsqueeze(-1)).to(torch.float16)  # (B,H,nb,D), first entries used
+    block_mu = seg_mu.gather(2, seg.unsqueeze(-1).expand(b, h, nb, d))  # (B,H,nb,D) each block's segment mean
+    amax = (a + (mu - block_mu.float()).abs()).amax(2, keepdim=True)
+    slots = _blocks(n, V_BLOCK)
+    mean = block_mu.repeat_interleave(2, dim=2)[:, :, :slots]
+    last_of_block = torch.ones(b, h, nb, dtype=torch.bool, device=v.device)
+    last_of_block[:, :, :-1] = seg[:, :, 1:] != seg[:, :, :-1]
+    seg_end = torch.zeros(b, h, nb, 2, dtype=torch.uint8, device=v.device)
+    seg_end[..., 1] = last_of_block.to(torch.uint8)
+    seg_end = seg_end.reshape(b, h, 2 * nb)[:, :, :slots]
+    if slots % 2:  # a lone last 128-row slot ends its block (and the head's last segment)
+        seg_end[:, :, -1] = 1
+    return VSmoothSegments(mean.contiguous(), seg_end.contiguous(), amax)
+
+
 @dataclass
 class VSmoothV:
     """V-Smooth operands of one (permuted) V: what the prepare kernel writes."""
@@ -387,6 +457,7 @@ class VSmoothV:
     basis: torch.Tensor | None = None  # (B,H,k,D) fp16 directions W
     coeff_q: torch.Tensor | None = None  # (B,H,N,k) float32 values of E4M3 codes of A
     coeff_scale: torch.Tensor | None = None  # (B,H,1,k) float32 scale per head and component
+    seg_end: torch.Tensor | None = None  # (B,H,nb) uint8 with V-Smooth segments (vsmooth_segments)
 
     def low_rank(self) -> torch.Tensor:
         """(B,H,N,D) float32: A W as the kernels restore it (zeros without a basis)."""
@@ -448,9 +519,11 @@ def resolve_basis(v_perm: torch.Tensor, rank: int, basis: torch.Tensor | None) -
     return basis
 
 
-def quantize_v_vsmooth(v_perm: torch.Tensor, basis: torch.Tensor | None = None, mean_rows: int = V_BLOCK) -> VSmoothV:
+def quantize_v_vsmooth(v_perm: torch.Tensor, basis: torch.Tensor | None = None, mean_rows: int = V_BLOCK,
+                       merge: bool = False) -> VSmoothV:
     """V-Smooth on an already permuted V: R = V - mu (fp16 mean as float32), then per-channel FP8.
-    mean_rows: the rows one mean covers (VCConfig.v_mean_rows; vsmooth_means).
+    mean_rows: the rows one mean covers (VCConfig.v_mean_rows; vsmooth_means). merge: the means of
+    vsmooth_segments instead (VCConfig.v_mean_merge; no basis), the residual scaled by its amax bound.
 
     The residual is taken against the ROUNDED mean, so mean + residual reconstructs V up to the
     residual's FP8 error only. Residual scale: amax over all tokens per channel / 448.
@@ -463,6 +536,13 @@ def quantize_v_vsmooth(v_perm: torch.Tensor, basis: torch.Tensor | None = None, 
     rounding moves A by at most 2^-4 of its magnitude). On the video-like data it is within 2% of the
     exact amax and the output error is the same (docs/fidelity-study.md).
     """
+    if merge:
+        if basis is not None:
+            raise ValueError("V-Smooth segments (v_mean_merge) take no low-rank term.")
+        seg = vsmooth_segments(v_perm)
+        resid = v_perm.float() - expand_rows(seg.mean.float(), V_BLOCK, v_perm.shape[-2])
+        r_q, r_scale = quantize_fp8_per_channel(resid, seg.amax)
+        return VSmoothV(seg.mean, r_q, r_scale, seg_end=seg.seg_end)
     mean = vsmooth_means(v_perm, mean_rows)
     resid = v_perm.float() - expand_rows(mean.float(), V_BLOCK, v_perm.shape[-2])
     if basis is None:
@@ -481,7 +561,7 @@ def dequantized_v(v_perm: torch.Tensor, config: VCConfig, basis: torch.Tensor | 
     config.v_rank the low-rank term on `basis`, by default the one lowrank_basis proposes)."""
     if config.v == "vsmooth":
         basis = resolve_basis(v_perm, config.v_rank, basis)
-        return quantize_v_vsmooth(v_perm, basis, config.v_mean_rows).dequantized()
+        return quantize_v_vsmooth(v_perm, basis, config.v_mean_rows, config.v_mean_merge).dequantized()
     v_q, v_scale = quantize_fp8_per_channel(v_perm)
     return v_q * v_scale
 

@@ -220,8 +220,10 @@ def config_from_widgets(widgets: dict[str, object]) -> VCConfig:
         qk=qk,
         v="vsmooth" if vsmooth else "per_channel",
         p="expcast" if expcast else "exp2",
-        # ExpCast with V-Smooth is the speed kernel: one V mean per 256 tokens, as config.SPEED
+        # ExpCast with V-Smooth is the speed kernel: V means per 256 tokens (merged into segments where
+        # config.SPEED merges them), as config.SPEED
         v_mean_rows=SPEED.v_mean_rows if vsmooth and expcast else FIDELITY.v_mean_rows,
+        v_mean_merge=SPEED.v_mean_merge if vsmooth and expcast else False,
     )
 
 

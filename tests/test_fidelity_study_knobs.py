@@ -7,6 +7,7 @@ FP8 rounding: on V whose residual is mostly rank 2, rank 3 leaves a much smaller
 """
 import torch
 
+from vc_attention.bench import fidelity_study
 from vc_attention.bench.fidelity_study import cluster_segments, v_hat_cluster_means, v_hat_lowrank, v_hat_mean_rows
 from vc_attention.kernels import reference as ref
 
@@ -62,3 +63,19 @@ def test_merged_segments_are_long_enough_and_break_only_where_the_label_changes(
     # label changes at 100, 400, 450 and 850: 100 is too early, 450 too close to 400, 850 leaves a 30-row tail
     assert torch.bincount(seg).tolist() == [400, 480]
     assert torch.equal(cluster_segments(labels)[0, 0], torch.repeat_interleave(torch.arange(5), torch.tensor([100, 300, 50, 400, 30])))
+
+
+def test_the_rms3_knob_is_the_segment_spec():
+    """The study's rms3 knob (tight bound) takes the segments and means of reference.vsmooth_segments, the
+    spec the kernels follow (VCConfig.v_mean_merge); its loose-bound twin differs only in the scale."""
+    from vc_attention.kernels import reference as ref
+
+    g = torch.Generator().manual_seed(0)
+    v = torch.cat([3 * torch.randn(64, generator=g) + torch.randn(r, 64, generator=g) for r in (300, 700, 500)])
+    v = v.view(1, 1, -1, 64).bfloat16()
+    spec = ref.vsmooth_segments(v)
+    seg, seg_mu, bound = fidelity_study.merged_block_segments(v, fidelity_study.MERGE_KAPPA["rms3"], rms=True)
+    assert torch.equal(seg_mu.repeat_interleave(2, dim=2)[:, :, :spec.mean.shape[2]], spec.mean.float())
+    torch.testing.assert_close(bound, spec.amax)
+    _, _, loose = fidelity_study.merged_block_segments(v, 1 / 3, rms=True, loose=True)
+    assert bool((loose >= bound).all()) and not torch.equal(loose, bound)

@@ -1,6 +1,7 @@
 // Launcher of the fused preprocessing kernels (prepare.cuh): dtype / head-dim / QK-format dispatch.
 #include "prepare.cuh"
 #include "prepare_regs.cuh"
+#include "prepare_segments.cuh"
 
 #ifndef VC_PREP_LEGACY_QUANTIZE
 // 1 (variant): prepare.cuh's quantize kernel (one row loaded per iteration, byte-wise V^T transpose)
@@ -45,6 +46,8 @@ static void launch_prepare_typed(const PrepareParams& p, cudaStream_t stream) {
     } else {
       prepare_stats_kernel<T, D><<<stats_grid, kPrepThreads, 0, stream>>>(p);
     }
+    // V-Smooth segments: the block statistics -> segment means, ends and the residual's amax bound
+    if (p.v_merge) prepare_segments_kernel<D><<<p.batch * p.heads, kSegThreads, 0, stream>>>(p);
     if constexpr (VC_PREP_LEGACY_QUANTIZE) {
       if (p.qk_fp8) {
         prepare_quantize_kernel<T, D, true><<<grid, kPrepThreads, 0, stream>>>(p);
@@ -78,6 +81,8 @@ const char* launch_prepare(const PrepareParams& p, void* stream) {
   if (VC_PREP_ROWS_IN_REGS && p.v_rank) return "the rows-in-regs prepare variant has no low-rank V term";
   if (p.v_mean_rows != kKBlock && (VC_PREP_ROWS_IN_REGS || VC_PREP_STAGED_STATS))
     return "this prepare variant's statistics pass takes 128-row V means only (v_mean_rows=128)";
+  if (p.v_merge && (VC_PREP_ROWS_IN_REGS || VC_PREP_STAGED_STATS || p.v_rank || !p.vsmooth || p.v_mean_rows != 2 * kKBlock))
+    return "V-Smooth segments (v_mean_merge) need V-Smooth with 256-row means, no low-rank term and the default statistics pass";
   if (p.input_bf16) {
     launch_prepare_dim<__nv_bfloat16>(p, s);
   } else {

@@ -109,16 +109,35 @@ __device__ __forceinline__ void stats_block_sums(const PrepareParams& p, int bh,
       for (int s = first; s < min(first + per, slots); ++s)
         p.v_mean[(int64_t(bh) * slots + s) * D + threadIdx.x] = __half_as_ushort(mean);
       block_mean[threadIdx.x] = __half2float(mean);
+      // V-Smooth segments: the float32 mean the merge compares (reference.vsmooth_segments' m_b)
+      if (p.v_merge) p.blk_mean[(int64_t(bh) * gridDim.x + blockIdx.x) * D + threadIdx.x] = total / float(valid);
     }
     __syncthreads();
   }
 }
 
-// The block's per-channel amax (of the V residual, or of V) into the head's v_amax.
+// The block's per-channel amax (of the V residual, or of V) into the head's v_amax; with V-Smooth segments
+// (p.v_merge) into the block's own slot instead, with the residual's energy (this thread's sum of squares,
+// added in a fixed order): prepare_segments_kernel bounds the head's amax from them.
 template <int D>
 __device__ __forceinline__ void stats_block_amax(const PrepareParams& p, int bh, const float (&vacc)[8], float (*partial)[D],
-                                                 int row_sub, int c0) {
+                                                 int row_sub, int c0, float energy = 0.0f) {
   const float amax = reduce_channels<D, true>(vacc, partial, row_sub, c0);
+  if (p.v_merge) {
+    const int64_t blk = int64_t(bh) * gridDim.x + blockIdx.x;
+    if (threadIdx.x < D) p.blk_amax[blk * D + threadIdx.x] = amax;
+    __shared__ float warp_energy[kPrepThreads / 32];
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) energy += __shfl_xor_sync(0xffffffffu, energy, off);
+    if (threadIdx.x % 32 == 0) warp_energy[threadIdx.x / 32] = energy;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float total = 0.0f;
+      for (int w = 0; w < kPrepThreads / 32; ++w) total += warp_energy[w];
+      p.blk_energy[blk] = total;
+    }
+    return;
+  }
   // non-negative floats order like their bit patterns, so an integer max is a float max
   if (threadIdx.x < D) atomicMax(reinterpret_cast<int*>(p.v_amax) + int64_t(bh) * D + threadIdx.x, __float_as_int(amax));
 }
@@ -201,6 +220,7 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_stats_kernel(const Prepa
   }
 #endif
   stats_block_sums<D>(p, bh, valid, ksum, vacc, partial, block_mean, row_sub, c0);
+  float energy = 0.0f;  // the V residual's sum of squares over this thread's rows and channels
   if (p.vsmooth) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) vacc[i] = 0.0f;
@@ -227,7 +247,11 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_stats_kernel(const Prepa
           float x[8];
           load8_as_float(row_ptr<T>(p.v, p.v_stride, b, h, tok[half][it]) + c0, x);
 #pragma unroll
-          for (int i = 0; i < 8; ++i) vacc[i] = in ? fmaxf(vacc[i], fabsf(x[i] - block_mean[c0 + i])) : vacc[i];
+          for (int i = 0; i < 8; ++i) {
+            const float r = x[i] - block_mean[c0 + i];
+            vacc[i] = in ? fmaxf(vacc[i], fabsf(r)) : vacc[i];
+            energy = in ? fmaf(r, r, energy) : energy;
+          }
         }
       }
 #else
@@ -235,12 +259,16 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_stats_kernel(const Prepa
         float x[8];
         load8_as_float(row_ptr<T>(p.v, p.v_stride, b, h, source_token(p, bh, row0 + r)) + c0, x);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) vacc[i] = fmaxf(vacc[i], fabsf(x[i] - block_mean[c0 + i]));
+        for (int i = 0; i < 8; ++i) {
+          const float r = x[i] - block_mean[c0 + i];
+          vacc[i] = fmaxf(vacc[i], fabsf(r));
+          energy = fmaf(r, r, energy);  // V-Smooth segments only (stats_block_amax); a few FMAs of a memory-bound pass
+        }
       }
 #endif
     }
   }
-  stats_block_amax<D>(p, bh, vacc, partial, row_sub, c0);
+  stats_block_amax<D>(p, bh, vacc, partial, row_sub, c0, energy);
 }
 
 // A thread's 8 channels times inv -> 8 codes (E4M3 or INT8), first channel in the lowest byte.

@@ -33,7 +33,8 @@ void run_prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
                  torch::Tensor q_q, torch::Tensor q_scale, torch::Tensor k_q, torch::Tensor k_scale, torch::Tensor v_t,
                  torch::Tensor v_scale, torch::Tensor v_mean, const std::optional<torch::Tensor>& v_basis,
                  const std::optional<torch::Tensor>& v_low_t, const std::optional<torch::Tensor>& v_low_scale, double qk_scale,
-                 bool qk_fp8, bool vsmooth, bool smooth_k, int64_t v_mean_rows, cudaStream_t stream) {
+                 bool qk_fp8, bool vsmooth, bool smooth_k, int64_t v_mean_rows, const std::optional<torch::Tensor>& v_seg_end,
+                 cudaStream_t stream) {
   TORCH_CHECK_VALUE(q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16, "q must be float16 or bfloat16.");
   check_input(q, "q", q);
   check_input(k, "k", q);
@@ -99,6 +100,23 @@ void run_prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
   p.v_amax = p.k_sum + bh * head_dim;
   p.k_done = reinterpret_cast<unsigned int*>(p.v_amax + bh * head_dim);
   p.k_partial = k_partial.data_ptr<float>();
+  // V-Smooth segments: each 256-row statistics block's mean and amax (D floats each), energy and segment
+  torch::Tensor blk;
+  if (v_seg_end.has_value()) {
+    TORCH_CHECK_VALUE(vsmooth && v_mean_rows == 2 * vc::kKBlock, "V-Smooth segments need V-Smooth with ", 2 * vc::kKBlock,
+                      "-row means.");
+    check_cuda_contiguous(*v_seg_end, "v_seg_end");
+    const int64_t nb = (q_q.size(2) + 2 * vc::kKBlock - 1) / (2 * vc::kKBlock);
+    TORCH_CHECK_VALUE(v_seg_end->numel() == bh * (q_q.size(2) / vc::kKBlock) && v_seg_end->element_size() == 1,
+                      "v_seg_end must be one byte per 128-row slot, shape (B, H, n_pad / 128).");
+    blk = torch::empty({bh * nb * (2 * head_dim + 2)}, q.options().dtype(torch::kFloat32));
+    p.blk_mean = blk.data_ptr<float>();
+    p.blk_amax = p.blk_mean + bh * nb * head_dim;
+    p.blk_energy = p.blk_amax + bh * nb * head_dim;
+    p.blk_seg_first = reinterpret_cast<int*>(p.blk_energy + bh * nb);
+    p.v_seg_end = static_cast<uint8_t*>(v_seg_end->data_ptr());
+    p.v_merge = true;
+  }
   if (low_rank) {
     p.v_basis = static_cast<const uint16_t*>(v_basis->data_ptr());
     p.v_low_t = static_cast<uint8_t*>(v_low_t->data_ptr());
@@ -120,15 +138,17 @@ void run_prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
 }
 
 using Operands = std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor,
-                            torch::Tensor, std::optional<torch::Tensor>, std::optional<torch::Tensor>>;
+                            torch::Tensor, std::optional<torch::Tensor>, std::optional<torch::Tensor>,
+                            std::optional<torch::Tensor>>;
 
 // The operand contract (kernels/operands.py) allocated here and filled on q's device and current stream:
 // one binding call per attention call. Allocated from Python, one tensor at a time, they were part of the
 // host time a short call pays before its first launch (docs/kernel-notes.md section 25).
-// v_basis (B, H, rank, D) float16 turns the low-rank term on (then v_low_t and v_low_scale are returned).
+// v_basis (B, H, rank, D) float16 turns the low-rank term on (then v_low_t and v_low_scale are returned);
+// v_merge the V-Smooth segments (VCConfig.v_mean_merge: then v_seg_end is returned, last).
 Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const std::optional<torch::Tensor>& perm,
                  const std::optional<torch::Tensor>& v_basis, double qk_scale, bool qk_fp8, bool vsmooth, bool smooth_k,
-                 int64_t v_mean_rows) {
+                 int64_t v_mean_rows, bool v_merge) {
   TORCH_CHECK_VALUE(q.is_cuda() && q.dim() == 4, "q must be a 4-D CUDA tensor (B, H, N, D view).");
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t b = q.size(0), h = q.size(1), n = q.size(2), d = q.size(3);
@@ -151,9 +171,11 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
     v_low_t = torch::empty({b, h, vc::kVLowRows, n_pad}, e4m3);
     v_low_scale = torch::empty({b, h, v_basis->size(2)}, f32);
   }
+  std::optional<torch::Tensor> v_seg_end;
+  if (v_merge) v_seg_end = torch::empty({b, h, n_pad / vc::kKBlock}, on_q.dtype(torch::kByte));
   run_prepare(q, k, v, perm, q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_basis, v_low_t, v_low_scale, qk_scale,
-              qk_fp8, vsmooth, smooth_k, v_mean_rows, c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
-  return {q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_low_t, v_low_scale};
+              qk_fp8, vsmooth, smooth_k, v_mean_rows, v_seg_end, c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
+  return {q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_low_t, v_low_scale, v_seg_end};
 }
 
 }  // namespace
@@ -161,7 +183,7 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "VC-Attention fused prepare: q, k, v (+perm) -> the quantized operands of the attention kernels.";
   m.def("prepare", &prepare, "q, k, v (+perm, +v_basis) -> the quantized operands (q_q, q_scale, k_q, k_scale, v_t, v_scale, "
-        "v_mean, v_low_t, v_low_scale), on q's device and current stream");
+        "v_mean, v_low_t, v_low_scale, v_seg_end), on q's device and current stream");
   m.def("rows_in_regs", &vc::prepare_rows_in_regs, "1 if this build runs the register-staged kernels (VC_PREP_ROWS_IN_REGS)");
   m.def("legacy_quantize", &vc::prepare_legacy_quantize,
         "1 if this build runs prepare.cuh's quantize kernel instead of the staged one (VC_PREP_LEGACY_QUANTIZE)");

@@ -67,6 +67,9 @@ struct Params {
   const __half* v_low_basis;
   const float* v_low_scale;
   int v_rank;
+  // V-Smooth segments (STEPMEAN kernels; VCConfig.v_mean_merge): (BH, n_pad/128) uint8, 1 on each segment's
+  // last 128-key tile; nullptr: every 256-key step ends one (one mean per step)
+  const uint8_t* v_seg_end;
 };
 
 
@@ -292,7 +295,7 @@ __device__ __forceinline__ int key_of_column(int chunk, int t, int e) {
   return 16 * (chunk >> 1) + 4 * t + 2 * (chunk & 1) + e;
 }
 
-template <int D, bool EXPCAST, bool VSMOOTH, int STAGES, typename L, bool LOWRANK>
+template <int D, bool EXPCAST, bool VSMOOTH, int STAGES, typename L, bool LOWRANK, bool STEPMEAN = false>
 __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                               const CUtensorMap* tm_vt, const CUtensorMap* tm_vlow, const Params& p, uint8_t* smem,
                                               uint64_t* bar_q, uint64_t* bar_full, uint64_t* bar_empty) {
@@ -328,8 +331,16 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUt
       }
       fence_proxy_async();  // generic stores -> read by wgmma (async proxy) after the full barrier
     } else if (VSMOOTH) {
+      // STEPMEAN: a step's second tile (odd j) carries mu_j - mu_{j+1}, the next pair step's mean subtracted
+      // (zero after the last pair: an odd tail tile restores its own mean), for fold_segment's telescoped
+      // restore; the first tile of a pair keeps its mean (the odd tail's fold_tile reads it)
+      const bool minus_next = STEPMEAN && (j & 1) && j + 1 < n_kv - (n_kv & 1);
 #pragma unroll
-      for (int c = 0; c < D / 32; ++c) mu_smem[s * D + lane + 32 * c] = __half2float(mean[lane + 32 * c]) * inv_vs[c];
+      for (int c = 0; c < D / 32; ++c) {
+        float mu = __half2float(mean[lane + 32 * c]) * inv_vs[c];
+        if (minus_next) mu -= __half2float(mean[D + lane + 32 * c]) * inv_vs[c];
+        mu_smem[s * D + lane + 32 * c] = mu;
+      }
       if constexpr (mean_in_pv<D, EXPCAST, VSMOOTH, STAGES>()) {
         // rows 4 (j & 1) + 0..3 of the B tile of tile j's pair: the means of tile j - 2 (zeros before
         // tile 2: the first step's A is zero, and 0 x garbage could be NaN). The tile was last read by
@@ -350,7 +361,14 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUt
         fence_proxy_async();  // generic stores -> read by wgmma (async proxy) after the full barrier
       }
     }
-    if (lane == 0) ksc_smem[s] = p.k_scale[static_cast<int64_t>(bh) * n_kv + j];
+    if (lane == 0) {
+      float ksc = p.k_scale[static_cast<int64_t>(bh) * n_kv + j];
+      // STEPMEAN: the sign bit of a step's second tile's K scale (a scale is >= 0) says whether a V-Smooth
+      // segment ends with that step (seg_end_of_step); no shared-memory layout change, no extra barrier
+      if (STEPMEAN && (j & 1) && (p.v_seg_end == nullptr || p.v_seg_end[static_cast<int64_t>(bh) * n_kv + j]))
+        ksc = __uint_as_float(__float_as_uint(ksc) | 0x80000000u);
+      ksc_smem[s] = ksc;
+    }
     __syncwarp();
     if (lane == 0) {
       constexpr bool kLowRows = LOWRANK && !(VC_SM90_LOWRANK_DIAG & 4);
@@ -610,6 +628,42 @@ __device__ __forceinline__ void fold_pair(float (&o)[D / 2], float (&row_sum)[2]
 #pragma unroll
   for (int r = 0; r < 2; ++r) row_sum[r] = fmaf(row_sum[r], ab[r], l_a[r] + l_b[r]);
 }
+
+// STEPMEAN with V-Smooth segments: the fold of a step, O = alpha O + pv, l = alpha l + l_a + l_b, and at
+// a segment end (warp-uniform: the producer's flag) O += l (mu_seg - mu_next), mu_next the next segment's
+// mean (0 after the last pair step; the producer writes the difference into the step's second stage). The
+// telescoped sum is the per-segment restore sum_seg L_seg mu_seg (L_seg = the segment's row sums of P in
+// O's scale: l at its end minus l at its start) with no register for L: one mean FFMA per O element per
+// segment end, not per step. Every 256-key step ends a segment when the prepare gives no segments (speed
+// mode's 256-row means: the MEANS = 1 fold's cost). docs/kernel-notes.md section 26.
+template <int D>
+__device__ __forceinline__ void fold_segment(float (&o)[D / 2], float (&row_sum)[2], const float (&pv)[D / 2 + 4],
+                                             const float (&alpha)[2], const float* mu_diff, int t, bool seg_end) {
+  const float l_ab[2] = {pv[D / 2] + pv[D / 2 + 1], pv[D / 2 + 2] + pv[D / 2 + 3]};
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      o[4 * i + 2 * r] = fmaf(o[4 * i + 2 * r], alpha[r], pv[4 * i + 2 * r]);
+      o[4 * i + 2 * r + 1] = fmaf(o[4 * i + 2 * r + 1], alpha[r], pv[4 * i + 2 * r + 1]);
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) row_sum[r] = fmaf(row_sum[r], alpha[r], l_ab[r]);
+  if (seg_end) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      const float2 m = *reinterpret_cast<const float2*>(mu_diff + 8 * i + 2 * t);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        o[4 * i + 2 * r] = fmaf(row_sum[r], m.x, o[4 * i + 2 * r]);
+        o[4 * i + 2 * r + 1] = fmaf(row_sum[r], m.y, o[4 * i + 2 * r + 1]);
+      }
+    }
+  }
+}
+
+// Whether the step whose second tile's K scale is `ksc` ends a V-Smooth segment (the producer's sign bit).
+__device__ __forceinline__ bool seg_end_of_step(float ksc) { return (__float_as_uint(ksc) >> 31) != 0; }
 
 // LOWRANK, before the fold of a step: this lane's two extra columns (sum_j P_j A_jk for lanes t = 1..3)
 // into its running sums (shared memory, (row g: k, k + 1; row g + 8: k, k + 1); O's scale: rescaled by
@@ -952,7 +1006,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
           reg_fence(s_hi);
         }
       };
-      const RowScale sc2[2] = {q_sc * ksc_smem[s0], q_sc * ksc_smem[s1]};
+      const float ksc1 = ksc_smem[s1];  // STEPMEAN: its sign bit is the segment-end flag
+      const RowScale sc2[2] = {q_sc * ksc_smem[s0], q_sc * (STEPMEAN ? fabsf(ksc1) : ksc1)};
       if (has_tail && last)
         softmax_keys<EXPCAST, true, 2>(s2, sc2, valid_last, t, row_off, alpha, p2, second_tile);
       else
@@ -972,6 +1027,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       const float* l_step = low_rank_step(alpha);
       if constexpr (kMeanPv && kNext == 2)  // a next pair step restores this step's means
         fold_step_deferred<D>(o, row_sum, pv, alpha, l_prev);
+      else if constexpr (STEPMEAN && kStepMeans == 1)  // the last pair step always restores (an odd tail follows, or the end)
+        fold_segment<D>(o, row_sum, pv, alpha, mu_smem + s1 * D, t, kNext != 2 || seg_end_of_step(ksc1));
       else
         fold_pair<D, VSMOOTH, kStepMeans>(o, row_sum, pv, alpha, one, mu_smem + s0 * D, mu_smem + s1 * D, t, l_step);
       release(s0);
@@ -1433,7 +1490,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x < 128) {
     regs_dealloc<kProducerRegs>();
     if (threadIdx.x < 32)
-      producer_loop<D, EXPCAST, VSMOOTH, STAGES, L, LOWRANK>(&tm_q, &tm_k, &tm_vt, &tm_vlow, p, smem, bar_q, bar_full, bar_empty);
+      producer_loop<D, EXPCAST, VSMOOTH, STAGES, L, LOWRANK, STEPMEAN>(&tm_q, &tm_k, &tm_vt, &tm_vlow, p, smem, bar_q, bar_full, bar_empty);
   } else {
     regs_alloc<kConsumerRegs>();
     consumer_loop<D, EXPCAST, VSMOOTH, OutT, STAGES, LOWRANK, STEPMEAN>(p, smem, bar_q, bar_full, bar_empty);

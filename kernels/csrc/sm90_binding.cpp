@@ -12,7 +12,7 @@ extern "C" int vc_sm90_forward_low_rank(const void* q_q, const float* q_scale, c
                                         const void* v_low_basis, const float* v_low_scale, int v_rank, void* out,
                                         int batch, int heads, int n, int n_pad, int head_dim, long long out_stride_b,
                                         long long out_stride_h, long long out_stride_n, int expcast, int vsmooth,
-                                        int out_bf16, void* stream);
+                                        int out_bf16, void* stream, const void* v_seg_end);
 extern "C" int vc_sm90_low_rank(int head_dim, int expcast, int vsmooth);
 extern "C" const char* vc_sm90_last_error();
 extern "C" int vc_sm90_consumers(int head_dim, int expcast, int vsmooth);
@@ -31,7 +31,8 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
                const torch::Tensor& k_scale, const torch::Tensor& v_t, const torch::Tensor& v_scale,
                const torch::Tensor& v_mean, const std::optional<torch::Tensor>& v_low_t,
                const std::optional<torch::Tensor>& v_low_basis, const std::optional<torch::Tensor>& v_low_scale,
-               torch::Tensor out, int64_t n_tokens, bool expcast, int64_t vsmooth, int64_t stream) {
+               torch::Tensor out, int64_t n_tokens, bool expcast, int64_t vsmooth, int64_t stream,
+               const std::optional<torch::Tensor>& v_seg_end) {
   // vsmooth: 0 per-channel V, 1 V-Smooth, 2 V-Smooth with means equal in 128-row pairs (v_mean_rows = 256)
   TORCH_CHECK_VALUE(vsmooth >= 0 && vsmooth <= 2, "vsmooth must be 0 (per-channel V), 1 (V-Smooth) or 2 (V-Smooth, "
                     "means equal in 128-row pairs), got ", vsmooth, ".");
@@ -66,20 +67,30 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
     TORCH_CHECK_VALUE(v_low_t->numel() == batch * heads * vc::kVLowRows * n_pad, "v_low_t must be (B, H, ", vc::kVLowRows, ", n_pad).");
     TORCH_CHECK_VALUE(v_low_scale->numel() == batch * heads * rank, "v_low_scale must be (B, H, rank).");
   }
+  // V-Smooth segment ends (VCConfig.v_mean_merge): one byte per 128-key tile, read with vsmooth 2 only
+  if (v_seg_end.has_value()) {
+    TORCH_CHECK_VALUE(vsmooth == 2, "v_seg_end needs vsmooth=2 (V-Smooth means equal over each segment's tiles).");
+    check_operand(*v_seg_end, "v_seg_end", torch::kByte);
+    TORCH_CHECK_VALUE(v_seg_end->numel() == batch * heads * (n_pad / vc::kKBlock), "v_seg_end must be (B, H, n_pad / 128).");
+  }
   const int rc = vc_sm90_forward_low_rank(
       q_q.data_ptr(), q_scale.data_ptr<float>(), k_q.data_ptr(), k_scale.data_ptr<float>(), v_t.data_ptr(),
       v_scale.data_ptr<float>(), v_mean.data_ptr(), low_rank ? v_low_t->data_ptr() : nullptr,
       low_rank ? v_low_basis->data_ptr() : nullptr, low_rank ? v_low_scale->data_ptr<float>() : nullptr, rank,
       out.data_ptr(), static_cast<int>(batch), static_cast<int>(heads), static_cast<int>(n_tokens),
       static_cast<int>(n_pad), static_cast<int>(head_dim), out.stride(0), out.stride(1), out.stride(2), expcast, static_cast<int>(vsmooth),
-      out.scalar_type() == torch::kBFloat16, reinterpret_cast<void*>(stream));
+      out.scalar_type() == torch::kBFloat16, reinterpret_cast<void*>(stream),
+      v_seg_end.has_value() ? v_seg_end->data_ptr() : nullptr);
   TORCH_CHECK(rc == 0, "sm90 attention launch failed: ", vc_sm90_last_error());
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("attention", &attention, "VC-Attention forward on prepared operands (Hopper wgmma kernel)");
+  m.def("attention", &attention, "VC-Attention forward on prepared operands (Hopper wgmma kernel)", py::arg("q_q"),
+        py::arg("q_scale"), py::arg("k_q"), py::arg("k_scale"), py::arg("v_t"), py::arg("v_scale"), py::arg("v_mean"),
+        py::arg("v_low_t"), py::arg("v_low_basis"), py::arg("v_low_scale"), py::arg("out"), py::arg("n_tokens"),
+        py::arg("expcast"), py::arg("vsmooth"), py::arg("stream"), py::arg("v_seg_end") = py::none());
   m.def("consumers", [](int64_t head_dim, bool expcast, bool vsmooth) {
     return vc_sm90_consumers(static_cast<int>(head_dim), expcast, vsmooth);
   }, "consumer warpgroups per CTA (64 query rows each) of the kernel that runs this case");

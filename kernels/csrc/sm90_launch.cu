@@ -229,7 +229,8 @@ int VC_SM90_EXPORT(vc_sm90_step_mean)(int head_dim, int expcast) {
 }
 
 // The forward with V-Smooth's low-rank term: v_low_t (B,H,8,n_pad) e4m3, v_low_basis (B,H,v_rank,D) fp16,
-// v_low_scale (B,H,v_rank) float32; v_rank 0 is the plain forward. Returns 0 on success, else non-zero
+// v_low_scale (B,H,v_rank) float32; v_rank 0 is the plain forward. v_seg_end (B,H,n_pad/128) uint8: the
+// V-Smooth segment ends (VCConfig.v_mean_merge) for the one-mean-per-step kernels, or nullptr (every step). Returns 0 on success, else non-zero
 // with vc_sm90_last_error() describing the failure.
 int VC_SM90_EXPORT(vc_sm90_forward_low_rank)(const void* q_q, const float* q_scale, const void* k_q,
                                              const float* k_scale, const void* v_t, const float* v_scale,
@@ -237,7 +238,7 @@ int VC_SM90_EXPORT(vc_sm90_forward_low_rank)(const void* q_q, const float* q_sca
                                              const float* v_low_scale, int v_rank, void* out, int batch, int heads,
                                              int n, int n_pad, int head_dim, long long out_stride_b,
                                              long long out_stride_h, long long out_stride_n, int expcast, int vsmooth,
-                                             int out_bf16, void* stream) {
+                                             int out_bf16, void* stream, const void* v_seg_end) {
   using namespace vc_sm90;
 #if VC_SM90_SPLIT && VC_SM90_CONSUMERS == 2
   if (split_consumers(head_dim, expcast != 0, vsmooth != 0) == 3) {
@@ -251,7 +252,7 @@ int VC_SM90_EXPORT(vc_sm90_forward_low_rank)(const void* q_q, const float* q_sca
   if (n < 1 || n_pad % kBlockN != 0 || n_pad < n || n_pad - n >= kBlockN) return fail("bad sequence length / padding");
   if (v_rank < 0 || v_rank > vc::kMaxVRank || (v_rank > 0 && (v_low_t == nullptr || v_low_basis == nullptr || v_low_scale == nullptr)))
     return fail("bad low-rank V operands");
-  vc_sm90::Params p;
+  vc_sm90::Params p{};
   p.q_scale = q_scale;
   p.k_scale = k_scale;
   p.v_scale = v_scale;
@@ -266,6 +267,8 @@ int VC_SM90_EXPORT(vc_sm90_forward_low_rank)(const void* q_q, const float* q_sca
   p.v_low_basis = static_cast<const __half*>(v_low_basis);
   p.v_low_scale = v_low_scale;
   p.v_rank = v_rank;
+  // V-Smooth segments: read by the one-mean-per-step kernels only (vsmooth 2); the others restore per tile
+  p.v_seg_end = static_cast<const uint8_t*>(v_seg_end);
   const int bh = batch * heads;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   // vsmooth 2: V-Smooth means equal in 128-row pairs (VCConfig.v_mean_rows = 256)
@@ -289,7 +292,7 @@ int VC_SM90_EXPORT(vc_sm90_forward)(const void* q_q, const float* q_scale, const
                                     int out_bf16, void* stream) {
   return VC_SM90_EXPORT(vc_sm90_forward_low_rank)(q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, nullptr, nullptr,
                                                   nullptr, 0, out, batch, heads, n, n_pad, head_dim, out_stride_b,
-                                                  out_stride_h, out_stride_n, expcast, vsmooth, out_bf16, stream);
+                                                  out_stride_h, out_stride_n, expcast, vsmooth, out_bf16, stream, nullptr);
 }
 
 const char* VC_SM90_EXPORT(vc_sm90_last_error)() { return vc_sm90::g_error; }

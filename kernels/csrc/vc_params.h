@@ -31,6 +31,15 @@ struct PrepareParams {
   uint8_t* v_low_t;         // (B,H,kVLowRows,n_pad) e4m3: parity ones rows, then the coefficient codes
   float* v_low_scale;       // (B,H,v_rank)
   float* c_amax;            // workspace (B,H,kMaxVRank), zeroed by the caller: amax |A_k|
+  // V-Smooth segments (VCConfig.v_mean_merge, v_mean_rows 256; prepare_segments_kernel): per 256-row block
+  // its float32 mean, per-channel residual amax and residual energy (workspace, every block writes its
+  // own), then the segment ends (output)
+  float* blk_mean;      // (B,H,nb,D), nb = ceil(n_pad / 256)
+  float* blk_amax;      // (B,H,nb,D)
+  float* blk_energy;    // (B,H,nb)
+  int* blk_seg_first;   // (B,H,nb): each block's segment's first block (prepare_segments_kernel's own)
+  uint8_t* v_seg_end;   // (B,H,n_pad/128)
+  bool v_merge;
   int v_rank;
   int v_mean_rows;      // V-Smooth: rows per block mean, 128 or 256 (one statistics block each; v_mean keeps one mean per 128 rows)
   int batch, heads, n, n_pad, head_dim;
