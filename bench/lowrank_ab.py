@@ -38,7 +38,7 @@ def main() -> None:
     rows = []
     for mode, config in (("speed", SPEED), ("fidelity", FIDELITY)):
         plain_ops = prepare_reference(q, k, v, perm, config)
-        low_ops = prepare_reference(q, k, v, perm, config.with_(v_rank=args.rank))
+        low_ops = prepare_reference(q, k, v, perm, config.with_rank(args.rank))
         dropped = dataclasses.replace(low_ops, v_low_t=None, v_low_scale=None, v_low_basis=None)
         arms = {"a plain kernel, rank-0 data": plain_ops, "b plain kernel, rank-k data": dropped,
                 "c low-rank kernel, rank-k data": low_ops}

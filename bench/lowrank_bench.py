@@ -52,7 +52,7 @@ def timing_rows(ranks, reps, shapes=tuple(SHAPES)):
             times["sageattn-2.2"] = cuda_time_ms(lambda: sage.sageattn(q, k, v, tensor_layout="HND"), reps)
         for method, config in MODES.items():
             for r in (0, *ranks):
-                cfg = config.with_(v_rank=r)
+                cfg = config.with_rank(r)
                 basis = bases.get(r)
                 times[f"{method}-rank{r}"] = cuda_time_ms(
                     lambda: vc_attention(q, k, v, config=cfg, perm=perm, v_basis=basis, perm_from_grouping=True), reps)
@@ -64,7 +64,7 @@ def timing_rows(ranks, reps, shapes=tuple(SHAPES)):
             ops = prepare_cuda(q, k, v, perm, cfg, basis=bases.get(r))
             out = torch.empty_like(q)
             for method, config in MODES.items():
-                mcfg = config.with_(v_rank=r)
+                mcfg = config.with_rank(r)
                 times[f"attend-{method}-rank{r}"] = cuda_time_ms(lambda: backend.attend(ops, mcfg, out, "bhnd"), reps)
             del ops, out
         for key, ms in times.items():
@@ -98,7 +98,7 @@ def error_rows(ranks, seeds, rows_per_head=1024):
                 perm = grouping.group_tokens(v, *fidelity_grouping(method)).perm()
                 for r in (0, *ranks):
                     basis = _basis(v, perm, r) if r else None
-                    errs[f"{method}-rank{r}"] = rel(vc_attention(q, k, v, config=config.with_(v_rank=r), perm=perm,
+                    errs[f"{method}-rank{r}"] = rel(vc_attention(q, k, v, config=config.with_rank(r), perm=perm,
                                                                  v_basis=basis, perm_from_grouping=True))
             for key, e in errs.items():
                 out.append(dict(N=n, seed=seed, method=key, rel_l2=e,

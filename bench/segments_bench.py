@@ -2,8 +2,9 @@
 
 Per shape and data (random Gaussian with channel offsets, and the video-like data of study/videodata.py),
 with the node's grouping (k-means 64 x 2, kernels.grouping) and every method in one process: cuDNN SDPA,
-SageAttention 2.2 (when importable), speed mode as shipped (`speed`) and the same with segments
-(`merged`), each the public call (prepare included), CUDA events, median (commands/bench.cuda_time_ms).
+SageAttention 2.2 (when importable), speed mode with one V-Smooth mean per 256-key step (`speed`,
+v_mean_merge off: the mode before segments) and with segments (`merged`, config.SPEED), each the public
+call (prepare included), CUDA events, median (commands/bench.cuda_time_ms).
 Also the share of 256-key steps that end a segment (the restores the speed loop still does) and rel-L2
 against exact attention (float32 scores, 64 query rows of the first 4 heads) of every method.
 
@@ -50,6 +51,7 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench" / "results")))
     args = parser.parse_args()
     merged = SPEED.with_(v_mean_merge=True)
+    per_step = SPEED.with_(v_mean_merge=False)
     peers = {m.name: m.fn for m in peer_methods() if m.name in (CUDNN, SAGE)}
     rows = []
     for name, (b, h, n, d) in parse_shapes(args.shapes).items():
@@ -66,7 +68,7 @@ def main() -> None:
             sample = torch.randperm(n, device="cuda")[:64].sort().values
             exact = _exact_rows(q, k, v, sample)
             methods = dict(peers)
-            for label, cfg in (("speed", SPEED), ("merged", merged)):
+            for label, cfg in (("speed", per_step), ("merged", merged)):
                 methods[label] = (lambda q, k, v, perm, cfg=cfg: vc_attention(q, k, v, config=cfg, perm=perm, backend="sm90",
                                                                                perm_from_grouping=True))
             ends = prepare_cuda(q, k, v, perm, merged, "bhnd").v_seg_end

@@ -197,7 +197,7 @@ def timing(libs, shape, iters, fused_prepare=True, rank=0):
     perm = torch.argsort(torch.rand(b, h, n, device="cuda"), dim=-1)  # grouping itself is excluded
     prepare = _fused_prepare() if fused_prepare else prepare_reference
     # rank: V-Smooth with the low-rank V term (head dim 128: the LOWRANK kernels); the basis of the spec
-    with_rank = [c.with_(v_rank=rank) if rank and d == 128 else c for c in (SPEED, FIDELITY)]
+    with_rank = [c.with_rank(rank) if rank and d == 128 else c for c in (SPEED, FIDELITY)]
     for config in (*with_rank, PLAIN_8BIT):
         p = perm if config.v == "vsmooth" else None
         ops = prepare(q, k, v, p, config)
@@ -256,7 +256,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.profile_once:
         lib = Sm90Library(Path(args.lib[0]).resolve())
-        config = (SPEED if args.profile_once == "speed" else FIDELITY).with_(v_rank=args.rank)
+        config = (SPEED if args.profile_once == "speed" else FIDELITY).with_rank(args.rank)
         q, k, v = make_inputs(1, 8, 32768, 128, torch.bfloat16, "bhnd", seed=5)
         ops = prepare_reference(q, k, v, torch.argsort(torch.rand(1, 8, 32768, device="cuda"), dim=-1), config)
         out = torch.empty_like(q)

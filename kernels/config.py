@@ -40,7 +40,8 @@ class VCConfig:
     v_mean_merge: with v_mean_rows 256, merge consecutive 256-row blocks whose means agree into segments
         with one mean each (reference.vsmooth_segments): a cluster-sorted V's runs become the segments,
         and the Hopper speed loop restores a mean only at segment ends (docs/fidelity-study.md, "V-Smooth
-        segments"; docs/kernel-notes.md section 26). The operands still hold one mean per 128 keys.
+        segments"; docs/kernel-notes.md section 26: -3.8% at Wan2.2-14B, same error). The operands still hold
+        one mean per 128 keys. config.SPEED merges; with_rank() turns it off for a low-rank term.
     """
 
     qk: str = "int8"
@@ -79,6 +80,11 @@ class VCConfig:
     def with_(self, **changes) -> "VCConfig":
         return replace(self, **changes)
 
+    def with_rank(self, v_rank: int) -> "VCConfig":
+        """This configuration with a rank-`v_rank` low-rank V term (0: none). V-Smooth segments take no
+        low-rank term, so a rank > 0 turns v_mean_merge off (the 256-row means stay)."""
+        return replace(self, v_rank=v_rank, v_mean_merge=self.v_mean_merge and not v_rank)
+
     @property
     def needs_grouping(self) -> bool:
         return self.v == "vsmooth"
@@ -94,5 +100,5 @@ class VCConfig:
 
 # The three configurations the product talks about.
 FIDELITY = VCConfig(qk="int8", v="vsmooth", p="exp2")
-SPEED = VCConfig(qk="int8", v="vsmooth", p="expcast", v_mean_rows=2 * V_BLOCK)
+SPEED = VCConfig(qk="int8", v="vsmooth", p="expcast", v_mean_rows=2 * V_BLOCK, v_mean_merge=True)
 PLAIN_8BIT = VCConfig(qk="int8", v="per_channel", p="exp2")

@@ -83,7 +83,7 @@ def test_cuda_prepare_writes_the_low_rank_contract(rank, d):
 @pytest.mark.parametrize("layout,dtype", [("bhnd", torch.bfloat16), ("bnhd", torch.float16)])
 def test_sm90_kernel_matches_the_operand_emulation(mode, n, layout, dtype):
     backend = _sm90()
-    config = MODES[mode].with_(v_rank=6)
+    config = MODES[mode].with_rank(6)
     q, k, v = _structured_qkv(1, 3, n, 128, dtype, layout, seed=n)
     perm = _perm(1, 3, n)
     ops = prepare_cuda(q, k, v, perm, config, layout, basis=_basis(v, perm, layout, 6))
@@ -102,7 +102,7 @@ def test_sm90_kernel_matches_the_operand_emulation(mode, n, layout, dtype):
 @pytest.mark.parametrize("mode", MODES)
 def test_public_op_runs_the_term_on_sm90(mode):
     backend = _sm90()
-    config = MODES[mode].with_(v_rank=6)
+    config = MODES[mode].with_rank(6)
     q, k, v = _structured_qkv(1, 2, 2000, 128, torch.bfloat16, "bhnd", seed=11)
     perm = _perm(1, 2, 2000)
     basis = _basis(v, perm, "bhnd", 6)

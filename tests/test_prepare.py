@@ -53,7 +53,7 @@ def test_zero_channel_gets_unit_scale():
     assert torch.equal(ops.v_scale, torch.ones_like(ops.v_scale))
 
 
-@pytest.mark.parametrize("config", [FIDELITY, SPEED, PLAIN_8BIT, FIDELITY.with_(v_rank=3), SPEED.with_(v_rank=6)],
+@pytest.mark.parametrize("config", [FIDELITY, SPEED, PLAIN_8BIT, FIDELITY.with_(v_rank=3), SPEED.with_rank(6)],
                          ids=["fidelity", "speed", "plain8", "fidelity-rank3", "speed-rank6"])
 @pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
 def test_emulated_attention_from_operands_is_the_reference(config, layout):

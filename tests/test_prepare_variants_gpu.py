@@ -63,7 +63,7 @@ def test_variant_writes_the_default_builds_operands_bit_for_bit(variant, name, n
     assert _kernels(prep.extension(flags)) == EXPECTED_KERNELS[variant] and _kernels(prep.extension()) == (0, 0, 0, 0)
     config = CONFIGS[name]
     if variant in prep.MEAN_128_ONLY:  # its statistics pass covers 128 rows a block (refusal: the test below)
-        config = config.with_(v_mean_rows=128)
+        config = config.with_(v_mean_merge=False, v_mean_rows=128)
     q, k, v = _inputs(n, d, dtype, layout, seed=n + d)
     perm = torch.argsort(torch.rand(2, 3, n, device="cuda"), dim=-1)
     expected = prep.prepare_cuda(q, k, v, perm, config, layout)

@@ -38,7 +38,7 @@ def test_the_residual_is_taken_against_the_pair_mean():
     err = (vs.dequantized() - v.float()).abs().max()
     assert err <= vs.scale.max() * 448 * 2.0**-4
     assert torch.equal(R.dequantized_v(v, SPEED), vs.dequantized())
-    assert not torch.equal(R.dequantized_v(v, SPEED), R.dequantized_v(v, SPEED.with_(v_mean_rows=128)))
+    assert not torch.equal(R.dequantized_v(v, SPEED), R.dequantized_v(v, SPEED.with_(v_mean_merge=False, v_mean_rows=128)))
 
 
 def test_the_operand_contract_keeps_one_mean_per_128_rows():
@@ -58,7 +58,7 @@ def test_config_checks_and_tags():
             VCConfig(v_mean_rows=bad)
     with pytest.raises(ValueError, match="per-channel V has no block means"):
         VCConfig(v="per_channel", v_mean_rows=256)
-    assert SPEED.with_(v_rank=2).v_mean_rows == 256  # the low-rank term works on either mean
+    assert SPEED.with_rank(2).v_mean_rows == 256  # the low-rank term works on either mean
 
 
 @pytest.mark.parametrize("mode,rows", [("speed", 256), ("balanced", 256), ("fidelity", 128)])
