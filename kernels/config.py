@@ -41,7 +41,8 @@ class VCConfig:
         with one mean each (reference.vsmooth_segments): a cluster-sorted V's runs become the segments,
         and the Hopper speed loop restores a mean only at segment ends (docs/fidelity-study.md, "V-Smooth
         segments"; docs/kernel-notes.md section 26: -3.8% at Wan2.2-14B, same error). The operands still hold
-        one mean per 128 keys. config.SPEED merges; with_rank() turns it off for a low-rank term.
+        one mean per 128 keys. config.SPEED merges; with_rank() turns it off for a low-rank term. Head dim
+        128 only (reference.SEGMENT_HEAD_DIMS): at 64 every kernel restores per tile, segments would not pay.
     """
 
     qk: str = "int8"

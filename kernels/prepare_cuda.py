@@ -72,6 +72,6 @@ def prepare_cuda(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout
     # the binding allocates the operands (one call, no per-tensor allocation from Python) on q's device
     q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_low_t, v_low_scale, v_seg_end = extension(tuple(variant_flags)).prepare(
         qb, kb, vb, perm32, basis, reference.qk_scale(d, sm_scale), config.qk == "fp8", config.v == "vsmooth",
-        config.smooth_k, config.v_mean_rows, config.v_mean_merge)
+        config.smooth_k, config.v_mean_rows, reference.merges(config, d))
     return PreparedOperands(q_q=q_q, q_scale=q_scale, k_q=k_q, k_scale=k_scale, v_t=v_t, v_scale=v_scale, v_mean=v_mean,
                             n_tokens=n, v_low_t=v_low_t, v_low_scale=v_low_scale, v_low_basis=basis, v_seg_end=v_seg_end)

@@ -34,7 +34,7 @@ def prepare_reference(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, l
     low = {}
     if config.v == "vsmooth":
         basis = reference.resolve_basis(vb, config.v_rank, basis)
-        vs = reference.quantize_v_vsmooth(vb, basis, config.v_mean_rows, config.v_mean_merge)
+        vs = reference.quantize_v_vsmooth(vb, basis, config.v_mean_rows, reference.merges(config, vb.shape[-1]))
         if vs.seg_end is not None:
             low["v_seg_end"] = vs.seg_end
         resid, scale, mean = vs.residual_q, vs.scale, vs.mean

@@ -380,6 +380,15 @@ def vsmooth_means(v: torch.Tensor, mean_rows: int = V_BLOCK) -> torch.Tensor:
 # squared L2 shift of its float32 mean from the segment's first block's is <= 1/9 of its residual's mean
 # squared row norm (kappa = 1/3 in RMS terms: docs/fidelity-study.md, "V-Smooth segments")
 V_MERGE_INV_KAPPA2 = 9.0
+# the head dims whose V-Smooth means merge (VCConfig.v_mean_merge): the Hopper kernel's 256-key loop, which
+# restores a mean only at segment ends, runs at head dim 128; at 64 every kernel restores per 128-key tile,
+# so segments would only add the prepare's walk (+2% at LTX-Video, docs/kernel-notes.md section 26)
+SEGMENT_HEAD_DIMS = (128,)
+
+
+def merges(config: VCConfig, head_dim: int) -> bool:
+    """Whether a call of this configuration and head dim merges its V-Smooth means into segments."""
+    return config.v_mean_merge and head_dim in SEGMENT_HEAD_DIMS
 
 
 @dataclass
@@ -561,7 +570,7 @@ def dequantized_v(v_perm: torch.Tensor, config: VCConfig, basis: torch.Tensor | 
     config.v_rank the low-rank term on `basis`, by default the one lowrank_basis proposes)."""
     if config.v == "vsmooth":
         basis = resolve_basis(v_perm, config.v_rank, basis)
-        return quantize_v_vsmooth(v_perm, basis, config.v_mean_rows, config.v_mean_merge).dequantized()
+        return quantize_v_vsmooth(v_perm, basis, config.v_mean_rows, merges(config, v_perm.shape[-1])).dequantized()
     v_q, v_scale = quantize_fp8_per_channel(v_perm)
     return v_q * v_scale
 

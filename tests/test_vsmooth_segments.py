@@ -90,25 +90,36 @@ def test_merged_config_needs_256_row_vsmooth_means():
 
 
 def test_prepare_reference_carries_the_segment_ends_and_means():
-    v = _clustered(1000, [500, 500], d=64).half()
+    v = _clustered(1000, [500, 500], d=128).half()
     q = torch.randn_like(v)
-    config = SPEED.with_(v_mean_merge=True)
-    ops = prepare_reference(q, q, v, None, config)
+    assert SPEED.v_mean_merge
+    ops = prepare_reference(q, q, v, None, SPEED)
     seg = ref.vsmooth_segments(v)
     assert torch.equal(ops.v_seg_end, seg.seg_end)
     assert torch.equal(ops.v_mean, seg.mean)
     torch.testing.assert_close(ops.v_scale, (seg.amax / ref.E4M3_MAX).squeeze(-2))
-    assert prepare_reference(q, q, v, None, SPEED).v_seg_end is None
+    assert prepare_reference(q, q, v, None, SPEED.with_(v_mean_merge=False)).v_seg_end is None
+
+
+def test_head_dim_64_keeps_256_row_means():
+    """Segments pay only in the Hopper 256-key loop (head dim 128): at 64 the merged config is speed mode's
+    256-row means, in the spec and so in every prepare."""
+    v = _clustered(1000, [500, 500], d=64).half()
+    q = torch.randn_like(v)
+    assert not ref.merges(SPEED, 64) and ref.merges(SPEED, 128)
+    ops = prepare_reference(q, q, v, None, SPEED)
+    assert ops.v_seg_end is None
+    assert torch.equal(ops.v_mean, ref.vsmooth_means(v, 256))
 
 
 def test_merged_means_keep_the_output_close_on_clustered_data():
-    """The emulated attention with segment means against exact attention, beside speed mode's 256-row means."""
-    v = _clustered(2048, [256, 640, 384, 768], d=64, spread=1.0, seed=4)
+    """The emulated attention with segment means against exact attention, beside 256-row means per step."""
+    v = _clustered(2048, [256, 640, 384, 768], d=128, spread=1.0, seed=4)
     g = torch.Generator().manual_seed(5)
-    q, k = (torch.randn(1, 1, 2048, 64, generator=g) for _ in range(2))
-    exact = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 8.0, -1) @ v.double()
+    q, k = (torch.randn(1, 1, 2048, 128, generator=g) for _ in range(2))
+    exact = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 128 ** 0.5, -1) @ v.double()
     errs = {}
-    for name, cfg in (("speed", SPEED), ("merged", SPEED.with_(v_mean_merge=True))):
+    for name, cfg in (("speed", SPEED.with_(v_mean_merge=False)), ("merged", SPEED)):
         out = ref.vc_attention_reference(q, k, v, cfg).double()
         errs[name] = ((out - exact).norm() / exact.norm()).item()
     assert errs["merged"] < 1.25 * errs["speed"], errs

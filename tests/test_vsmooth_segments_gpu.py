@@ -61,7 +61,7 @@ def _margins(v_perm: torch.Tensor) -> torch.Tensor:
     return ((lhs - energy).abs() / energy.clamp(min=1e-30))
 
 
-@pytest.mark.parametrize("n,d,dtype", [(3000, 128, torch.bfloat16), (2944, 64, torch.float16), (1100, 128, torch.float16)])
+@pytest.mark.parametrize("n,d,dtype", [(3000, 128, torch.bfloat16), (2944, 128, torch.float16), (1100, 128, torch.float16)])
 def test_cuda_prepare_matches_the_segment_spec(n, d, dtype):
     q, k, v = _clustered_qkv(n, d, dtype, seed=n)
     perm = torch.stack([torch.stack([torch.arange(n, device="cuda")] * 2)])  # the identity: V stays cluster-sorted
@@ -82,6 +82,14 @@ def test_cuda_prepare_matches_the_segment_spec(n, d, dtype):
     torch.testing.assert_close(ops.v_scale, spec.v_scale, rtol=1e-3, atol=0)
     codes_equal = (ops.v_t.view(torch.uint8) == spec.v_t.view(torch.uint8)).float().mean().item()
     assert codes_equal > 0.999, codes_equal
+
+
+def test_head_dim_64_prepares_no_segments():
+    q, k, v = _clustered_qkv(2944, 64, torch.float16, seed=1)
+    ops = prepare_cuda(q, k, v, None, MERGED, "bhnd")
+    spec = prepare_reference(q, k, v, None, MERGED, "bhnd")
+    assert ops.v_seg_end is None and spec.v_seg_end is None
+    torch.testing.assert_close(ops.v_mean.float(), spec.v_mean.float(), rtol=1e-3, atol=1e-3)
 
 
 def test_segments_on_data_without_structure_cover_the_head():
