@@ -20,6 +20,10 @@ portable `mma` kernel and the Hopper `sm90` one read exactly this):
   2 .. 2+k-1 the codes of the coefficients A (zeros on padded keys), the rest zeros; v_low_scale
   (B,H,k) float32 (one scale per head and component) and v_low_basis (B,H,k,D) float16 (W). The
   residual in v_t is then R - A_q W and V = mean + A_q W + v_scale R. None for v_rank 0.
+- with V-Smooth segments (VCConfig.v_mean_merge at head dim 128, reference.vsmooth_segments), v_mean holds
+  each segment's mean in every slot of the segment and v_seg_end (B,H,n_pad/128) uint8 marks each
+  segment's last 128-key slot (the Hopper speed loop restores there; other kernels restore per tile, for
+  which the slot means suffice); v_scale is the residual's amax bound / 448. None without segments.
 Who builds and reads it: prepare_reference.py (reference.py's quantizers: the defining values),
 prepare_cuda.py (the fused CUDA kernels, the same values up to the K mean's float32 summation order),
 operand_emulation.py (what a kernel computes from them, in float64) and the CUDA backends' kernels.

@@ -629,6 +629,22 @@ __device__ __forceinline__ void fold_pair(float (&o)[D / 2], float (&row_sum)[2]
   for (int r = 0; r < 2; ++r) row_sum[r] = fmaf(row_sum[r], ab[r], l_a[r] + l_b[r]);
 }
 
+// A 256-key step's fold without a mean: O = alpha O + pv, l = alpha l + l_a + l_b (the step's two row-sum
+// columns of pv, D + 2t and D + 2t + 1 per row).
+template <int D>
+__device__ __forceinline__ void rescale_add_step(float (&o)[D / 2], float (&row_sum)[2], const float (&pv)[D / 2 + 4],
+                                                 const float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      o[4 * i + 2 * r] = fmaf(o[4 * i + 2 * r], alpha[r], pv[4 * i + 2 * r]);
+      o[4 * i + 2 * r + 1] = fmaf(o[4 * i + 2 * r + 1], alpha[r], pv[4 * i + 2 * r + 1]);
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) row_sum[r] = fmaf(row_sum[r], alpha[r], pv[D / 2 + 2 * r] + pv[D / 2 + 2 * r + 1]);
+}
+
 // STEPMEAN with V-Smooth segments: the fold of a step, O = alpha O + pv, l = alpha l + l_a + l_b, and at
 // a segment end (warp-uniform: the producer's flag) O += l (mu_seg - mu_next), mu_next the next segment's
 // mean (0 after the last pair step; the producer writes the difference into the step's second stage). The
@@ -639,16 +655,7 @@ __device__ __forceinline__ void fold_pair(float (&o)[D / 2], float (&row_sum)[2]
 template <int D>
 __device__ __forceinline__ void fold_segment(float (&o)[D / 2], float (&row_sum)[2], const float (&pv)[D / 2 + 4],
                                              const float (&alpha)[2], const float* mu_diff, int t, bool seg_end) {
-  const float l_ab[2] = {pv[D / 2] + pv[D / 2 + 1], pv[D / 2 + 2] + pv[D / 2 + 3]};
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      o[4 * i + 2 * r] = fmaf(o[4 * i + 2 * r], alpha[r], pv[4 * i + 2 * r]);
-      o[4 * i + 2 * r + 1] = fmaf(o[4 * i + 2 * r + 1], alpha[r], pv[4 * i + 2 * r + 1]);
-    }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) row_sum[r] = fmaf(row_sum[r], alpha[r], l_ab[r]);
+  rescale_add_step<D>(o, row_sum, pv, alpha);
   if (seg_end) {
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
@@ -690,15 +697,7 @@ __device__ __forceinline__ void low_rank_columns(const float (&pv)[D / 2 + 4], c
 template <int D>
 __device__ __forceinline__ void fold_step_deferred(float (&o)[D / 2], float (&row_sum)[2], const float (&pv)[D / 2 + 4],
                                                    const float (&alpha)[2], float4* l_prev_slot) {
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      o[4 * i + 2 * r] = fmaf(o[4 * i + 2 * r], alpha[r], pv[4 * i + 2 * r]);
-      o[4 * i + 2 * r + 1] = fmaf(o[4 * i + 2 * r + 1], alpha[r], pv[4 * i + 2 * r + 1]);
-    }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) row_sum[r] = fmaf(row_sum[r], alpha[r], pv[D / 2 + 2 * r] + pv[D / 2 + 2 * r + 1]);
+  rescale_add_step<D>(o, row_sum, pv, alpha);
   *l_prev_slot = make_float4(pv[D / 2], pv[D / 2 + 1], pv[D / 2 + 2], pv[D / 2 + 3]);
 }
 
