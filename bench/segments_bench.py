@@ -88,16 +88,23 @@ def main() -> None:
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda, "command": "python3 bench/segments_bench.py " + " ".join(sys.argv[1:])}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, "segments_bench.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1) + "\n")
-    print("\n| shape | data | steps ending a segment | cuDNN ms | SA2.2 ms | speed ms | merged ms | merged / speed | "
-          "cuDNN / merged | SA / merged | rel-L2 speed | rel-L2 merged |")
-    print("|---" * 12 + "|")
+    print("\n" + table(rows))
+
+
+def table(rows: list[dict]) -> str:
+    """The markdown table of the rows main() measured (SageAttention's cells '-' where it was absent)."""
+    from vc_attention.commands.bench_peers import CUDNN, SAGE
+
+    lines = ["| shape | data | steps ending a segment | cuDNN ms | SA2.2 ms | speed ms | merged ms | merged / speed | "
+             "cuDNN / merged | SA / merged | rel-L2 speed | rel-L2 merged |", "|---" * 12 + "|"]
     for r in rows:
         ms, e = r["ms"], r["rel_l2"]
         sa = ms.get(SAGE)
         sa_cells = ("-", "-") if sa is None else (f"{sa:.3f}", f"{sa / ms['merged']:.3f}")
-        print(f"| {r['shape']} | {r['data']} | {r['segment_end_share']:.2f} | {ms[CUDNN]:.3f} | {sa_cells[0]} | "
-              f"{ms['speed']:.3f} | {ms['merged']:.3f} | {ms['merged'] / ms['speed']:.3f} | "
-              f"{ms[CUDNN] / ms['merged']:.3f} | {sa_cells[1]} | {e['speed']:.5f} | {e['merged']:.5f} |")
+        lines.append(f"| {r['shape']} | {r['data']} | {r['segment_end_share']:.2f} | {ms[CUDNN]:.3f} | {sa_cells[0]} | "
+                     f"{ms['speed']:.3f} | {ms['merged']:.3f} | {ms['merged'] / ms['speed']:.3f} | "
+                     f"{ms[CUDNN] / ms['merged']:.3f} | {sa_cells[1]} | {e['speed']:.5f} | {e['merged']:.5f} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
