@@ -1023,7 +1023,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       reg_fence(pv);
       reg_fence(p2);
       if constexpr (kNext >= 1) issue_qk_tile(s_lo, j0 + 2);
-      const float* l_step = low_rank_step(alpha);
+      [[maybe_unused]] const float* l_step = low_rank_step(alpha);  // unread by the segment fold
       if constexpr (kMeanPv && kNext == 2)  // a next pair step restores this step's means
         fold_step_deferred<D>(o, row_sum, pv, alpha, l_prev);
       else if constexpr (STEPMEAN && kStepMeans == 1)  // the last pair step always restores (an odd tail follows, or the end)
