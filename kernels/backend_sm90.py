@@ -26,7 +26,8 @@ SOURCES = ("sm90_binding.cpp", "sm90_launch.cu", "sm90_launch_c3.cu")
 # online softmax by 256 keys; VC_SM90_SPLIT_SPEED_D128=2 puts head dim 128 speed on that build and
 # VC_SM90_STEP256_EARLY_QK=2 issues its next step's first QK before the fold (ExpCast only: fidelity's
 # exp2 loop lost 8% that way). docs/kernel-notes.md sections 18-19.
-CUDA_FLAGS = ("-DVC_SM90_SPLIT=1", "-DVC_SM90_STEP256=1", "-DVC_SM90_STEP256_EARLY_QK=2", "-DVC_SM90_SPLIT_SPEED_D128=2")
+CUDA_FLAGS = ("-DVC_SM90_SPLIT=1", "-DVC_SM90_STEP256=1", "-DVC_SM90_STEP256_EARLY_QK=2", "-DVC_SM90_SPLIT_SPEED_D128=2",
+              "-DVC_SM90_KPAIR=1")
 ARCH = "9.0a"  # wgmma and setmaxnreg exist only in the arch-specific Hopper target
 CONSTRAINTS = Constraints(
     min_capability=(9, 0),
@@ -59,12 +60,15 @@ def extension():
 
 
 def vsmooth_mode(config: VCConfig) -> int:
-    """The kernel's V mode: 0 per-channel V, 1 V-Smooth, 2 V-Smooth with means equal in 128-row pairs
-    (v_mean_rows = 256: where the library has it (`extension().step_mean`), the 256-key loop restores
-    one mean per step; elsewhere the two-mean fold, which is right for such means too)."""
+    """The kernel's V mode: 0 per-channel V, 1 V-Smooth, 2 V-Smooth with the means AND the K scales equal
+    in 128-row pairs (v_mean_rows = k_scale_rows = 256: where the library has it (`extension().step_mean`),
+    the 256-key speed loop restores one mean per step and anchors the step's codes at one row maximum,
+    VC_SM90_KPAIR; elsewhere the two-mean fold with a maximum per tile, which is right for such operands
+    too). 256-row means with 128-key K scales run mode 1: the paired loop would read the first tile's K
+    scale for both."""
     if config.v != "vsmooth":
         return 0
-    return 2 if config.v_mean_rows == 2 * K_BLOCK else 1
+    return 2 if config.v_mean_rows == 2 * K_BLOCK and config.k_scale_rows == 2 * K_BLOCK else 1
 
 
 def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.Tensor, layout: str) -> torch.Tensor:

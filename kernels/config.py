@@ -8,9 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .constants import MAX_V_RANK  # V-Smooth's low-rank term: at most the PV MMA's spare columns (6)
-from .constants import V_BLOCK
+from .constants import K_BLOCK, V_BLOCK
 
 V_MEAN_ROWS = (V_BLOCK, 2 * V_BLOCK)  # rows per V-Smooth block mean (VCConfig.v_mean_rows)
+K_SCALE_ROWS = (K_BLOCK, 2 * K_BLOCK)  # keys per INT8 K scale (VCConfig.k_scale_rows)
 
 QK_FORMATS = ("int8", "fp8")
 V_FORMATS = ("vsmooth", "per_channel")
@@ -43,6 +44,13 @@ class VCConfig:
         segments"; docs/kernel-notes.md section 26: -3.8% at Wan2.2-14B, same error). The operands still hold
         one mean per 128 keys. config.SPEED merges; with_rank() turns it off for a low-rank term. Head dim
         128 only (reference.SEGMENT_HEAD_DIMS): at 64 every kernel restores per tile, segments would not pay.
+    k_scale_rows: keys per INT8 K scale: 128 (one per key tile) or 256 (one per 256-key online-softmax step
+        of the Hopper speed loop, which then takes one row maximum, one row constant and one clamp bound per
+        row and step instead of two: loop trip 971 -> 916 instructions, docs/kernel-notes.md section 27; the
+        rel-L2 on the video-like data unchanged within its noise, docs/fidelity-study.md). 256 goes with
+        the speed loop's other pairing, v_mean_rows=256 and v_rank=0 (config.SPEED has all three): the loop
+        that pairs the means is the one that pairs the K scales (backend_sm90.vsmooth_mode). The operands keep
+        one K scale per 128 keys (equal in pairs at 256), so every kernel reads them alike.
     """
 
     qk: str = "int8"
@@ -52,6 +60,7 @@ class VCConfig:
     v_rank: int = 0
     v_mean_rows: int = V_BLOCK
     v_mean_merge: bool = False
+    k_scale_rows: int = K_BLOCK
 
     def __post_init__(self) -> None:
         if self.qk not in QK_FORMATS:
@@ -78,13 +87,22 @@ class VCConfig:
                              f"v_mean_rows={2 * V_BLOCK} and v_rank=0, got v={self.v!r}, v_mean_rows={self.v_mean_rows}, "
                              f"v_rank={self.v_rank}.")
 
+        if isinstance(self.k_scale_rows, bool) or self.k_scale_rows not in K_SCALE_ROWS:
+            raise ValueError(f"VCConfig.k_scale_rows must be one of {K_SCALE_ROWS}, got {self.k_scale_rows!r}.")
+        if self.k_scale_rows != K_BLOCK and (self.v_mean_rows != 2 * V_BLOCK or self.v_rank):
+            raise ValueError(f"VCConfig.k_scale_rows={self.k_scale_rows} pairs the K scales of the Hopper kernel's "
+                             f"256-key steps as v_mean_rows={2 * V_BLOCK} pairs the means: it needs v_mean_rows="
+                             f"{2 * V_BLOCK} and v_rank=0, got v_mean_rows={self.v_mean_rows}, v_rank={self.v_rank}.")
+
     def with_(self, **changes) -> "VCConfig":
         return replace(self, **changes)
 
     def with_rank(self, v_rank: int) -> "VCConfig":
         """This configuration with a rank-`v_rank` low-rank V term (0: none). V-Smooth segments take no
-        low-rank term, so a rank > 0 turns v_mean_merge off (the 256-row means stay)."""
-        return replace(self, v_rank=v_rank, v_mean_merge=self.v_mean_merge and not v_rank)
+        low-rank term, and the low-rank loop anchors each 128-key tile on its own, so a rank > 0 turns
+        v_mean_merge off and k_scale_rows back to 128 (the 256-row means stay)."""
+        return replace(self, v_rank=v_rank, v_mean_merge=self.v_mean_merge and not v_rank,
+                       k_scale_rows=self.k_scale_rows if not v_rank else K_BLOCK)
 
     @property
     def needs_grouping(self) -> bool:
@@ -96,10 +114,11 @@ class VCConfig:
         return (f"{self.qk}-{self.v}-{self.p}" + ("" if self.smooth_k else "-nosmoothk")
                 + (f"-rank{self.v_rank}" if self.v_rank else "")
                 + (f"-mean{self.v_mean_rows}" if self.v_mean_rows != V_BLOCK else "")
-                + ("-merged" if self.v_mean_merge else ""))
+                + ("-merged" if self.v_mean_merge else "")
+                + (f"-k{self.k_scale_rows}" if self.k_scale_rows != K_BLOCK else ""))
 
 
 # The three configurations the product talks about.
 FIDELITY = VCConfig(qk="int8", v="vsmooth", p="exp2")
-SPEED = VCConfig(qk="int8", v="vsmooth", p="expcast", v_mean_rows=2 * V_BLOCK, v_mean_merge=True)
+SPEED = VCConfig(qk="int8", v="vsmooth", p="expcast", v_mean_rows=2 * V_BLOCK, v_mean_merge=True, k_scale_rows=2 * K_BLOCK)
 PLAIN_8BIT = VCConfig(qk="int8", v="per_channel", p="exp2")

@@ -145,14 +145,18 @@ def quantize_qk(q: torch.Tensor, k: torch.Tensor, config: VCConfig, sm_scale: fl
     """Q, K -> (q_q, q_scale, k_q, k_scale), all (B,H,...) as in quantize_*_blocks.
 
     Q is multiplied by qk_scale (a float32 constant) before quantization, one scale per ROW
-    (q_scale (B,H,N)); K is smoothed (config.smooth_k) and quantized in blocks of K_BLOCK rows (after
-    any permutation).
+    (q_scale (B,H,N)); K is smoothed (config.smooth_k) and quantized in blocks of config.k_scale_rows
+    rows (after any permutation). k_scale has one entry per K_BLOCK keys either way (B,H,ceil(N/K_BLOCK)):
+    with 256-row blocks each scale is stored twice, as the operands hold it (a lone last 128-key slot
+    has its own block's amax over its valid rows).
     """
     qs = q.float() * torch.tensor(qk_scale(q.shape[-1], sm_scale), dtype=torch.float32)
     ks = smooth_k(k)[0] if config.smooth_k else k.float()
     quant = quantize_int8_blocks if config.qk == "int8" else quantize_fp8_blocks
     q_q, q_sc = quant(qs, 1)
-    k_q, k_sc = quant(ks, K_BLOCK)
+    k_q, k_sc = quant(ks, config.k_scale_rows)
+    per_tile = config.k_scale_rows // K_BLOCK
+    k_sc = k_sc.repeat_interleave(per_tile, dim=-1)[..., : -(-ks.shape[-2] // K_BLOCK)]
     return q_q, q_sc, k_q, k_sc
 
 
@@ -324,8 +328,9 @@ def quantize_p(s: torch.Tensor, config: VCConfig, offset_block: int = K_BLOCK, *
     if config.p == "expcast":
         exact = s.float() if acc is None else acc
         # a0: each key's block max over the step's keys within its K-scale block (a step of 256 keys
-        # spans two scale blocks: anchored at the other block's max, a0 * scale could pass M)
-        a0 = block_row_max(exact, min(offset_block, K_BLOCK))
+        # spans two 128-key scale blocks: anchored at the other block's max, a0 * scale could pass M;
+        # with k_scale_rows 256 one scale covers the step and one max anchors it)
+        a0 = block_row_max(exact, min(offset_block, config.k_scale_rows))
         p = p_expcast(s, m_run, acc=exact, scale=1.0 if acc is None else scale, a0=a0)
     else:
         p = P_ENCODERS[config.p](s, m_run)

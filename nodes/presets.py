@@ -225,6 +225,8 @@ def config_from_widgets(widgets: dict[str, object]) -> VCConfig:
         # config.SPEED merges them), as config.SPEED
         v_mean_rows=SPEED.v_mean_rows if vsmooth and expcast else FIDELITY.v_mean_rows,
         v_mean_merge=SPEED.v_mean_merge if vsmooth and expcast else False,
+        # and one K scale per 256-key step, as config.SPEED
+        k_scale_rows=SPEED.k_scale_rows if vsmooth and expcast else FIDELITY.k_scale_rows,
     )
 
 

@@ -447,7 +447,7 @@ def test_sm90_speed_restores_one_mean_per_step_when_the_means_come_in_pairs(dtyp
     perm = _perm(q, "bhnd", SPEED)
     outs = {}
     for rows in (256, 128):
-        config = SPEED.with_(v_mean_merge=False, v_mean_rows=rows)
+        config = SPEED.with_(v_mean_merge=False, v_mean_rows=rows, k_scale_rows=rows)
         ops = prepare_cuda(q, k, v, perm, config, "bhnd")
         out = torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

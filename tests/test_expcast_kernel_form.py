@@ -227,9 +227,11 @@ def test_a_256_key_step_anchors_each_scale_block_at_its_own_max(monkeypatch):
     """quantize_p with offset_block = 256 (two K-scale blocks per step): every block's codes are what the
     32-bit kernel form computes from that block's anchor a0. Anchored at the step's max instead, a0 sc of
     the larger-scale block passes the running max M, T0 passes 2^31 and the kernel form's codes (T0
-    saturated by F2I) lose that block: the case the spec's per-block anchor exists for."""
+    saturated by F2I) lose that block: the case the spec's per-block anchor exists for. (K scales per 128
+    keys: with config.SPEED's 256 one scale and one anchor cover the step, tests/test_k_scale_pairs.py.)"""
     from vc_attention.kernels.config import SPEED
 
+    SPEED = SPEED.with_(k_scale_rows=128)  # noqa: N806 (the speed encoding with two scale blocks per step)
     q, k = _two_scale_blocks()
     q_q, q_sc, k_q, k_sc = R.quantize_qk(q, k, SPEED)
     assert k_sc.flatten()[1] > 8 * k_sc.flatten()[0]

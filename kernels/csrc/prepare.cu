@@ -44,7 +44,10 @@ static void launch_prepare_typed(const PrepareParams& p, cudaStream_t stream) {
     if constexpr (VC_PREP_STAGED_STATS) {
       prepare_stats_staged_kernel<T, D><<<grid, kPrepThreads, 0, stream>>>(p);
     } else {
-      prepare_stats_kernel<T, D><<<stats_grid, kPrepThreads, 0, stream>>>(p);
+      if (p.k_pair)
+        prepare_stats_kernel<T, D, false, true><<<stats_grid, kPrepThreads, 0, stream>>>(p);
+      else
+        prepare_stats_kernel<T, D><<<stats_grid, kPrepThreads, 0, stream>>>(p);
     }
     // V-Smooth segments: the block statistics -> segment means, ends and the residual's amax bound
     if (p.v_merge) prepare_segments_kernel<D><<<p.batch * p.heads, kSegThreads, 0, stream>>>(p);

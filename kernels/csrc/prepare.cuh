@@ -31,13 +31,15 @@ __device__ __forceinline__ const T* row_ptr(const void* base, const int64_t (&st
 
 // Sums (or maxes) each channel's 8-value partials over the rows the block covers: partial is
 // [rows_per_pass][D]; thread c < D gets channel c's total. Ends with a barrier.
+// start: the max's identity (0 for amaxes; -inf for signed values).
 template <int D, bool kMax>
-__device__ __forceinline__ float reduce_channels(const float (&mine)[8], float (*partial)[D], int row_sub, int c0) {
+__device__ __forceinline__ float reduce_channels(const float (&mine)[8], float (*partial)[D], int row_sub, int c0,
+                                                 float start = 0.0f) {
   constexpr int kRowsPerPass = kPrepThreads / (D / 8);
 #pragma unroll
   for (int i = 0; i < 8; ++i) partial[row_sub][c0 + i] = mine[i];
   __syncthreads();
-  float total = 0.0f;
+  float total = kMax ? start : 0.0f;
   if (threadIdx.x < D) {
     for (int r = 0; r < kRowsPerPass; ++r) total = kMax ? fmaxf(total, partial[r][threadIdx.x]) : total + partial[r][threadIdx.x];
   }
@@ -116,6 +118,19 @@ __device__ __forceinline__ void stats_block_sums(const PrepareParams& p, int bh,
   }
 }
 
+// k_pair (K scales per 256 keys): this thread's part of the smoothed K's amax over the quantize block's
+// 256-key scale block (statistics block blockIdx.x / 2), from that block's per-channel extremes. Exactly the
+// amax of the rows: fl(x - m) is monotone in x, so its largest magnitude sits at the channel's max or min.
+template <int D>
+__device__ __forceinline__ float k_pair_amax(const PrepareParams& p, int bh, int c0, const float (&k_mean)[8]) {
+  const int64_t blk = (int64_t(bh) * ((gridDim.x + 1) / 2) + blockIdx.x / 2) * D + c0;
+  float amax = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e)
+    amax = fmaxf(amax, fmaxf(fabsf(__fsub_rn(p.k_blk_max[blk + e], k_mean[e])), fabsf(__fsub_rn(p.k_blk_min[blk + e], k_mean[e]))));
+  return amax;
+}
+
 // The block's per-channel amax (of the V residual, or of V) into the head's v_amax; with V-Smooth segments
 // (p.v_merge) into the block's own slot instead, with the residual's energy (this thread's sum of squares,
 // added in a fixed order): prepare_segments_kernel bounds the head's amax from them.
@@ -144,7 +159,9 @@ __device__ __forceinline__ void stats_block_amax(const PrepareParams& p, int bh,
 
 // kLowRank: the instantiation for p.v_rank > 0 (V-Smooth's low-rank term; its basis rows take ~50
 // registers, which the plain kernels must not pay: their occupancy is what makes them fast).
-template <typename T, int D, bool kLowRank = false>
+// kKPair: the instantiation for p.k_pair (K scales per 256 keys): the K extremes take 16 registers a
+// thread (64 instead of 46), which the other configurations do not pay.
+template <typename T, int D, bool kLowRank = false, bool kKPair = false>
 __global__ __launch_bounds__(kPrepThreads) void prepare_stats_kernel(const PrepareParams p) {
   constexpr int kLanesPerRow = D / 8;
   constexpr int kRowsPerPass = kPrepThreads / kLanesPerRow;
@@ -160,6 +177,11 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_stats_kernel(const Prepa
   const int c0 = (threadIdx.x % kLanesPerRow) * 8, row_sub = threadIdx.x / kLanesPerRow;
 
   float ksum[8] = {}, vacc[8] = {};
+  // k_pair (K scales per 256 keys = this block): the block's K extremes per channel; the quantize pass
+  // takes the smoothed K's amax from them once the head's K mean is known (k_pair_amax)
+  float kmax[8], kmin[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) kmax[i] = -INFINITY, kmin[i] = INFINITY;
 #if VC_PREP_STATS_PREFETCH
   // The variant (VC_PREP_STATS_PREFETCH=1): every permutation index of the thread's rows first, then
   // branch-free row loads (rows past `valid` load row 0 and are not added: a select keeps the accumulator,
@@ -209,10 +231,17 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_stats_kernel(const Prepa
   for (int r = row_sub; r < valid; r += kRowsPerPass) {
     const int64_t tok = source_token(p, bh, row0 + r);
     float x[8];
-    if (p.smooth_k) {
+    if (p.smooth_k || kKPair) {
       load8_as_float(row_ptr<T>(p.k, p.k_stride, b, h, tok) + c0, x);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) ksum[i] += x[i];
+      for (int i = 0; i < 8; ++i) ksum[i] += x[i];  // (unread without smooth_k)
+      if constexpr (kKPair) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          kmax[i] = fmaxf(kmax[i], x[i]);
+          kmin[i] = fminf(kmin[i], x[i]);
+        }
+      }
     }
     load8_as_float(row_ptr<T>(p.v, p.v_stride, b, h, tok) + c0, x);
 #pragma unroll
@@ -220,6 +249,15 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_stats_kernel(const Prepa
   }
 #endif
   stats_block_sums<D>(p, bh, valid, ksum, vacc, partial, block_mean, row_sub, c0);
+  if constexpr (kKPair) {
+    const int64_t blk = (int64_t(bh) * gridDim.x + blockIdx.x) * D;
+    const float top = reduce_channels<D, true>(kmax, partial, row_sub, c0, -INFINITY);
+    if (threadIdx.x < D) p.k_blk_max[blk + threadIdx.x] = top;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) kmin[i] = -kmin[i];
+    const float bottom = reduce_channels<D, true>(kmin, partial, row_sub, c0, -INFINITY);
+    if (threadIdx.x < D) p.k_blk_min[blk + threadIdx.x] = -bottom;
+  }
   float energy = 0.0f;  // the V residual's sum of squares over this thread's rows and channels
   if (p.vsmooth) {
 #pragma unroll

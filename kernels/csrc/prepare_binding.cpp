@@ -34,7 +34,7 @@ void run_prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
                  torch::Tensor v_scale, torch::Tensor v_mean, const std::optional<torch::Tensor>& v_basis,
                  const std::optional<torch::Tensor>& v_low_t, const std::optional<torch::Tensor>& v_low_scale, double qk_scale,
                  bool qk_fp8, bool vsmooth, bool smooth_k, int64_t v_mean_rows, const std::optional<torch::Tensor>& v_seg_end,
-                 cudaStream_t stream) {
+                 int64_t k_scale_rows, cudaStream_t stream) {
   TORCH_CHECK_VALUE(q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16, "q must be float16 or bfloat16.");
   check_input(q, "q", q);
   check_input(k, "k", q);
@@ -49,6 +49,14 @@ void run_prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
                     "k_scale must hold one scale per ", vc::kKBlock, "-key block, shape (B, H, n_pad / ", vc::kKBlock, ").");
   TORCH_CHECK_VALUE(v_mean_rows == vc::kKBlock || v_mean_rows == 2 * vc::kKBlock, "v_mean_rows must be ", vc::kKBlock,
                     " or ", 2 * vc::kKBlock, ", got ", v_mean_rows, ".");
+  // K scales per 256 keys: the statistics pass (one block per 256-row V mean) takes each block's K extremes
+  TORCH_CHECK_VALUE(k_scale_rows == vc::kKBlock || (k_scale_rows == 2 * vc::kKBlock && v_mean_rows == 2 * vc::kKBlock),
+                    "k_scale_rows must be ", vc::kKBlock, ", or ", 2 * vc::kKBlock, " with v_mean_rows ", 2 * vc::kKBlock,
+                    ", got k_scale_rows ", k_scale_rows, " with v_mean_rows ", v_mean_rows, ".");
+  const bool k_pair = k_scale_rows == 2 * vc::kKBlock;
+  TORCH_CHECK_VALUE(!k_pair || !(vc::prepare_rows_in_regs() || vc::prepare_legacy_quantize() || vc::prepare_staged_stats() ||
+                                 vc::prepare_stats_prefetch()),
+                    "this prepare build variant takes K scales per ", vc::kKBlock, " keys only (k_scale_rows ", k_scale_rows, ").");
   vc::PrepareParams p{};
   p.v_mean_rows = static_cast<int>(v_mean_rows);
   p.q = q.data_ptr();
@@ -117,6 +125,15 @@ void run_prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
     p.v_seg_end = static_cast<uint8_t*>(v_seg_end->data_ptr());
     p.v_merge = true;
   }
+  torch::Tensor k_ext;
+  if (k_pair) {
+    TORCH_CHECK_VALUE(!low_rank, "K scales per ", 2 * vc::kKBlock, " keys take no low-rank V term.");
+    const int64_t nb = (q_q.size(2) + 2 * vc::kKBlock - 1) / (2 * vc::kKBlock);
+    k_ext = torch::empty({2 * bh * nb * head_dim}, q.options().dtype(torch::kFloat32));
+    p.k_blk_max = k_ext.data_ptr<float>();
+    p.k_blk_min = p.k_blk_max + bh * nb * head_dim;
+    p.k_pair = true;
+  }
   if (low_rank) {
     p.v_basis = static_cast<const uint16_t*>(v_basis->data_ptr());
     p.v_low_t = static_cast<uint8_t*>(v_low_t->data_ptr());
@@ -148,7 +165,7 @@ using Operands = std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::
 // v_merge the V-Smooth segments (VCConfig.v_mean_merge: then v_seg_end is returned, last).
 Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const std::optional<torch::Tensor>& perm,
                  const std::optional<torch::Tensor>& v_basis, double qk_scale, bool qk_fp8, bool vsmooth, bool smooth_k,
-                 int64_t v_mean_rows, bool v_merge) {
+                 int64_t v_mean_rows, bool v_merge, int64_t k_scale_rows) {
   TORCH_CHECK_VALUE(q.is_cuda() && q.dim() == 4, "q must be a 4-D CUDA tensor (B, H, N, D view).");
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t b = q.size(0), h = q.size(1), n = q.size(2), d = q.size(3);
@@ -174,7 +191,8 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
   std::optional<torch::Tensor> v_seg_end;
   if (v_merge) v_seg_end = torch::empty({b, h, n_pad / vc::kKBlock}, on_q.dtype(torch::kByte));
   run_prepare(q, k, v, perm, q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_basis, v_low_t, v_low_scale, qk_scale,
-              qk_fp8, vsmooth, smooth_k, v_mean_rows, v_seg_end, c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
+              qk_fp8, vsmooth, smooth_k, v_mean_rows, v_seg_end, k_scale_rows,
+              c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
   return {q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_low_t, v_low_scale, v_seg_end};
 }
 
@@ -183,7 +201,8 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "VC-Attention fused prepare: q, k, v (+perm) -> the quantized operands of the attention kernels.";
   m.def("prepare", &prepare, "q, k, v (+perm, +v_basis) -> the quantized operands (q_q, q_scale, k_q, k_scale, v_t, v_scale, "
-        "v_mean, v_low_t, v_low_scale, v_seg_end), on q's device and current stream");
+        "v_mean, v_low_t, v_low_scale, v_seg_end), on q's device and current stream; k_scale_rows 256 (with v_mean_rows 256) "
+        "stores each 256-key block's K scale in both of its 128-key slots");
   m.def("rows_in_regs", &vc::prepare_rows_in_regs, "1 if this build runs the register-staged kernels (VC_PREP_ROWS_IN_REGS)");
   m.def("legacy_quantize", &vc::prepare_legacy_quantize,
         "1 if this build runs prepare.cuh's quantize kernel instead of the staged one (VC_PREP_LEGACY_QUANTIZE)");

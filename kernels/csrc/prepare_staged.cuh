@@ -183,13 +183,17 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_quantize_staged_kernel(c
       for (int e = 0; e < 8; ++e) x[e] -= k_mean[e];
     };
     float amax = 0.0f;
+    if (p.k_pair) {  // one scale per 256 keys: the pair's amax from the statistics pass's extremes
+      amax = k_pair_amax<D>(p, bh, c0, k_mean);
+    } else {
 #pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      if (tok[i] < 0) continue;
-      float x[8];
-      smoothed(i, x);
+      for (int i = 0; i < kRows; ++i) {
+        if (tok[i] < 0) continue;
+        float x[8];
+        smoothed(i, x);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(x[e]));
+        for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(x[e]));
+      }
     }
     amax = block_max(amax, scratch);
     const float inv = amax > 0.0f ? (1.0f / amax) * limit : 0.0f;  // as quantize_row_block

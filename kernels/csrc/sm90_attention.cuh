@@ -135,6 +135,12 @@ constexpr bool pair_accumulation() {
 #ifndef VC_SM90_STEP256_MAX_OVERLAP
 #define VC_SM90_STEP256_MAX_OVERLAP 0  // early-QK loop: the first tile's max pass under the second tile's QK (variant)
 #endif
+#ifndef VC_SM90_KPAIR
+// 1: the STEPMEAN kernels take one K scale per 256-key step (the prepare's K scales equal in 128-key pairs,
+// VCConfig.k_scale_rows = 256): one row maximum, one row constant and one clamp bound per row and step
+// instead of two (variant; docs/kernel-notes.md section 27)
+#define VC_SM90_KPAIR 0
+#endif
 #ifndef VC_SM90_STEP256_TURNS
 #define VC_SM90_STEP256_TURNS 0  // 1: the 256-key loop's two warpgroups take turns issuing their wgmma batches
 #endif
@@ -418,11 +424,17 @@ __device__ __forceinline__ RowScale operator*(const RowScale& q_sc, float k_sc) 
 struct NoWait {
   __device__ __forceinline__ void operator()() const {}
 };
-template <bool EXPCAST, bool MASK, int H, typename Between = NoWait>
+// KPAIR (H = 2, ExpCast): both tiles carry the same K scale (sc[0] = sc[1]), so one integer row maximum over
+// the step's 256 keys anchors both (reference.quantize_p with a 256-key K-scale block): one row constant and
+// one clamp bound per row instead of two.
+template <bool EXPCAST, bool MASK, int H, bool KPAIR = false, typename Between = NoWait>
 __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const RowScale (&sc)[H], int valid, int t,
                                              float (&row_off)[2], float (&alpha)[2], uint32_t (&pa)[4 * H][4],
                                              Between between = {}) {
   static_assert(H == 1 || H == 2, "one or two tiles per online-softmax step");
+  static_assert(!KPAIR || (H == 2 && EXPCAST), "a shared K scale pairs the two tiles of a speed step");
+  constexpr int HK = KPAIR ? 1 : H;  // K-scale blocks of the step
+  auto hk = [](int h) { return KPAIR ? 0 : h; };
   // the speed encoding works on the integer scores (p_encoding.cuh) unless a byte-code variant is built
   [[maybe_unused]] constexpr bool kIntCodes = EXPCAST && !VC_EXPCAST_BYTE_CODES;
   static_assert(H == 1 || !EXPCAST || !VC_EXPCAST_BYTE_CODES, "the byte-code ExpCast variants take one tile per step");
@@ -434,14 +446,16 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
   // in the speed path; two in fidelity mode, whose head-dim-128 V-Smooth kernel otherwise spills (its
   // two per-row score scales and two row constants are live through the encoding)
   constexpr int kParts = EXPCAST ? 4 : 2;
-  int mx[H][2];
+  int mx[HK][2];
+  int part[2][kParts];
 #pragma unroll
   for (int h = 0; h < H; ++h) {
-    int part[2][kParts];
+    if (!KPAIR || h == 0) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
+      for (int r = 0; r < 2; ++r)
 #pragma unroll
-      for (int q = 0; q < kParts; ++q) part[r][q] = INT_MIN;
+        for (int q = 0; q < kParts; ++q) part[r][q] = INT_MIN;
+    }
 #pragma unroll
     for (int c = 0; c < 16; ++c)
 #pragma unroll
@@ -450,12 +464,15 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
           part[0][(2 * c + e) % kParts] = max(part[0][(2 * c + e) % kParts], s[64 * h + 4 * c + e]);
           part[1][(2 * c + e) % kParts] = max(part[1][(2 * c + e) % kParts], s[64 * h + 4 * c + 2 + e]);
         }
+    if (!KPAIR || h == H - 1) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[h][r] = max(part[r][0], part[r][1]);
-      if constexpr (kParts == 4) mx[h][r] = max(mx[h][r], max(part[r][2], part[r][3]));
-      mx[h][r] = max(mx[h][r], __shfl_xor_sync(0xffffffff, mx[h][r], 1));
-      mx[h][r] = max(mx[h][r], __shfl_xor_sync(0xffffffff, mx[h][r], 2));
+      for (int r = 0; r < 2; ++r) {
+        int& m = mx[hk(h)][r];
+        m = max(part[r][0], part[r][1]);
+        if constexpr (kParts == 4) m = max(m, max(part[r][2], part[r][3]));
+        m = max(m, __shfl_xor_sync(0xffffffff, m, 1));
+        m = max(m, __shfl_xor_sync(0xffffffff, m, 2));
+      }
     }
     if (H == 2 && h == 0) between();
   }
@@ -463,13 +480,13 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
 #if VC_EXPCAST_BYTE_CODES
   vc_p::ExpCastRow prow[2];
 #else
-  vc_p::ExpCastIntRow irow[H][2];
+  vc_p::ExpCastIntRow irow[HK][2];
 #endif
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float m_new = row_off[r];
 #pragma unroll
-    for (int h = 0; h < H; ++h) m_new = fmaxf(m_new, static_cast<float>(mx[h][r]) * sc[h].r[r]);
+    for (int h = 0; h < HK; ++h) m_new = fmaxf(m_new, static_cast<float>(mx[h][r]) * sc[h].r[r]);
     alpha[r] = rescale_factor<EXPCAST>(row_off[r], m_new);
     row_off[r] = m_new;
     base[r] = vc::kPLog2Max - m_new;  // fidelity: arg = s + float32(8 - M), reference.p_exp2_cast
@@ -477,7 +494,7 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
     prow[r] = vc_p::expcast_row(sc[0].r[r], m_new);
 #else
 #pragma unroll
-    for (int h = 0; h < H; ++h)
+    for (int h = 0; h < HK; ++h)
       if constexpr (kIntCodes) irow[h][r] = vc_p::expcast_int_row(sc[h].r[r], mx[h][r], m_new);  // reference.expcast_bits
 #endif
   }
@@ -501,9 +518,9 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
 #if !VC_EXPCAST_BYTE_CODES
             if constexpr (kIntCodes) {  // one integer max + one IMAD on the raw accumulator; masked: code 0
               if constexpr (kClamp)
-                a[q] = vc_p::expcast_int_float(off ? INT_MIN : acc, irow[h][row]);
+                a[q] = vc_p::expcast_int_float(off ? INT_MIN : acc, irow[hk(h)][row]);
               else
-                a[q] = vc_p::expcast_int_float_unclamped(acc, irow[h][row]);
+                a[q] = vc_p::expcast_int_float_unclamped(acc, irow[hk(h)][row]);
               continue;
             }
 #endif
@@ -526,15 +543,18 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
 #if !VC_EXPCAST_BYTE_CODES
   if constexpr (kIntCodes && !MASK && VC_EXPCAST_CLAMP_CHECK) {
     // the clamp changes nothing when every score is >= a_lo: the thread's row minima, one vote per warp
+    // (KPAIR: one minimum per row over both tiles, against the one bound)
     int lo_ok = 1;
 #pragma unroll
-    for (int h = 0; h < H; ++h)
+    for (int hb = 0; hb < HK; ++hb)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        int mn = s[64 * h + 2 * r];
+        int mn = s[64 * hb + 2 * r];
 #pragma unroll
-        for (int c = 0; c < 16; ++c) mn = min(mn, min(s[64 * h + 4 * c + 2 * r], s[64 * h + 4 * c + 2 * r + 1]));
-        lo_ok &= mn >= irow[h][r].lo;
+        for (int h = hb; h < (KPAIR ? H : hb + 1); ++h)
+#pragma unroll
+          for (int c = 0; c < 16; ++c) mn = min(mn, min(s[64 * h + 4 * c + 2 * r], s[64 * h + 4 * c + 2 * r + 1]));
+        lo_ok &= mn >= irow[hb][r].lo;
       }
     if (__all_sync(0xffffffffu, lo_ok)) {
       encode(std::false_type{});
@@ -971,6 +991,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     // V-Smooth means restored per step: one (STEPMEAN: equal in the step's two tiles), two, or none (diagnostic)
     constexpr int kStepMeans = VC_SM90_STEP_MEAN_DIAG ? 0 : (STEPMEAN ? 1 : 2);
     static_assert(!STEPMEAN || (VSMOOTH && !LOWRANK && !kMeanPv), "one mean per step: V-Smooth's plain 256-key loop");
+    // VC_SM90_KPAIR: the STEPMEAN kernels' K scales are equal in the step's two tiles
+    constexpr bool kKPair = STEPMEAN && EXPCAST && VC_SM90_KPAIR;
     // the next pair's first QK waits for a stage that both warpgroups release only after this fold's
     // predecessor: four stages (two pairs) keep that wait from closing a cycle
     static_assert(STAGES >= 4, "the early-QK loop needs two tile pairs in the ring");
@@ -1008,9 +1030,9 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       const float ksc1 = ksc_smem[s1];  // STEPMEAN: its sign bit is the segment-end flag
       const RowScale sc2[2] = {q_sc * ksc_smem[s0], q_sc * (STEPMEAN ? fabsf(ksc1) : ksc1)};
       if (has_tail && last)
-        softmax_keys<EXPCAST, true, 2>(s2, sc2, valid_last, t, row_off, alpha, p2, second_tile);
+        softmax_keys<EXPCAST, true, 2, kKPair>(s2, sc2, valid_last, t, row_off, alpha, p2, second_tile);
       else
-        softmax_keys<EXPCAST, false, 2>(s2, sc2, kBlockN, t, row_off, alpha, p2, second_tile);
+        softmax_keys<EXPCAST, false, 2, kKPair>(s2, sc2, kBlockN, t, row_off, alpha, p2, second_tile);
       if constexpr (kMeanPv) deferred_mean_a(a_mean, l_prev, alpha, t);
       reg_fence(p2);
       reg_fence(pv);

@@ -1,0 +1,86 @@
+"""K scales per 256 keys (VCConfig.k_scale_rows): the spec, the operand contract and the configurations
+that carry it (the Hopper speed loop's one row maximum per 256-key step, docs/kernel-notes.md section 27). The node's
+presets follow config.SPEED (tests/test_node_presets.py).
+
+  pytest -q tests/test_k_scale_pairs.py
+"""
+import pytest
+import torch
+
+from vc_attention.kernels import reference as R
+from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED, VCConfig
+from vc_attention.kernels.prepare_reference import prepare_reference
+
+
+def _k(n: int, d: int = 64, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    k = torch.randn(1, 2, n, d, generator=gen)
+    k[..., 300:420, :] *= 4.0  # one loud stretch, so neighbouring 128-key blocks have different amaxes
+    return k.bfloat16()
+
+
+def test_config_field_its_values_and_its_pairing():
+    assert VCConfig().k_scale_rows == 128 and FIDELITY.k_scale_rows == 128 and PLAIN_8BIT.k_scale_rows == 128
+    assert SPEED.k_scale_rows == 256 and SPEED.tag.endswith("-k256") and "-k" not in FIDELITY.tag
+    for bad in (64, 512, True, "256"):
+        with pytest.raises(ValueError, match="k_scale_rows must be one of"):
+            SPEED.with_(k_scale_rows=bad)
+    # the loop that pairs the K scales is the one that pairs the means: 256 needs 256-row means, no rank
+    with pytest.raises(ValueError, match="needs v_mean_rows=256 and v_rank=0"):
+        VCConfig(p="expcast", k_scale_rows=256)
+    with pytest.raises(ValueError, match="needs v_mean_rows=256 and v_rank=0"):
+        SPEED.with_(v_mean_merge=False, v_mean_rows=128)
+    assert SPEED.with_(v_mean_merge=False, v_mean_rows=128, k_scale_rows=128).k_scale_rows == 128
+    ranked = SPEED.with_rank(2)  # the low-rank loop anchors per tile: back to 128
+    assert ranked.k_scale_rows == 128 and ranked.v_rank == 2 and SPEED.with_rank(0) == SPEED
+
+
+@pytest.mark.parametrize("n", [1000, 1100, 300])
+def test_quantize_qk_takes_one_scale_per_256_keys_stored_per_128(n):
+    """k_scale keeps one entry per 128 keys; at 256 the entries are equal in pairs and each is the pair's
+    amax / 127 of the smoothed K (a lone last 128-key slot: its own rows); the codes use that scale."""
+    k = _k(n)
+    q = torch.randn(1, 2, n, 64).bfloat16()
+    _, _, k_q, k_sc = R.quantize_qk(q, k, SPEED)
+    _, _, k_q128, k_sc128 = R.quantize_qk(q, k, SPEED.with_(k_scale_rows=128))
+    slots = -(-n // 128)
+    assert k_sc.shape == k_sc128.shape == (1, 2, slots)
+    ks = R.smooth_k(k)[0]
+    for s in range(slots):
+        rows = ks[..., 256 * (s // 2): min(256 * (s // 2) + 256, n), :]
+        assert torch.equal(k_sc[..., s], rows.abs().amax(dim=(-1, -2)) / R.INT8_MAX)
+    pairs = k_sc[..., : slots // 2 * 2].reshape(1, 2, -1, 2)
+    assert torch.equal(pairs[..., 0], pairs[..., 1])
+    assert not torch.equal(k_sc, k_sc128)  # the loud stretch: 128-key blocks differ within a pair
+    assert torch.equal(k_q, R.quantize_int8_blocks(ks, 256)[0]) and not torch.equal(k_q, k_q128)
+
+
+def test_speed_encoding_anchors_a_256_key_step_at_one_maximum():
+    """With one K scale per 256 keys the step's codes are anchored at the step's largest integer score
+    (reference.quantize_p: a0 over min(offset_block, k_scale_rows) keys), which is what the paired loop
+    computes; with 128-key scales each tile keeps its own anchor."""
+    gen = torch.Generator().manual_seed(3)
+    acc = torch.randint(-60000, 60000, (1, 1, 8, 512), generator=gen).float()
+    scale = torch.full_like(acc, 2.0**-11)
+    s = acc * scale
+    got = R.quantize_p(s, SPEED, 256, acc=acc, scale=scale)
+    run = R.running_row_offsets(s, 256)
+    m_run = run.repeat_interleave(256, dim=-1)
+    p = R.p_expcast(s, m_run, acc=acc, scale=scale, a0=R.block_row_max(acc, 256))
+    assert torch.equal(got, p.double() * torch.exp2(m_run.double() - run[..., -1:].double()))
+    a0_128 = R.block_row_max(acc, 128)
+    assert not torch.equal(a0_128, R.block_row_max(acc, 256))  # the anchors differ (the codes by rounding only)
+    per_tile = R.quantize_p(s, SPEED.with_(k_scale_rows=128), 256, acc=acc, scale=scale)
+    assert float((got - per_tile).abs().max() / got.abs().max()) < 2e-2
+
+
+def test_prepare_reference_holds_the_pairs_in_the_contract():
+    n = 1100
+    gen = torch.Generator().manual_seed(5)
+    q, v = (torch.randn(1, 2, n, 128, generator=gen).bfloat16() for _ in range(2))
+    k = _k(n, 128, seed=5)
+    ops = prepare_reference(q, k, v, None, SPEED)
+    assert ops.k_scale.shape == (1, 2, 9)
+    assert torch.equal(ops.k_scale[..., 0:8:2], ops.k_scale[..., 1:8:2])
+    other = prepare_reference(q, k, v, None, SPEED.with_(k_scale_rows=128))
+    assert not torch.equal(other.k_scale[..., 0:8:2], other.k_scale[..., 1:8:2])

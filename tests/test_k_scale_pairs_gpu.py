@@ -1,0 +1,111 @@
+"""GPU tier of K scales per 256 keys (VCConfig.k_scale_rows, config.SPEED): the CUDA prepare's paired
+scales against the spec, and the Hopper speed loop that reads one K scale and takes one row maximum per
+256-key step (VC_SM90_KPAIR).
+
+  pytest -q -m gpu tests/test_k_scale_pairs_gpu.py
+"""
+import pytest
+import torch
+
+from vc_attention.kernels import backends, reference
+from vc_attention.kernels.config import SPEED
+from vc_attention.kernels.prepare_cuda import prepare_cuda
+from vc_attention.kernels.prepare_reference import prepare_reference
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+GATE = 1e-3  # tests/test_backends_gpu.py's: rel-L2 above the dtype's rounding of the float64 emulation
+PER_TILE = SPEED.with_(k_scale_rows=128)
+
+
+def _qkv(n: int, d: int, dtype, seed: int = 0):
+    """Random Q, K, V with a loud stretch of K (rows 300-419 x 4), so that the two 128-key blocks of a pair
+    have different amaxes and the paired scale differs from the per-tile one."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(1, 2, n, d, generator=gen, device="cuda") for _ in range(3))
+    k[..., 300:420, :] *= 4.0
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def _rel_l2(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+@pytest.mark.parametrize("n", [1000, 1100, 4097])
+@pytest.mark.parametrize("d,dtype", [(64, torch.float16), (128, torch.bfloat16)])
+@pytest.mark.parametrize("smooth_k", [True, False])
+def test_cuda_prepare_writes_the_paired_k_scales_of_the_spec(n, d, dtype, smooth_k):
+    """k_scale and k_q of the CUDA prepare equal prepare_reference's bit for bit at k_scale_rows 256 (pairs
+    equal, a lone last slot its own), with a permutation, with and without K smoothing."""
+    config = SPEED.with_(smooth_k=smooth_k)
+    q, k, v = _qkv(n, d, dtype, seed=n + d)
+    perm = torch.argsort(torch.rand(1, 2, n, device="cuda"), dim=-1)
+    got = prepare_cuda(q, k, v, perm, config, "bhnd")
+    want = prepare_reference(q, k, v, perm, config, "bhnd")
+    slots = got.k_scale.shape[-1]
+    assert torch.equal(got.k_scale, want.k_scale.to(got.k_scale.device))
+    assert torch.equal(got.k_q, want.k_q.to(got.k_q.device))
+    assert torch.equal(got.k_scale[..., 0:slots - 1:2], got.k_scale[..., 1:slots:2])
+    per_tile = prepare_cuda(q, k, v, perm, config.with_(k_scale_rows=128), "bhnd")
+    assert not torch.equal(per_tile.k_scale, got.k_scale)
+
+
+def _sm90():
+    backend = backends.get("sm90")
+    if backend.availability():
+        pytest.skip(f"sm90: {backend.availability()}")
+    return backend
+
+
+@pytest.mark.parametrize("n,dtype", [(3000, torch.bfloat16), (1100, torch.float16)])
+def test_paired_speed_loop_matches_its_emulation_and_reads_one_scale_per_step(n, dtype):
+    """The speed loop at k_scale_rows 256 matches the float64 emulation (one anchor per step). It reads only
+    the first tile's K scale of a step: scaling the second tiles' scales leaves its output unchanged bit for
+    bit, while the per-tile loop (vsmooth mode 1, the same operands) changes, so the paired loop is what ran."""
+    from vc_attention.kernels import backend_sm90
+
+    backend = _sm90()
+    q, k, v = _qkv(n, 128, dtype, seed=5)
+    perm = torch.stack([torch.stack([torch.arange(n, device="cuda")] * 2)]).int()
+    ops = prepare_cuda(q, k, v, perm, SPEED, "bhnd")
+    out = torch.full(q.shape, float("nan"), dtype=dtype, device="cuda")
+    backend.attend(ops, SPEED, out, "bhnd")
+    step = backend.softmax_step(128, SPEED)
+    assert step == 256
+    emul = reference.vc_attention_reference(q, k, v, SPEED, perm=perm, parts=True, offset_block=step).out
+    floor = _rel_l2(emul.to(dtype), emul)
+    assert torch.isfinite(out).all() and _rel_l2(out, emul) <= floor + GATE
+
+    def run(k_scale, mode):
+        o = torch.empty_like(q)
+        backend_sm90.extension().attention(ops.q_q, ops.q_scale, ops.k_q, k_scale, ops.v_t, ops.v_scale, ops.v_mean,
+                                           None, None, None, o, ops.n_tokens, True, mode,
+                                           torch.cuda.current_stream().cuda_stream, ops.v_seg_end)
+        return o
+
+    odd_scaled = ops.k_scale.clone()
+    odd_scaled[..., 1::2] *= 1.5
+    assert torch.equal(run(ops.k_scale, 2), out)
+    assert torch.equal(run(odd_scaled, 2), out)
+    per_tile = run(ops.k_scale, 1)
+    assert _rel_l2(per_tile, emul) <= floor + GATE
+    assert not torch.equal(run(odd_scaled, 1), per_tile)
+
+
+def test_the_public_speed_call_runs_the_paired_loop_on_paired_scales():
+    """vc_attention with config.SPEED on sm90 runs the STEPMEAN kernel (profiler name) on operands whose K
+    scales are equal in pairs, within the gate of the emulation; the per-tile configuration keeps the
+    two-mean kernel (vsmooth mode 1)."""
+    from vc_attention.kernels import api, backend_sm90
+
+    _sm90()
+    q, k, v = _qkv(2000, 128, torch.bfloat16, seed=9)
+    assert backend_sm90.vsmooth_mode(SPEED) == 2 and backend_sm90.vsmooth_mode(PER_TILE) == 1
+    for config, stepmean in ((SPEED, True), (PER_TILE, False)):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            out = api.vc_attention(q, k, v, config=config, backend="sm90")
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if "vc_attention_sm90_kernel" in e.name]
+        assert names and all((("false, true>" in nm) or ("ELb0ELb1EE" in nm)) == stepmean for nm in names), names
+        emul = reference.vc_attention_reference(q, k, v, config, parts=True, offset_block=256).out
+        assert _rel_l2(out, emul) <= _rel_l2(emul.to(out.dtype), emul) + GATE
