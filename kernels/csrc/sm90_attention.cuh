@@ -141,6 +141,11 @@ constexpr bool pair_accumulation() {
 // instead of two (variant; docs/kernel-notes.md section 27)
 #define VC_SM90_KPAIR 0
 #endif
+#ifndef VC_SM90_ALPHA_SKIP
+// 1: the speed steps skip the rescale polynomial when no row of the warp moved its running max (warp vote;
+// bit-identical: alpha is exactly 1 there either way). Variant (docs/kernel-notes.md section 27).
+#define VC_SM90_ALPHA_SKIP 0
+#endif
 #ifndef VC_SM90_STEP256_TURNS
 #define VC_SM90_STEP256_TURNS 0  // 1: the 256-key loop's two warpgroups take turns issuing their wgmma batches
 #endif
@@ -482,12 +487,30 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
 #else
   vc_p::ExpCastIntRow irow[HK][2];
 #endif
+  float m_step[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float m_new = row_off[r];
+    m_step[r] = row_off[r];
 #pragma unroll
-    for (int h = 0; h < HK; ++h) m_new = fmaxf(m_new, static_cast<float>(mx[h][r]) * sc[h].r[r]);
-    alpha[r] = rescale_factor<EXPCAST>(row_off[r], m_new);
+    for (int h = 0; h < HK; ++h) m_step[r] = fmaxf(m_step[r], static_cast<float>(mx[h][r]) * sc[h].r[r]);
+  }
+  if constexpr (EXPCAST && VC_SM90_ALPHA_SKIP) {
+    // the running max of no row of the warp moved (most steps of a long row): alpha = 2^0 = 1 exactly, as
+    // exp2_rescale(0) returns it, without the polynomial (one vote instead of ~24 instructions)
+    const bool moved = m_step[0] != row_off[0] || m_step[1] != row_off[1];
+    if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) alpha[r] = rescale_factor<EXPCAST>(row_off[r], m_step[r]);
+    } else {
+      alpha[0] = alpha[1] = 1.f;
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) alpha[r] = rescale_factor<EXPCAST>(row_off[r], m_step[r]);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float m_new = m_step[r];
     row_off[r] = m_new;
     base[r] = vc::kPLog2Max - m_new;  // fidelity: arg = s + float32(8 - M), reference.p_exp2_cast
 #if VC_EXPCAST_BYTE_CODES
