@@ -85,7 +85,7 @@ def test_paired_speed_loop_matches_its_emulation_and_reads_one_scale_per_step(n,
         o = torch.empty_like(q)
         backend_sm90.extension().attention(ops.q_q, ops.q_scale, ops.k_q, k_scale, ops.v_t, ops.v_scale, ops.v_mean,
                                            None, None, None, o, ops.n_tokens, True, mode,
-                                           torch.cuda.current_stream().cuda_stream, ops.v_seg_end)
+                                           torch.cuda.current_stream().cuda_stream, ops.v_seg_end if mode == 2 else None)
         return o
 
     odd_scaled = ops.k_scale.clone()
