@@ -84,3 +84,24 @@ def test_prepare_reference_holds_the_pairs_in_the_contract():
     assert torch.equal(ops.k_scale[..., 0:8:2], ops.k_scale[..., 1:8:2])
     other = prepare_reference(q, k, v, None, SPEED.with_(k_scale_rows=128))
     assert not torch.equal(other.k_scale[..., 0:8:2], other.k_scale[..., 1:8:2])
+
+
+def test_sm90_passes_segment_flags_to_the_paired_loop_only(monkeypatch):
+    """vsmooth mode 2 (means and K scales paired) is the loop that reads the segment flags; with K scales per
+    128 keys the per-tile loop (mode 1) runs, and the flags must stay behind (the binding refuses them there)."""
+    from types import SimpleNamespace
+
+    from vc_attention.kernels import backend_sm90
+
+    calls = []
+    monkeypatch.setattr(backend_sm90, "extension", lambda: SimpleNamespace(attention=lambda *a: calls.append(a)))
+    monkeypatch.setattr(backend_sm90.torch.cuda, "current_stream", lambda device=None: SimpleNamespace(cuda_stream=0))
+    flags = torch.ones(1, 2, 4, dtype=torch.uint8)
+    ops = SimpleNamespace(q_q=None, q_scale=None, k_q=None, k_scale=None, v_t=None, v_scale=None, v_mean=None,
+                          v_low_t=None, v_low_basis=None, v_low_scale=None, n_tokens=500, v_seg_end=flags)
+    out = torch.empty(1, 2, 500, 128)
+    backend_sm90.attention_from_operands(ops, SPEED, out, "bhnd")
+    backend_sm90.attention_from_operands(ops, SPEED.with_(k_scale_rows=128), out, "bhnd")
+    (paired, per_tile) = calls
+    assert paired[13] == 2 and paired[-1] is flags
+    assert per_tile[13] == 1 and per_tile[-1] is None
