@@ -46,8 +46,9 @@ class VCConfig:
         128 only (reference.SEGMENT_HEAD_DIMS): at 64 every kernel restores per tile, segments would not pay.
     k_scale_rows: keys per INT8 K scale: 128 (one per key tile) or 256 (one per 256-key online-softmax step
         of the Hopper speed loop, which then takes one row maximum, one row constant and one clamp bound per
-        row and step instead of two: loop trip 971 -> 916 instructions, docs/kernel-notes.md section 27; the
-        rel-L2 on the video-like data unchanged within its noise, docs/fidelity-study.md). 256 goes with
+        row and step instead of two: loop trip 971 -> 916 instructions, kernel -3.7% at Wan2.2-14B,
+        docs/kernel-notes.md section 27; the rel-L2 on the video-like data unchanged within its noise,
+        docs/fidelity-study.md). 256 goes with
         the speed loop's other pairing, v_mean_rows=256 and v_rank=0 (config.SPEED has all three): the loop
         that pairs the means is the one that pairs the K scales (backend_sm90.vsmooth_mode). The operands keep
         one K scale per 128 keys (equal in pairs at 256), so every kernel reads them alike.

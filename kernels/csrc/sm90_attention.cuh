@@ -138,12 +138,13 @@ constexpr bool pair_accumulation() {
 #ifndef VC_SM90_KPAIR
 // 1: the STEPMEAN kernels take one K scale per 256-key step (the prepare's K scales equal in 128-key pairs,
 // VCConfig.k_scale_rows = 256): one row maximum, one row constant and one clamp bound per row and step
-// instead of two (variant; docs/kernel-notes.md section 27)
+// instead of two (the product build sets it, backend_sm90.CUDA_FLAGS: -3.7% at Wan2.2-14B, docs/kernel-notes.md
+// section 27; backend_sm90.vsmooth_mode asks for these kernels only where the K scales are paired)
 #define VC_SM90_KPAIR 0
 #endif
 #ifndef VC_SM90_ALPHA_SKIP
 // 1: the speed steps skip the rescale polynomial when no row of the warp moved its running max (warp vote;
-// bit-identical: alpha is exactly 1 there either way). Variant (docs/kernel-notes.md section 27).
+// bit-identical: alpha is exactly 1 there either way). Variant, measured slower (docs/kernel-notes.md section 27).
 #define VC_SM90_ALPHA_SKIP 0
 #endif
 #ifndef VC_SM90_STEP256_TURNS
