@@ -73,13 +73,14 @@ def vsmooth_mode(config: VCConfig) -> int:
 
 def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.Tensor, layout: str) -> torch.Tensor:
     """Run the Hopper kernel on prepared operands into `out` (q's shape in `layout`)."""
+    mode = vsmooth_mode(config)
     extension().attention(
         ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean, ops.v_low_t, ops.v_low_basis,
         ops.v_low_scale, to_bhnd(out, layout),
-        ops.n_tokens, config.p == "expcast", vsmooth_mode(config), torch.cuda.current_stream(out.device).cuda_stream,
+        ops.n_tokens, config.p == "expcast", mode, torch.cuda.current_stream(out.device).cuda_stream,
         # V-Smooth segments (v_mean_merge): the mode-2 speed loop restores at their ends; the per-tile loops
         # (mode 1: K scales per 128 keys) restore every tile's slot mean, which holds the segment's mean
-        ops.v_seg_end if vsmooth_mode(config) == 2 else None,
+        ops.v_seg_end if mode == 2 else None,
     )
     return out
 
