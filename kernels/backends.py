@@ -64,6 +64,20 @@ def _capability_reason(c: Constraints, cap: tuple[int, int]) -> Optional[str]:
     return f"the GPU is {_sm(cap)}; this kernel needs {_sm(low)} to {_sm(high)}"
 
 
+def _capability(index: Optional[int]) -> tuple[int, int]:
+    """A GPU's compute capability, asked of torch once per device: torch.cuda.get_device_capability took
+    ~5 us of every call's host time before its first launch (docs/kernel-notes.md section 28)."""
+    if index is None:
+        index = torch.cuda.current_device()
+    cap = _CAPABILITIES.get(index)
+    if cap is None:
+        cap = _CAPABILITIES[index] = torch.cuda.get_device_capability(index)
+    return cap
+
+
+_CAPABILITIES: dict[int, tuple[int, int]] = {}
+
+
 def _names(values) -> str:
     return ", ".join(str(v).replace("torch.", "") for v in values)
 
@@ -89,7 +103,7 @@ def call_reason(c: Constraints, config: VCConfig, layout: str, q: torch.Tensor, 
     if c.device_type == "cuda":
         if not q.is_cuda:
             return f"the inputs are on {q.device}, not a CUDA GPU"
-        reason = _capability_reason(c, torch.cuda.get_device_capability(q.device))
+        reason = _capability_reason(c, _capability(q.device.index))
         if reason:
             return reason
     if c.dtypes is not None and q.dtype not in c.dtypes:

@@ -89,4 +89,12 @@ def rows_aligned(t: torch.Tensor) -> bool:
     """The CUDA kernels' load precondition on q, k and v: unit stride along the head dim, every other
     stride a multiple of 8 elements and a 16-byte aligned base, so every 16-bit row starts on a
     16-byte boundary (vectorized loads, TMA)."""
-    return t.stride(-1) == 1 and all(s % 8 == 0 for s in t.stride()[:-1]) and t.data_ptr() % 16 == 0
+    # one stride() call and no generator: this runs three times in every call's backend selection, before
+    # its first launch (a short call's GPU idles through it: docs/kernel-notes.md section 28)
+    strides = t.stride()
+    if strides[-1] != 1 or t.data_ptr() % 16:
+        return False
+    combined = 0
+    for s in strides[:-1]:
+        combined |= s
+    return combined % 8 == 0

@@ -27,6 +27,7 @@ def gpu_of(monkeypatch):
         monkeypatch.setattr(torch.version, "cuda", "13.0")
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+        monkeypatch.setattr(backends, "_CAPABILITIES", {})  # asked once per device and process
         monkeypatch.setattr(jit, "toolchain_reason", lambda arch=None: None)
         monkeypatch.delenv(jit.ENV_PREFIX + "ARCH", raising=False)
         for backend in backends.backends():

@@ -16,7 +16,18 @@ def fake_gpu(monkeypatch):
     cap = {"value": (9, 0)}
     monkeypatch.setattr(jit, "runtime_reason", lambda: None)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap["value"])
+    # a call's check reads the capability cached per device (backends._capability): the fake GPU's, live
+    monkeypatch.setattr(backends, "_capability", lambda index: cap["value"])
     return cap
+
+
+def test_the_capability_is_asked_of_torch_once_per_device(monkeypatch):
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: asked.append(device) or (9, 0))
+    monkeypatch.setattr(backends, "_CAPABILITIES", {})
+    assert [backends._capability(0) for _ in range(3)] == [(9, 0)] * 3
+    assert backends._capability(1) == (9, 0)
+    assert asked == [0, 1]
 
 
 class _CudaLike:

@@ -20,26 +20,21 @@
 
 namespace vc {
 
+// The two halves of the prepare, launched apart (launch_prepare_stats, then launch_prepare_quantize) so that
+// the binding can put the statistics pass on the GPU before it allocates the quantized operands: a short
+// call's host work before its first launch is GPU idle time (docs/kernel-notes.md section 28).
+// The statistics pass (and the V-Smooth segments, which read its block statistics): it writes the
+// workspace, v_mean and (segments) v_seg_end only.
 template <typename T, int D>
-static void launch_prepare_typed(const PrepareParams& p, cudaStream_t stream) {
+static void launch_stats_typed(const PrepareParams& p, cudaStream_t stream) {
   const dim3 grid(p.n_pad / kKBlock, p.batch * p.heads);
-  // the statistics pass: one block per V-Smooth mean (v_mean_rows rows; launch_prepare admits 256 for
-  // prepare.cuh's statistics kernel only)
+  // one block per V-Smooth mean (v_mean_rows rows; launch_prepare admits 256 for prepare.cuh's
+  // statistics kernel only)
   const dim3 stats_grid((p.n_pad + p.v_mean_rows - 1) / p.v_mean_rows, p.batch * p.heads);
   if constexpr (VC_PREP_ROWS_IN_REGS) {
     prepare_stats_regs_kernel<T, D><<<grid, kPrepThreads, 0, stream>>>(p);
-    if (p.qk_fp8) {
-      prepare_quantize_regs_kernel<T, D, true><<<grid, kPrepThreads, 0, stream>>>(p);
-    } else {
-      prepare_quantize_regs_kernel<T, D, false><<<grid, kPrepThreads, 0, stream>>>(p);
-    }
   } else if (p.v_rank) {  // V-Smooth's low-rank term: its own instantiations (registers)
     prepare_stats_kernel<T, D, true><<<stats_grid, kPrepThreads, 0, stream>>>(p);
-    if (p.qk_fp8) {
-      prepare_quantize_kernel<T, D, true, true><<<grid, kPrepThreads, 0, stream>>>(p);
-    } else {
-      prepare_quantize_kernel<T, D, false, true><<<grid, kPrepThreads, 0, stream>>>(p);
-    }
   } else {
     if constexpr (VC_PREP_STAGED_STATS) {
       prepare_stats_staged_kernel<T, D><<<grid, kPrepThreads, 0, stream>>>(p);
@@ -49,7 +44,27 @@ static void launch_prepare_typed(const PrepareParams& p, cudaStream_t stream) {
       else
         prepare_stats_kernel<T, D><<<stats_grid, kPrepThreads, 0, stream>>>(p);
     }
-    // V-Smooth segments: the block statistics -> segment means, ends and the residual's amax bound
+  }
+}
+
+// The segments (block statistics -> segment means, ends and the residual's amax bound), then the quantize
+// pass: every operand of the contract.
+template <typename T, int D>
+static void launch_quantize_typed(const PrepareParams& p, cudaStream_t stream) {
+  const dim3 grid(p.n_pad / kKBlock, p.batch * p.heads);
+  if constexpr (VC_PREP_ROWS_IN_REGS) {
+    if (p.qk_fp8) {
+      prepare_quantize_regs_kernel<T, D, true><<<grid, kPrepThreads, 0, stream>>>(p);
+    } else {
+      prepare_quantize_regs_kernel<T, D, false><<<grid, kPrepThreads, 0, stream>>>(p);
+    }
+  } else if (p.v_rank) {
+    if (p.qk_fp8) {
+      prepare_quantize_kernel<T, D, true, true><<<grid, kPrepThreads, 0, stream>>>(p);
+    } else {
+      prepare_quantize_kernel<T, D, false, true><<<grid, kPrepThreads, 0, stream>>>(p);
+    }
+  } else {
     if (p.v_merge) prepare_segments_kernel<D><<<p.batch * p.heads, kSegThreads, 0, stream>>>(p);
     if constexpr (VC_PREP_LEGACY_QUANTIZE) {
       if (p.qk_fp8) {
@@ -70,29 +85,49 @@ int prepare_legacy_quantize() { return VC_PREP_LEGACY_QUANTIZE; }
 int prepare_staged_stats() { return VC_PREP_STAGED_STATS; }
 int prepare_stats_prefetch() { return VC_PREP_STATS_PREFETCH; }
 
-template <typename T>
-static void launch_prepare_dim(const PrepareParams& p, cudaStream_t stream) {
+template <bool kStats, typename T>
+static void launch_half_dim(const PrepareParams& p, cudaStream_t stream) {
   if (p.head_dim == 64) {
-    launch_prepare_typed<T, 64>(p, stream);
+    kStats ? launch_stats_typed<T, 64>(p, stream) : launch_quantize_typed<T, 64>(p, stream);
   } else {
-    launch_prepare_typed<T, 128>(p, stream);
+    kStats ? launch_stats_typed<T, 128>(p, stream) : launch_quantize_typed<T, 128>(p, stream);
   }
 }
 
-const char* launch_prepare(const PrepareParams& p, void* stream) {
+template <bool kStats>
+static const char* launch_half(const PrepareParams& p, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
+  if (p.input_bf16) {
+    launch_half_dim<kStats, __nv_bfloat16>(p, s);
+  } else {
+    launch_half_dim<kStats, __half>(p, s);
+  }
+  const cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+const char* prepare_refusal(const PrepareParams& p) {
   if (VC_PREP_ROWS_IN_REGS && p.v_rank) return "the rows-in-regs prepare variant has no low-rank V term";
   if (p.v_mean_rows != kKBlock && (VC_PREP_ROWS_IN_REGS || VC_PREP_STAGED_STATS))
     return "this prepare variant's statistics pass takes 128-row V means only (v_mean_rows=128)";
   if (p.v_merge && (VC_PREP_ROWS_IN_REGS || VC_PREP_STAGED_STATS || p.v_rank || !p.vsmooth || p.v_mean_rows != 2 * kKBlock))
     return "V-Smooth segments (v_mean_merge) need V-Smooth with 256-row means, no low-rank term and the default statistics pass";
-  if (p.input_bf16) {
-    launch_prepare_dim<__nv_bfloat16>(p, s);
-  } else {
-    launch_prepare_dim<__half>(p, s);
-  }
-  const cudaError_t err = cudaGetLastError();
-  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+  return nullptr;
+}
+
+const char* launch_prepare_stats(const PrepareParams& p, void* stream) {
+  if (const char* why = prepare_refusal(p)) return why;
+  return launch_half<true>(p, stream);
+}
+
+const char* launch_prepare_quantize(const PrepareParams& p, void* stream) {
+  if (const char* why = prepare_refusal(p)) return why;
+  return launch_half<false>(p, stream);
+}
+
+const char* launch_prepare(const PrepareParams& p, void* stream) {
+  if (const char* why = launch_prepare_stats(p, stream)) return why;
+  return launch_prepare_quantize(p, stream);
 }
 
 }  // namespace vc

@@ -70,6 +70,12 @@ struct AttnParams {
 
 // Launchers (prepare.cu, attn_mma.cu). Return a CUDA error string or nullptr on success.
 const char* launch_prepare(const PrepareParams& p, void* stream);
+// The same in two launches: the statistics pass (writes the workspace, v_mean, and with segments v_seg_end;
+// reads no other operand pointer), then the quantize pass (every other operand). Each returns the refusal of
+// prepare_refusal (a variant or a configuration this build does not run) before launching anything.
+const char* prepare_refusal(const PrepareParams& p);
+const char* launch_prepare_stats(const PrepareParams& p, void* stream);
+const char* launch_prepare_quantize(const PrepareParams& p, void* stream);
 // 1: this prepare build runs prepare_regs.cuh's kernels (VC_PREP_ROWS_IN_REGS), 0: prepare.cuh's.
 int prepare_rows_in_regs();
 // 1: this prepare build's quantize pass is prepare.cuh's (VC_PREP_LEGACY_QUANTIZE), 0: prepare_staged.cuh's.
