@@ -76,7 +76,7 @@ class Sm90Library:
         rc = self.lib.vc_sm90_forward(
             ops.q_q.data_ptr(), ops.q_scale.data_ptr(), ops.k_q.data_ptr(), ops.k_scale.data_ptr(), ops.v_t.data_ptr(),
             ops.v_scale.data_ptr(), ops.v_mean.data_ptr(), out.data_ptr(), b, h, ops.n_tokens, n_pad, d, sb, sh, sn,
-            int(config.p == "expcast"), vsmooth_mode(config), int(out.dtype == torch.bfloat16), torch.cuda.current_stream().cuda_stream,
+            int(config.p == "expcast"), vsmooth_mode(config, d), int(out.dtype == torch.bfloat16), torch.cuda.current_stream().cuda_stream,
         )
         if rc:
             raise RuntimeError(f"{self.name}: {self.lib.vc_sm90_last_error().decode()}")

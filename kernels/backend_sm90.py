@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from . import jit
+from . import jit, reference
 from .backends import Backend, Constraints, register
 from .config import KERNEL_P_ENCODINGS, MAX_V_RANK, VCConfig
 from .constants import K_BLOCK
@@ -59,21 +59,21 @@ def extension():
     return jit.load_extension(EXTENSION_NAME, SOURCES, extra_cuda_cflags=CUDA_FLAGS, arch=ARCH)
 
 
-def vsmooth_mode(config: VCConfig) -> int:
+def vsmooth_mode(config: VCConfig, head_dim: int = 128) -> int:
     """The kernel's V mode: 0 per-channel V, 1 V-Smooth, 2 V-Smooth with the means AND the K scales equal
     in 128-row pairs (v_mean_rows = k_scale_rows = 256: where the library has it (`extension().step_mean`),
     the 256-key speed loop restores one mean per step and anchors the step's codes at one row maximum,
     VC_SM90_KPAIR; elsewhere the two-mean fold with a maximum per tile, which is right for such operands
     too). 256-row means with 128-key K scales run mode 1: the paired loop would read the first tile's K
-    scale for both."""
+    scale for both; so do head dims whose K scales the spec keeps per 128 keys (reference.k_scale_rows: 64)."""
     if config.v != "vsmooth":
         return 0
-    return 2 if config.v_mean_rows == 2 * K_BLOCK and config.k_scale_rows == 2 * K_BLOCK else 1
+    return 2 if config.v_mean_rows == 2 * K_BLOCK and reference.k_scale_rows(config, head_dim) == 2 * K_BLOCK else 1
 
 
 def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.Tensor, layout: str) -> torch.Tensor:
     """Run the Hopper kernel on prepared operands into `out` (q's shape in `layout`)."""
-    mode = vsmooth_mode(config)
+    mode = vsmooth_mode(config, ops.q_q.shape[-1])
     extension().attention(
         ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean, ops.v_low_t, ops.v_low_basis,
         ops.v_low_scale, to_bhnd(out, layout),

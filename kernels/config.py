@@ -51,7 +51,8 @@ class VCConfig:
         docs/fidelity-study.md). 256 goes with
         the speed loop's other pairing, v_mean_rows=256 and v_rank=0 (config.SPEED has all three): the loop
         that pairs the means is the one that pairs the K scales (backend_sm90.vsmooth_mode). The operands keep
-        one K scale per 128 keys (equal in pairs at 256), so every kernel reads them alike.
+        one K scale per 128 keys (equal in pairs at 256), so every kernel reads them alike. Head dim 128 only
+        (reference.k_scale_rows, as the segments): at 64 every kernel steps 128 keys with a scale per tile.
     """
 
     qk: str = "int8"

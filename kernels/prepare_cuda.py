@@ -61,11 +61,12 @@ def prepare_cuda(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout
         if name in MEAN_128_ONLY:
             raise ValueError(f"the prepare variant {name!r} takes {N_ALIGN}-row V means only; this configuration has "
                              f"v_mean_rows={config.v_mean_rows}.")
-    if variant_flags and config.k_scale_rows != N_ALIGN:
-        raise ValueError(f"the prepare variant {_variant_name(variant_flags)!r} takes K scales per {N_ALIGN} keys only; "
-                         f"this configuration has k_scale_rows={config.k_scale_rows}.")
     qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))
     n, d = qb.shape[2:]
+    k_rows = reference.k_scale_rows(config, d)
+    if variant_flags and k_rows != N_ALIGN:
+        raise ValueError(f"the prepare variant {_variant_name(variant_flags)!r} takes K scales per {N_ALIGN} keys only; "
+                         f"this configuration has k_scale_rows={config.k_scale_rows}.")
     # the V the basis is computed from: permuted only when a basis is to be computed
     v_perm = reference.permute_tokens(vb, perm.long()) if config.v_rank and basis is None and perm is not None else vb
     basis = reference.resolve_basis(v_perm, config.v_rank, basis)
@@ -75,6 +76,6 @@ def prepare_cuda(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout
     # the binding allocates the operands (one call, no per-tensor allocation from Python) on q's device
     q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_low_t, v_low_scale, v_seg_end = extension(tuple(variant_flags)).prepare(
         qb, kb, vb, perm32, basis, reference.qk_scale(d, sm_scale), config.qk == "fp8", config.v == "vsmooth",
-        config.smooth_k, config.v_mean_rows, reference.merges(config, d), config.k_scale_rows)
+        config.smooth_k, config.v_mean_rows, reference.merges(config, d), k_rows)
     return PreparedOperands(q_q=q_q, q_scale=q_scale, k_q=k_q, k_scale=k_scale, v_t=v_t, v_scale=v_scale, v_mean=v_mean,
                             n_tokens=n, v_low_t=v_low_t, v_low_scale=v_low_scale, v_low_basis=basis, v_seg_end=v_seg_end)

@@ -145,8 +145,8 @@ def quantize_qk(q: torch.Tensor, k: torch.Tensor, config: VCConfig, sm_scale: fl
     """Q, K -> (q_q, q_scale, k_q, k_scale), all (B,H,...) as in quantize_*_blocks.
 
     Q is multiplied by qk_scale (a float32 constant) before quantization, one scale per ROW
-    (q_scale (B,H,N)); K is smoothed (config.smooth_k) and quantized in blocks of config.k_scale_rows
-    rows (after any permutation). k_scale has one entry per K_BLOCK keys either way (B,H,ceil(N/K_BLOCK)):
+    (q_scale (B,H,N)); K is smoothed (config.smooth_k) and quantized in blocks of k_scale_rows(config,
+    head dim) rows (after any permutation). k_scale has one entry per K_BLOCK keys either way (B,H,ceil(N/K_BLOCK)):
     with 256-row blocks each scale is stored twice, as the operands hold it (a lone last 128-key slot
     has its own block's amax over its valid rows).
     """
@@ -154,8 +154,9 @@ def quantize_qk(q: torch.Tensor, k: torch.Tensor, config: VCConfig, sm_scale: fl
     ks = smooth_k(k)[0] if config.smooth_k else k.float()
     quant = quantize_int8_blocks if config.qk == "int8" else quantize_fp8_blocks
     q_q, q_sc = quant(qs, 1)
-    k_q, k_sc = quant(ks, config.k_scale_rows)
-    per_tile = config.k_scale_rows // K_BLOCK
+    rows = k_scale_rows(config, k.shape[-1])
+    k_q, k_sc = quant(ks, rows)
+    per_tile = rows // K_BLOCK
     k_sc = k_sc.repeat_interleave(per_tile, dim=-1)[..., : -(-ks.shape[-2] // K_BLOCK)]
     return q_q, q_sc, k_q, k_sc
 
@@ -394,6 +395,19 @@ SEGMENT_HEAD_DIMS = (128,)
 def merges(config: VCConfig, head_dim: int) -> bool:
     """Whether a call of this configuration and head dim merges its V-Smooth means into segments."""
     return config.v_mean_merge and head_dim in SEGMENT_HEAD_DIMS
+
+
+# the head dims whose K scales pair (VCConfig.k_scale_rows 256): the Hopper speed loop that takes one K scale
+# per 256-key step runs at head dim 128; at 64 every kernel steps 128 keys with a scale per tile, so a scale
+# per 256 keys would only cost error and the statistics pass's K extremes (+9 us of 32 at LTX-Video:
+# docs/kernel-notes.md section 28)
+PAIRED_K_HEAD_DIMS = (128,)
+
+
+def k_scale_rows(config: VCConfig, head_dim: int) -> int:
+    """Keys per INT8 K scale of a call of this configuration and head dim (config.k_scale_rows where the
+    kernel pairs them, else one scale per K_BLOCK)."""
+    return config.k_scale_rows if head_dim in PAIRED_K_HEAD_DIMS else K_BLOCK
 
 
 @dataclass

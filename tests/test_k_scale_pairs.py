@@ -39,8 +39,8 @@ def test_config_field_its_values_and_its_pairing():
 def test_quantize_qk_takes_one_scale_per_256_keys_stored_per_128(n):
     """k_scale keeps one entry per 128 keys; at 256 the entries are equal in pairs and each is the pair's
     amax / 127 of the smoothed K (a lone last 128-key slot: its own rows); the codes use that scale."""
-    k = _k(n)
-    q = torch.randn(1, 2, n, 64).bfloat16()
+    k = _k(n, 128)
+    q = torch.randn(1, 2, n, 128).bfloat16()
     _, _, k_q, k_sc = R.quantize_qk(q, k, SPEED)
     _, _, k_q128, k_sc128 = R.quantize_qk(q, k, SPEED.with_(k_scale_rows=128))
     slots = -(-n // 128)
@@ -53,6 +53,19 @@ def test_quantize_qk_takes_one_scale_per_256_keys_stored_per_128(n):
     assert torch.equal(pairs[..., 0], pairs[..., 1])
     assert not torch.equal(k_sc, k_sc128)  # the loud stretch: 128-key blocks differ within a pair
     assert torch.equal(k_q, R.quantize_int8_blocks(ks, 256)[0]) and not torch.equal(k_q, k_q128)
+
+
+def test_head_dim_64_keeps_one_k_scale_per_128_keys():
+    """Only the head dim 128 speed loop takes one K scale per 256-key step (reference.PAIRED_K_HEAD_DIMS):
+    at 64 every kernel steps 128 keys, so SPEED's K is quantized per 128 keys there, as FIDELITY's."""
+    assert R.k_scale_rows(SPEED, 128) == 256 and R.k_scale_rows(SPEED, 64) == 128 and R.k_scale_rows(FIDELITY, 128) == 128
+    for d, paired in ((64, False), (128, True)):
+        k = _k(1100, d)
+        q = torch.randn(1, 2, 1100, d).bfloat16()
+        speed = R.quantize_qk(q, k, SPEED)
+        per_tile = R.quantize_qk(q, k, SPEED.with_(k_scale_rows=128))
+        same = all(torch.equal(a, b) for a, b in zip(speed, per_tile))
+        assert same != paired, d
 
 
 def test_speed_encoding_anchors_a_256_key_step_at_one_maximum():
@@ -100,11 +113,16 @@ def test_sm90_passes_segment_flags_to_the_paired_loop_only(monkeypatch):
     monkeypatch.setattr(backend_sm90, "extension", lambda: SimpleNamespace(attention=lambda *a: calls.append(a)))
     monkeypatch.setattr(backend_sm90.torch.cuda, "current_stream", lambda device=None: SimpleNamespace(cuda_stream=0))
     flags = torch.ones(1, 2, 4, dtype=torch.uint8)
-    ops = SimpleNamespace(q_q=None, q_scale=None, k_q=None, k_scale=None, v_t=None, v_scale=None, v_mean=None,
-                          v_low_t=None, v_low_basis=None, v_low_scale=None, n_tokens=500, v_seg_end=flags)
-    out = torch.empty(1, 2, 500, 128)
-    backend_sm90.attention_from_operands(ops, SPEED, out, "bhnd")
-    backend_sm90.attention_from_operands(ops, SPEED.with_(k_scale_rows=128), out, "bhnd")
-    (paired, per_tile) = calls
+    def ops(d):
+        return SimpleNamespace(q_q=torch.empty(1, 2, 512, d, dtype=torch.int8), q_scale=None, k_q=None, k_scale=None,
+                               v_t=None, v_scale=None, v_mean=None, v_low_t=None, v_low_basis=None, v_low_scale=None,
+                               n_tokens=500, v_seg_end=flags)
+
+    backend_sm90.attention_from_operands(ops(128), SPEED, torch.empty(1, 2, 500, 128), "bhnd")
+    backend_sm90.attention_from_operands(ops(128), SPEED.with_(k_scale_rows=128), torch.empty(1, 2, 500, 128), "bhnd")
+    # head dim 64: the spec keeps K scales per 128 keys (reference.k_scale_rows), so the per-tile mode
+    backend_sm90.attention_from_operands(ops(64), SPEED, torch.empty(1, 2, 500, 64), "bhnd")
+    (paired, per_tile, d64) = calls
     assert paired[13] == 2 and paired[-1] is flags
     assert per_tile[13] == 1 and per_tile[-1] is None
+    assert d64[13] == 1 and d64[-1] is None

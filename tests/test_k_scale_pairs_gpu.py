@@ -48,9 +48,12 @@ def test_cuda_prepare_writes_the_paired_k_scales_of_the_spec(n, d, dtype, smooth
     torch.testing.assert_close(got.k_scale, want.k_scale.to(got.k_scale.device), rtol=1e-6, atol=0)
     off = (got.k_q.float() - want.k_q.to(got.k_q.device).float()).abs()
     assert off.max() <= 1 and (off > 0).float().mean() < 1e-3
-    assert torch.equal(got.k_scale[..., 0:slots - 1:2], got.k_scale[..., 1:slots:2])
     per_tile = prepare_cuda(q, k, v, perm, config.with_(k_scale_rows=128), "bhnd")
-    assert not torch.equal(per_tile.k_scale, got.k_scale)
+    if d == 128:
+        assert torch.equal(got.k_scale[..., 0:slots - 1:2], got.k_scale[..., 1:slots:2])
+        assert not torch.equal(per_tile.k_scale, got.k_scale)
+    else:  # head dim 64: one K scale per 128 keys (reference.k_scale_rows), so the statistics pass skips the K extremes
+        assert torch.equal(per_tile.k_scale, got.k_scale) and torch.equal(per_tile.k_q, got.k_q)
 
 
 def _sm90():
