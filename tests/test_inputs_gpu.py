@@ -60,3 +60,21 @@ def test_the_kernel_never_reads_outside_the_head_on_the_trusted_path():
     out = api.vc_attention(q, k, v, perm=corrupt, backend=name, perm_from_grouping=True)
     torch.cuda.synchronize()
     assert torch.equal(out, api.vc_attention(q, k, v, perm=identity, backend=name, perm_from_grouping=True))
+
+
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+def test_the_output_takes_the_strides_of_dense_q(layout):
+    """(B,H,N,D) views of (B,N,H,D) memory (what diffusers passes SDPA) give an output in (B,N,H,D) memory
+    (kernels/prepared_run.py: empty_like(q)), so the caller's transpose-and-flatten is a view; the values
+    equal those of the same call on contiguous copies."""
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    mem = [torch.randn(1, 700, 4, 128, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    q, k, v = ((t.transpose(1, 2) if layout == "bhnd" else t) for t in mem)
+    name = _fast_backend(q)
+    out = api.vc_attention(q, k, v, layout=layout, config=FIDELITY, backend=name)
+    assert out.stride() == q.stride()
+    if layout == "bhnd":
+        assert out.transpose(1, 2).flatten(2, 3).data_ptr() == out.data_ptr()  # a view
+        assert out.transpose(1, 2).is_contiguous()
+    dense = api.vc_attention(*(t.contiguous() for t in (q, k, v)), layout=layout, config=FIDELITY, backend=name)
+    assert dense.is_contiguous() and torch.equal(out, dense)
