@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from . import jit, reference
+from . import jit, prepare_cuda, reference
 from .backends import Backend, Constraints, register
 from .config import KERNEL_P_ENCODINGS, MAX_V_RANK, VCConfig
 from .constants import K_BLOCK
@@ -85,5 +85,25 @@ def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.
     return out
 
 
+@functools.cache
+def _entry() -> tuple[int, int]:
+    """The library's C entry and error text as addresses (the prepare extension calls them)."""
+    ext = extension()
+    return ext.forward_address(), ext.last_error_address()
+
+
+def run_one_call(q, k, v, perm, config: VCConfig, layout: str, sm_scale, v_basis=None) -> torch.Tensor:
+    """The backend's run: the prepare and the attention in one binding call (the prepare extension's
+    prepare_attend calls this library's entry): the operands never reach Python, which cut a short call's host
+    time (docs/kernel-notes.md section 28). Same kernels and results as prepare_cuda + attention_from_operands
+    (tests/test_backends_gpu.py)."""
+    args = prepare_cuda.binding_args(q, k, v, perm, config, layout, sm_scale, v_basis)
+    out = torch.empty_like(q)  # q's strides where q is dense (kernels/prepared_run.py)
+    forward, error = _entry()
+    prepare_cuda.extension().prepare_attend(*args, to_bhnd(out, layout), config.p == "expcast",
+                                            vsmooth_mode(config, args[0].shape[-1]), forward, error)
+    return out
+
+
 register(Backend(name="sm90", priority=60, constraints=CONSTRAINTS, attend=attention_from_operands,
-                 softmax_step_keys=softmax_step_keys))
+                 one_call=run_one_call, softmax_step_keys=softmax_step_keys))

@@ -137,6 +137,9 @@ class Backend:
     constraints: Constraints
     attend: Optional[AttendFn] = None
     run: Optional[RunFn] = None
+    # a CUDA backend's own run that prepares and attends in one binding call (sm90: prepare_attend); `attend`
+    # stays for whoever needs the operands (tests, emulation checks, the variant tools)
+    one_call: Optional[RunFn] = None
     slow: bool = False  # the emulation: never chosen silently in place of a fast path
     # keys per online-softmax step: where the kernel's running max (and so the P quantization) can
     # move; its exact emulation is reference.vc_attention_reference(..., offset_block=softmax_step(...)).
@@ -149,8 +152,10 @@ class Backend:
     def __post_init__(self) -> None:
         if (self.attend is None) == (self.run is None):
             raise ValueError(f"backend {self.name!r} needs exactly one of attend (over prepared operands) or run.")
+        if self.one_call is not None and self.attend is None:
+            raise ValueError(f"backend {self.name!r}: one_call is the one-binding form of attend; give both.")
         if self.attend is not None:
-            self.run = prepared_run(self.attend)
+            self.run = self.one_call if self.one_call is not None else prepared_run(self.attend)
 
     def softmax_step(self, head_dim: int, config: VCConfig) -> int:
         """Keys per online-softmax step of the kernel this backend runs for (head_dim, config)."""

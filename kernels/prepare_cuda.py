@@ -49,6 +49,24 @@ def extension(variant_flags: tuple[str, ...] = ()):
     return jit.load_extension(f"{EXTENSION_NAME}_{name.replace('-', '_')}", SOURCES, extra_cuda_cflags=tuple(variant_flags))
 
 
+def binding_args(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout: str, sm_scale: Optional[float],
+                 basis: Optional[torch.Tensor]) -> tuple:
+    """The prepare binding's arguments for a call: (q, k, v as (B,H,N,D) views, perm int32, basis, qk_scale,
+    qk_fp8, vsmooth, smooth_k, v_mean_rows, merges, k_scale_rows), shared by `prepare` and `prepare_attend`
+    (the sm90 backend's one-call path). basis: None with config.v_rank > 0 computes reference.lowrank_basis's
+    on the permuted V (a gather of V and an eigensolve per head: slow)."""
+    qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))
+    d = qb.shape[-1]
+    # the V the basis is computed from: permuted only when a basis is to be computed
+    v_perm = reference.permute_tokens(vb, perm.long()) if config.v_rank and basis is None and perm is not None else vb
+    basis = reference.resolve_basis(v_perm, config.v_rank, basis)
+    if basis is not None:
+        basis = basis.contiguous()
+    perm32 = None if perm is None else perm.to(device=q.device, dtype=torch.int32).contiguous()
+    return (qb, kb, vb, perm32, basis, reference.qk_scale(d, sm_scale), config.qk == "fp8", config.v == "vsmooth",
+            config.smooth_k, config.v_mean_rows, reference.merges(config, d), reference.k_scale_rows(config, d))
+
+
 def prepare_cuda(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout: str = "bhnd",
                  sm_scale: Optional[float] = None, variant_flags: tuple[str, ...] = (),
                  basis: Optional[torch.Tensor] = None) -> PreparedOperands:
@@ -61,21 +79,12 @@ def prepare_cuda(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout
         if name in MEAN_128_ONLY:
             raise ValueError(f"the prepare variant {name!r} takes {N_ALIGN}-row V means only; this configuration has "
                              f"v_mean_rows={config.v_mean_rows}.")
-    qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))
-    n, d = qb.shape[2:]
-    k_rows = reference.k_scale_rows(config, d)
-    if variant_flags and k_rows != N_ALIGN:
+    if variant_flags and reference.k_scale_rows(config, q.shape[-1]) != N_ALIGN:
         raise ValueError(f"the prepare variant {_variant_name(variant_flags)!r} takes K scales per {N_ALIGN} keys only; "
                          f"this configuration has k_scale_rows={config.k_scale_rows}.")
-    # the V the basis is computed from: permuted only when a basis is to be computed
-    v_perm = reference.permute_tokens(vb, perm.long()) if config.v_rank and basis is None and perm is not None else vb
-    basis = reference.resolve_basis(v_perm, config.v_rank, basis)
-    if basis is not None:
-        basis = basis.contiguous()
-    perm32 = None if perm is None else perm.to(device=q.device, dtype=torch.int32).contiguous()
+    args = binding_args(q, k, v, perm, config, layout, sm_scale, basis)
     # the binding allocates the operands (one call, no per-tensor allocation from Python) on q's device
-    q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_low_t, v_low_scale, v_seg_end = extension(tuple(variant_flags)).prepare(
-        qb, kb, vb, perm32, basis, reference.qk_scale(d, sm_scale), config.qk == "fp8", config.v == "vsmooth",
-        config.smooth_k, config.v_mean_rows, reference.merges(config, d), k_rows)
+    q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_low_t, v_low_scale, v_seg_end = extension(tuple(variant_flags)).prepare(*args)
     return PreparedOperands(q_q=q_q, q_scale=q_scale, k_q=k_q, k_scale=k_scale, v_t=v_t, v_scale=v_scale, v_mean=v_mean,
-                            n_tokens=n, v_low_t=v_low_t, v_low_scale=v_low_scale, v_low_basis=basis, v_seg_end=v_seg_end)
+                            n_tokens=args[0].shape[2], v_low_t=v_low_t, v_low_scale=v_low_scale,
+                            v_low_basis=args[4], v_seg_end=v_seg_end)

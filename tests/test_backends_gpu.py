@@ -465,3 +465,47 @@ def test_sm90_speed_restores_one_mean_per_step_when_the_means_come_in_pairs(dtyp
                                        None, None, None, two, ops.n_tokens, True, 1, torch.cuda.current_stream().cuda_stream)
     assert not torch.equal(two, outs[256])
     assert _rel_l2(two, outs[256]) < 1e-3
+
+
+@pytest.mark.parametrize("cfg", ["fidelity", "speed", "plain8"])
+@pytest.mark.parametrize("layout,d,dtype", [("bhnd", 128, torch.bfloat16), ("bnhd", 64, torch.float16),
+                                            ("bnhd", 128, torch.float16)])
+def test_sm90_one_call_equals_prepare_then_attend(cfg, layout, d, dtype, monkeypatch):
+    """sm90's run is prepare_attend (the prepare extension calls the library's C entry: one binding call); it
+    writes exactly what the operand path (prepare_cuda, then attend) writes. The operand path is patched to
+    raise inside the one-call run, so a run that fell back to it fails."""
+    from vc_attention.kernels import backend_sm90
+    from vc_attention.kernels import prepare_cuda as prep
+
+    backend = _backend("sm90")
+    config = CONFIGS[cfg]
+    q, k, v = _random_qkv(2, 3, 1100, d, dtype, layout, seed=d)
+    perm = _perm(q, layout, config)
+    want = _poisoned_run("sm90", q, k, v, perm, config, layout)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the operand path ran inside the one-call run")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(prep, "prepare_cuda", refuse)
+        patched.setattr(backend_sm90, "attention_from_operands", refuse)
+        got = backend.run(q, k, v, perm, config, layout, None)
+    assert backend.run is backend_sm90.run_one_call
+    assert got.shape == q.shape and got.stride() == q.stride()
+    assert torch.equal(got, want)
+
+
+def test_sm90_one_call_with_the_low_rank_term():
+    """The one-call path passes the low-rank operands (v_low_t, the basis, its scales) to the entry as the
+    attention binding did."""
+    from vc_attention.kernels import backend_sm90
+
+    backend = _backend("sm90")
+    config = FIDELITY.with_rank(3)
+    q, k, v = _random_qkv(1, 2, 700, 128, torch.bfloat16, "bhnd", seed=7)
+    perm = _perm(q, "bhnd", config)
+    basis = reference.lowrank_basis(reference.permute_tokens(v, perm.long()), 3)
+    ops = prepare_cuda(q, k, v, perm, config, "bhnd", basis=basis)
+    want = backend.attend(ops, config, torch.empty_like(q), "bhnd")
+    got = backend_sm90.run_one_call(q, k, v, perm, config, "bhnd", None, basis)
+    assert torch.equal(got, want)

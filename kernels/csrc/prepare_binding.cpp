@@ -182,6 +182,44 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
   return {q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_low_t, v_low_scale, v_seg_end};
 }
 
+// prepare, then the Hopper kernel through the sm90 extension's C entry (forward_fn, error_fn: the addresses of
+// its forward_address() / last_error_address()), in one binding call: the ten operand tensors never reach
+// Python and the attention binding's checks and argument parsing go (a short call's host time: its GPU waits
+// for the attention launch, docs/kernel-notes.md section 28). out: the (B, H, N, D) view of the caller's output,
+// channel stride 1, q's dtype; vsmooth_mode as the sm90 attention binding's vsmooth (0, 1, 2: the segment ends
+// go to mode 2 only, kernels/backend_sm90.vsmooth_mode). The operands are freed on return, after the launch that
+// reads them was queued on this stream (the caching allocator hands their blocks out in stream order).
+void prepare_attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                    const std::optional<torch::Tensor>& perm, const std::optional<torch::Tensor>& v_basis,
+                    double qk_scale, bool qk_fp8, bool vsmooth, bool smooth_k, int64_t v_mean_rows, bool v_merge,
+                    int64_t k_scale_rows, const torch::Tensor& out, bool expcast, int64_t vsmooth_mode,
+                    int64_t forward_fn, int64_t error_fn) {
+  TORCH_CHECK_VALUE(forward_fn != 0 && error_fn != 0, "prepare_attend needs the sm90 extension's entry addresses.");
+  TORCH_CHECK_VALUE(!qk_fp8, "the Hopper kernel takes INT8 Q and K only.");
+  TORCH_CHECK_VALUE(vsmooth_mode >= 0 && vsmooth_mode <= 2 && (vsmooth_mode == 0) == !vsmooth,
+                    "vsmooth_mode must be 0 without V-Smooth, 1 or 2 with it, got ", vsmooth_mode, ".");
+  TORCH_CHECK_VALUE(out.is_cuda() && out.dim() == 4 && out.stride(3) == 1 && out.sizes() == q.sizes() &&
+                        out.scalar_type() == q.scalar_type() && out.device() == q.device(),
+                    "out must be a (B, H, N, D) view with q's shape, dtype and device and unit channel stride.");
+  const auto [q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_low_t, v_low_scale, v_seg_end] =
+      prepare(q, k, v, perm, v_basis, qk_scale, qk_fp8, vsmooth, smooth_k, v_mean_rows, v_merge, k_scale_rows);
+  const int64_t b = q_q.size(0), h = q_q.size(1), n_pad = q_q.size(2), d = q_q.size(3);
+  TORCH_CHECK_VALUE(b * h * n_pad < (int64_t(1) << 31), "B*H*N is too large for the TMA coordinates.");
+  const c10::cuda::CUDAGuard guard(q.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.get_device()).stream();
+  const bool low_rank = v_low_t.has_value();
+  const auto forward = reinterpret_cast<vc::Sm90ForwardFn>(forward_fn);
+  const int rc = forward(
+      q_q.data_ptr(), q_scale.data_ptr<float>(), k_q.data_ptr(), k_scale.data_ptr<float>(), v_t.data_ptr(),
+      v_scale.data_ptr<float>(), v_mean.data_ptr(), low_rank ? v_low_t->data_ptr() : nullptr,
+      low_rank ? v_basis->data_ptr() : nullptr, low_rank ? v_low_scale->data_ptr<float>() : nullptr,
+      low_rank ? static_cast<int>(v_basis->size(2)) : 0, out.data_ptr(), static_cast<int>(b), static_cast<int>(h),
+      static_cast<int>(q.size(2)), static_cast<int>(n_pad), static_cast<int>(d), out.stride(0), out.stride(1),
+      out.stride(2), expcast, static_cast<int>(vsmooth_mode), out.scalar_type() == torch::kBFloat16, stream,
+      vsmooth_mode == 2 && v_seg_end.has_value() ? v_seg_end->data_ptr() : nullptr);
+  TORCH_CHECK(rc == 0, "sm90 attention launch failed: ", reinterpret_cast<vc::Sm90ErrorFn>(error_fn)());
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -189,6 +227,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("prepare", &prepare, "q, k, v (+perm, +v_basis) -> the quantized operands (q_q, q_scale, k_q, k_scale, v_t, v_scale, "
         "v_mean, v_low_t, v_low_scale, v_seg_end), on q's device and current stream; k_scale_rows 256 (with v_mean_rows 256) "
         "stores each 256-key block's K scale in both of its 128-key slots");
+  m.def("prepare_attend", &prepare_attend, "prepare, then the Hopper kernel through the sm90 extension's C entry "
+        "(forward_fn, error_fn: its forward_address(), last_error_address()) into out, in one call");
   m.def("rows_in_regs", &vc::prepare_rows_in_regs, "1 if this build runs the register-staged kernels (VC_PREP_ROWS_IN_REGS)");
   m.def("legacy_quantize", &vc::prepare_legacy_quantize,
         "1 if this build runs prepare.cuh's quantize kernel instead of the staged one (VC_PREP_LEGACY_QUANTIZE)");

@@ -4,8 +4,10 @@
 #include <torch/extension.h>
 
 #include <optional>
+#include <type_traits>
 
 #include "vc_constants.h"
+#include "vc_params.h"
 
 extern "C" int vc_sm90_forward_low_rank(const void* q_q, const float* q_scale, const void* k_q, const float* k_scale,
                                         const void* v_t, const float* v_scale, const void* v_mean, const void* v_low_t,
@@ -18,6 +20,10 @@ extern "C" const char* vc_sm90_last_error();
 extern "C" int vc_sm90_consumers(int head_dim, int expcast, int vsmooth);
 extern "C" int vc_sm90_step_keys(int head_dim, int expcast, int vsmooth);
 extern "C" int vc_sm90_step_mean(int head_dim, int expcast);
+
+static_assert(std::is_same_v<decltype(&vc_sm90_forward_low_rank), vc::Sm90ForwardFn>,
+              "the prepare extension calls vc_sm90_forward_low_rank as vc::Sm90ForwardFn (vc_params.h)");
+static_assert(std::is_same_v<decltype(&vc_sm90_last_error), vc::Sm90ErrorFn>, "vc_sm90_last_error as vc::Sm90ErrorFn");
 
 namespace {
 
@@ -91,6 +97,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q_scale"), py::arg("k_q"), py::arg("k_scale"), py::arg("v_t"), py::arg("v_scale"), py::arg("v_mean"),
         py::arg("v_low_t"), py::arg("v_low_basis"), py::arg("v_low_scale"), py::arg("out"), py::arg("n_tokens"),
         py::arg("expcast"), py::arg("vsmooth"), py::arg("stream"), py::arg("v_seg_end") = py::none());
+  // the entry and its error text as addresses, for the prepare extension's prepare_attend (one binding call per
+  // attention call: kernels/backend_sm90.py); valid while this module is loaded, which the caller keeps
+  m.def("forward_address", []() { return reinterpret_cast<int64_t>(&vc_sm90_forward_low_rank); },
+        "address of vc_sm90_forward_low_rank (vc::Sm90ForwardFn)");
+  m.def("last_error_address", []() { return reinterpret_cast<int64_t>(&vc_sm90_last_error); },
+        "address of vc_sm90_last_error (vc::Sm90ErrorFn)");
   m.def("consumers", [](int64_t head_dim, bool expcast, bool vsmooth) {
     return vc_sm90_consumers(static_cast<int>(head_dim), expcast, vsmooth);
   }, "consumer warpgroups per CTA (64 query rows each) of the kernel that runs this case");

@@ -68,6 +68,18 @@ struct AttnParams {
   bool out_bf16, qk_fp8, expcast, vsmooth;
 };
 
+// The Hopper library's C entry (sm90_launch.cu: vc_sm90_forward_low_rank) and its error text, as the prepare
+// extension calls them through addresses the sm90 extension hands out (prepare_attend in prepare_binding.cpp:
+// one binding call for the prepare and the attention of a call); sm90_binding.cpp static_asserts that the
+// entry has this type, so the two JIT builds cannot disagree on it.
+using Sm90ForwardFn = int (*)(const void* q_q, const float* q_scale, const void* k_q, const float* k_scale,
+                              const void* v_t, const float* v_scale, const void* v_mean, const void* v_low_t,
+                              const void* v_low_basis, const float* v_low_scale, int v_rank, void* out, int batch,
+                              int heads, int n, int n_pad, int head_dim, long long out_stride_b, long long out_stride_h,
+                              long long out_stride_n, int expcast, int vsmooth, int out_bf16, void* stream,
+                              const void* v_seg_end);
+using Sm90ErrorFn = const char* (*)();
+
 // Launchers (prepare.cu, attn_mma.cu). Return a CUDA error string or nullptr on success.
 const char* launch_prepare(const PrepareParams& p, void* stream);
 // The same in two launches: the statistics pass (writes the workspace, v_mean, and with segments v_seg_end;
