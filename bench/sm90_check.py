@@ -27,6 +27,10 @@ import torch
 
 from vc_attention.commands.bench import cuda_time_ms
 from vc_attention.kernels import FIDELITY, PLAIN_8BIT, SPEED, reference
+
+# fidelity's exp2 with 256-row means merged into segments: the exp2 one-mean loop of VC_SM90_STEPMEAN_EXP2
+# builds (split_f256), the two-mean fold elsewhere
+FIDELITY_256 = FIDELITY.with_(v_mean_rows=256, v_mean_merge=True)
 from vc_attention.kernels.layout import from_bhnd
 from vc_attention.kernels.prepare_reference import prepare_reference
 from vc_attention.kernels.backend_sm90 import vsmooth_mode  # 2: the means equal in pairs (v_mean_rows 256)
@@ -137,7 +141,7 @@ def check_case(lib, config, b, h, n, d, dtype, layout, seed, scale_blocks=False)
 
 def correctness(lib):
     cases = []
-    for config in (FIDELITY, SPEED, PLAIN_8BIT):
+    for config in (FIDELITY, FIDELITY_256, SPEED, PLAIN_8BIT):
         for (b, h, n, d, dtype, layout) in (
             (2, 3, 77, 128, torch.bfloat16, "bhnd"),
             (2, 3, 129, 64, torch.float16, "bnhd"),
@@ -197,7 +201,7 @@ def timing(libs, shape, iters, fused_prepare=True, rank=0):
     perm = torch.argsort(torch.rand(b, h, n, device="cuda"), dim=-1)  # grouping itself is excluded
     prepare = _fused_prepare() if fused_prepare else prepare_reference
     # rank: V-Smooth with the low-rank V term (head dim 128: the LOWRANK kernels); the basis of the spec
-    with_rank = [c.with_rank(rank) if rank and d == 128 else c for c in (SPEED, FIDELITY)]
+    with_rank = [c.with_rank(rank) if rank and d == 128 else c for c in (SPEED, FIDELITY)] + ([] if rank else [FIDELITY_256])
     for config in (*with_rank, PLAIN_8BIT):
         p = perm if config.v == "vsmooth" else None
         ops = prepare(q, k, v, p, config)

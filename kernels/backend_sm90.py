@@ -65,10 +65,14 @@ def vsmooth_mode(config: VCConfig, head_dim: int = 128) -> int:
     the 256-key speed loop restores one mean per step and anchors the step's codes at one row maximum,
     VC_SM90_KPAIR; elsewhere the two-mean fold with a maximum per tile, which is right for such operands
     too). 256-row means with 128-key K scales run mode 1: the paired loop would read the first tile's K
-    scale for both; so do head dims whose K scales the spec keeps per 128 keys (reference.k_scale_rows: 64)."""
+    scale for both; so do head dims whose K scales the spec keeps per 128 keys (reference.k_scale_rows: 64).
+    Exp2 with 256-row means runs mode 2 whatever its K scales: the exp2 one-mean loop (VC_SM90_STEPMEAN_EXP2
+    builds) reads each tile's K scale; libraries without it run the two-mean fold."""
     if config.v != "vsmooth":
         return 0
-    return 2 if config.v_mean_rows == 2 * K_BLOCK and reference.k_scale_rows(config, head_dim) == 2 * K_BLOCK else 1
+    if config.v_mean_rows != 2 * K_BLOCK:
+        return 1
+    return 2 if config.p == "exp2" or reference.k_scale_rows(config, head_dim) == 2 * K_BLOCK else 1
 
 
 def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.Tensor, layout: str) -> torch.Tensor:

@@ -135,6 +135,13 @@ constexpr bool pair_accumulation() {
 #ifndef VC_SM90_STEP256_MAX_OVERLAP
 #define VC_SM90_STEP256_MAX_OVERLAP 0  // early-QK loop: the first tile's max pass under the second tile's QK (variant)
 #endif
+#ifndef VC_SM90_STEPMEAN_EXP2
+// 1 (variant): fidelity's exp2 256-key loop (the one without the early QK) gets the STEPMEAN kernels too: one
+// V-Smooth mean per 256-key step restored at segment ends (fold_segment), for 256-row means (VCConfig
+// v_mean_rows 256, v_mean_merge) with per-tile K scales; the fold's two means per step cost fidelity mode
+// ~5% against plain 8-bit (docs/kernel-notes.md section 27)
+#define VC_SM90_STEPMEAN_EXP2 0
+#endif
 #ifndef VC_SM90_KPAIR
 // 1: the STEPMEAN kernels take one K scale per 256-key step (the prepare's K scales equal in 128-key pairs,
 // VCConfig.k_scale_rows = 256): one row maximum, one row constant and one clamp bound per row and step
@@ -1123,6 +1130,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       else if (kTurns && wg == 0)
         named_arrive(2, 256);
     };
+    static_assert(!STEPMEAN || (VSMOOTH && !LOWRANK && !kMeanPv && !EXPCAST),
+                  "this loop's one mean per step is exp2's (VC_SM90_STEPMEAN_EXP2); ExpCast's is the early-QK loop's");
     const int n_pairs = n_kv / 2;
     const bool odd = n_kv & 1;
     // step m over tiles 2m, 2m+1; DEFERRED (mean_in_pv): a next pair step restores this step's means
@@ -1141,7 +1150,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       turn_end();
       wgmma_wait<0>();
       reg_fence(s2);
-      const RowScale sc2[2] = {q_sc * ksc_smem[s0], q_sc * ksc_smem[s1]};
+      const float ksc1 = ksc_smem[s1];  // STEPMEAN: its sign bit is the segment-end flag
+      const RowScale sc2[2] = {q_sc * ksc_smem[s0], q_sc * (STEPMEAN ? fabsf(ksc1) : ksc1)};
       if (has_tail && last)
         softmax_keys<EXPCAST, true, 2>(s2, sc2, valid_last, t, row_off, alpha, p2);
       else
@@ -1162,6 +1172,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       const float* l_step = low_rank_step(alpha);
       if constexpr (kDeferred)
         fold_step_deferred<D>(o, row_sum, pv, alpha, l_prev);
+      else if constexpr (STEPMEAN)  // VC_SM90_STEPMEAN_EXP2: the last pair step always restores (a tail or the end follows)
+        fold_segment<D>(o, row_sum, pv, alpha, mu_smem + s1 * D, t, m == n_pairs - 1 || seg_end_of_step(ksc1));
       else
         fold_pair<D, VSMOOTH>(o, row_sum, pv, alpha, one, mu_smem + s0 * D, mu_smem + s1 * D, t, l_step);
       release(s0);

@@ -152,7 +152,9 @@ constexpr bool has_step_mean(int head_dim, bool expcast, bool vsmooth) {
   const int consumers = VC_SM90_SPLIT ? split_consumers(head_dim, expcast, vsmooth) : kConsumers;
   const int stages = head_dim == 128 ? VC_SM90_STAGES_D128 : VC_SM90_STAGES_D64;
   const bool early_qk = VC_SM90_STEP256_EARLY_QK == 1 || (VC_SM90_STEP256_EARLY_QK == 2 && expcast);
-  return expcast && vsmooth && consumers == kConsumers && step256(head_dim, consumers, stages) && early_qk &&
+  // ExpCast's on the early-QK loop; exp2's (VC_SM90_STEPMEAN_EXP2, a variant) on the loop without it
+  const bool loop_has_it = expcast ? early_qk : (VC_SM90_STEPMEAN_EXP2 && !early_qk);
+  return vsmooth && consumers == kConsumers && step256(head_dim, consumers, stages) && loop_has_it &&
          !deferred_means(expcast);
 }
 
