@@ -120,11 +120,14 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
   // head, the low-rank coefficients' amax (B,H,kMaxVRank)), then what every block writes for itself: the
   // per-block K sums (B,H,n_pad/128,D), the segments' block statistics ((B,H,nb,D) mean and amax, (B,H,nb)
   // energy and first block), the K extremes per 256-key block ((B,H,nb,D) max and min)
+  // (each region starts on a 128-byte line: separate allocations were 512-byte aligned, and the atomics'
+  // head shares no line with the blocks' own writes)
+  const auto line = [](int64_t floats) { return (floats + 31) / 32 * 32; };
   const int64_t zeroed = 2 * bh * d + bh + (low_rank ? bh * vc::kMaxVRank : 0);
-  const int64_t partial = smooth_k ? bh * slots * d : 0;
-  const int64_t seg = v_merge ? bh * nb * (2 * d + 2) : 0;
+  const int64_t partial = line(smooth_k ? bh * slots * d : 0);
+  const int64_t seg = line(v_merge ? bh * nb * (2 * d + 2) : 0);
   const int64_t kext = k_pair ? 2 * bh * nb * d : 0;
-  auto scratch = torch::empty({zeroed + partial + seg + kext}, f32);
+  auto scratch = torch::empty({line(zeroed) + partial + seg + kext}, f32);
   float* base = scratch.data_ptr<float>();
   const cudaError_t zero_rc = cudaMemsetAsync(base, 0, zeroed * sizeof(float), stream);
   TORCH_CHECK(zero_rc == cudaSuccess, "prepare: zeroing the statistics workspace failed: ", cudaGetErrorString(zero_rc));
@@ -136,7 +139,7 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
     p.c_amax = reinterpret_cast<float*>(p.k_done + bh);
     p.v_basis = static_cast<const uint16_t*>(v_basis->data_ptr());
   }
-  float* cursor = base + zeroed;
+  float* cursor = base + line(zeroed);
   p.k_partial = cursor;
   cursor += partial;
   if (v_merge) {
