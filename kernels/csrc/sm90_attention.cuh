@@ -1169,7 +1169,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       wgmma_wait<0>();
       reg_fence(pv);
       reg_fence(p2);
-      const float* l_step = low_rank_step(alpha);
+      [[maybe_unused]] const float* l_step = low_rank_step(alpha);  // unread by the segment fold
       if constexpr (kDeferred)
         fold_step_deferred<D>(o, row_sum, pv, alpha, l_prev);
       else if constexpr (STEPMEAN)  // VC_SM90_STEPMEAN_EXP2: the last pair step always restores (a tail or the end follows)
