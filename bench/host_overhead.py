@@ -1,6 +1,6 @@
 """Where a short attention call's time goes: the host's Python work against the GPU's kernels.
 
-  python3 bench/host_overhead.py [--shapes ltx-video,wan21-1.3b-480p] [--paths eager,op]
+  python3 bench/host_overhead.py [--shapes ltx-video,wan21-1.3b-480p] [--paths eager,op,operands]
                                  [--grad-modes inference,grad] [--reps 200] [--out DIR]
 
 The published benchmark times one call between two CUDA events, so a call whose host work (checks,
@@ -77,17 +77,22 @@ def main() -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from vc_attention.commands.bench import cuda_time_ms, parse_shapes
-    from vc_attention.kernels import FIDELITY, SPEED, grouping
+    from vc_attention.kernels import FIDELITY, SPEED, backends, grouping
     from vc_attention.kernels import api
     from vc_attention.kernels.api import vc_attention
+    from vc_attention.kernels.prepared_run import prepared_run
 
     through_the_op = api._through_the_op
+    sm90 = backends.get("sm90")
+    one_call_run, operand_run = sm90.run, prepared_run(sm90.attend)
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="ltx-video,wan21-1.3b-480p")
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--paths", default="eager,op",
-                        help="eager: the public call as shipped; op: the same call forced through the custom op's dispatch")
+                        help="eager: the public call as shipped; op: the same call forced through the custom op's dispatch; "
+                             "operands: the eager call with sm90's run on the operand path (prepare_cuda, then the "
+                             "attention binding) instead of its one binding call (backend_sm90.run_one_call)")
     parser.add_argument("--grad-modes", default="inference",
                         help="inference: calls under torch.inference_mode() (how ComfyUI samples); grad: autograd's grad "
                              "mode on, as `vc-attention bench` times them (comma list: both in one process)")
@@ -111,6 +116,8 @@ def main() -> None:
         for (mname, fn), grad_mode in ((m, g) for m in methods.items() for g in args.grad_modes.split(",")):
             # the op path: what every call paid before eager calls skipped the dispatch (kernels/api.py)
             api._through_the_op = (lambda *t: True) if mname.endswith("-op") else through_the_op
+            # the operand path: what every sm90 call ran before the one binding call (docs/kernel-notes.md 28)
+            sm90.run = operand_run if mname.endswith("-operands") else one_call_run
             with torch.inference_mode(grad_mode == "inference"):
                 event_ms = cuda_time_ms(fn, 50, warmup=3)
                 host = _host_us(fn, args.reps)
@@ -122,6 +129,7 @@ def main() -> None:
             print(f"{name:18s} {mname:20s} {grad_mode:9s} event {event_ms * 1e3:8.1f} us | host {host:7.1f} us | "
                   f"GPU kernels {row['gpu_us']:8.1f} us in {len(kernels)} kernels", flush=True)
     api._through_the_op = through_the_op
+    sm90.run = one_call_run
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
            "command": "python3 bench/host_overhead.py " + " ".join(sys.argv[1:])}
     Path(args.out).mkdir(parents=True, exist_ok=True)
