@@ -23,8 +23,9 @@ namespace vc {
 // The two halves of the prepare, launched apart (launch_prepare_stats, then launch_prepare_quantize) so that
 // the binding can put the statistics pass on the GPU before it allocates the quantized operands: a short
 // call's host work before its first launch is GPU idle time (docs/kernel-notes.md section 28).
-// The statistics pass (and the V-Smooth segments, which read its block statistics): it writes the
-// workspace, v_mean and (segments) v_seg_end only.
+// The statistics pass: it writes the workspace (with segments, the 256-row blocks' statistics there too) and
+// v_mean only; the segments kernel, which reads those block statistics and writes v_seg_end, runs in the
+// quantize half.
 template <typename T, int D>
 static void launch_stats_typed(const PrepareParams& p, cudaStream_t stream) {
   const dim3 grid(p.n_pad / kKBlock, p.batch * p.heads);
