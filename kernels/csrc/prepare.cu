@@ -29,7 +29,7 @@ namespace vc {
 template <typename T, int D>
 static void launch_stats_typed(const PrepareParams& p, cudaStream_t stream) {
   const dim3 grid(p.n_pad / kKBlock, p.batch * p.heads);
-  // one block per V-Smooth mean (v_mean_rows rows; launch_prepare admits 256 for prepare.cuh's
+  // one block per V-Smooth mean (v_mean_rows rows; prepare_refusal admits 256 for prepare.cuh's
   // statistics kernel only)
   const dim3 stats_grid((p.n_pad + p.v_mean_rows - 1) / p.v_mean_rows, p.batch * p.heads);
   if constexpr (VC_PREP_ROWS_IN_REGS) {
@@ -124,11 +124,6 @@ const char* launch_prepare_stats(const PrepareParams& p, void* stream) {
 const char* launch_prepare_quantize(const PrepareParams& p, void* stream) {
   if (const char* why = prepare_refusal(p)) return why;
   return launch_half<false>(p, stream);
-}
-
-const char* launch_prepare(const PrepareParams& p, void* stream) {
-  if (const char* why = launch_prepare_stats(p, stream)) return why;
-  return launch_prepare_quantize(p, stream);
 }
 
 }  // namespace vc

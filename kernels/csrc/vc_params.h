@@ -81,8 +81,7 @@ using Sm90ForwardFn = int (*)(const void* q_q, const float* q_scale, const void*
 using Sm90ErrorFn = const char* (*)();
 
 // Launchers (prepare.cu, attn_mma.cu). Return a CUDA error string or nullptr on success.
-const char* launch_prepare(const PrepareParams& p, void* stream);
-// The same in two halves: the statistics pass (writes the workspace and v_mean; reads no other operand
+// The prepare in two halves: the statistics pass (writes the workspace and v_mean; reads no other operand
 // pointer), then the segments (v_mean, v_seg_end) and the quantize pass (every other operand). Each returns the refusal of
 // prepare_refusal (a variant or a configuration this build does not run) before launching anything.
 const char* prepare_refusal(const PrepareParams& p);
