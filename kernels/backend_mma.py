@@ -95,6 +95,8 @@ def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.
         ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean,
         to_bhnd(out, layout), lse, ops.n_tokens, config.qk == "fp8", config.p == "expcast",
         config.v == "vsmooth", torch.cuda.current_stream(out.device).cuda_stream,
+        # V-Smooth segments (VCConfig.v_mean_merge at head dim 128): the mean restored at segment ends only
+        ops.v_seg_end if config.v == "vsmooth" else None,
     )
     return out
 

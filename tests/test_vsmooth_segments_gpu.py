@@ -158,3 +158,70 @@ def test_the_public_call_runs_segments_on_the_step_mean_kernel():
     emul = reference.vc_attention_reference(q, k, v, MERGED, perm=perm, parts=True, offset_block=step).out
     floor = _rel_l2(emul.to(out.dtype), emul)
     assert _rel_l2(out, emul) <= floor + GATE
+
+
+def _mma_or_skip():
+    backend = backends.get("mma")
+    if backend.availability():
+        pytest.skip(f"mma: {backend.availability()}")
+    return backend
+
+
+@pytest.mark.parametrize("n,dtype", [(3000, torch.bfloat16), (1100, torch.float16)])
+def test_mma_segment_restore_matches_its_emulation_and_reads_the_flags(n, dtype):
+    """The portable kernel restores the V-Smooth mean only on a segment's last tile (csrc/attn_mma_wide.cuh):
+    it matches the float64 emulation; without flags (the restore on every tile) it agrees to rounding but not
+    bit for bit (the segment path ran); and flags that lie (one segment over distinct segment means) give a
+    wrong output, so the kernel reads them."""
+    import dataclasses
+
+    from vc_attention.kernels import backend_mma
+
+    backend = _mma_or_skip()
+    q, k, v = _clustered_qkv(n, 128, dtype, seed=11)
+    perm = torch.stack([torch.stack([torch.arange(n, device="cuda")] * 2)]).int()
+    ops = prepare_cuda(q, k, v, perm, MERGED, "bhnd")
+    assert int(ops.v_seg_end.sum()) >= 4
+
+    def run(seg_end):
+        out = torch.full(q.shape, float("nan"), dtype=dtype, device="cuda")
+        return backend_mma.attention_from_operands(dataclasses.replace(ops, v_seg_end=seg_end), MERGED, out, "bhnd")
+
+    segments = run(ops.v_seg_end)
+    step = backend.softmax_step(128, MERGED)
+    emul = reference.vc_attention_reference(q, k, v, MERGED, perm=perm, parts=True, offset_block=step).out
+    floor = _rel_l2(emul.to(dtype), emul)
+    assert torch.isfinite(segments).all() and _rel_l2(segments, emul) <= floor + GATE
+    per_tile = run(None)
+    assert not torch.equal(per_tile, segments) and _rel_l2(per_tile, emul) <= floor + GATE
+    lying = torch.zeros_like(ops.v_seg_end)
+    lying[..., -1] = 1
+    assert _rel_l2(run(lying), emul) > 10 * GATE
+    # the public call passes the operands' flags: the same output as the direct run above
+    attended = torch.full(q.shape, float("nan"), dtype=dtype, device="cuda")
+    backend.attend(ops, MERGED, attended, "bhnd")
+    assert torch.equal(attended, segments)
+
+
+def test_mma_binding_refuses_flags_it_cannot_use():
+    """v_seg_end only with V-Smooth operands, uint8, (B, H, n_pad / 128): a clear ValueError, no launch."""
+    from vc_attention.kernels import backend_mma
+
+    _mma_or_skip()
+    q, k, v = _clustered_qkv(1100, 128, torch.float16, seed=2)
+    perm = torch.stack([torch.stack([torch.arange(1100, device="cuda")] * 2)]).int()
+    ops = prepare_cuda(q, k, v, perm, MERGED, "bhnd")
+    mean = backend_mma.mean_operand(ops) if backend_mma.extension().mean_scaled() else ops.v_mean
+    out = torch.empty_like(q)
+
+    def call(seg_end, vsmooth=True):
+        backend_mma.extension().attention(ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, mean, out, None,
+                                          ops.n_tokens, False, True, vsmooth, torch.cuda.current_stream().cuda_stream, seg_end)
+
+    call(ops.v_seg_end)  # the operands' own flags are accepted
+    with pytest.raises(ValueError, match="V-Smooth"):
+        call(ops.v_seg_end, vsmooth=False)
+    with pytest.raises(ValueError, match="uint8"):
+        call(ops.v_seg_end.int())
+    with pytest.raises(ValueError, match="n_pad / 128"):
+        call(ops.v_seg_end[..., :-1].contiguous())

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "binding_checks.h"
+#include "vc_constants.h"
 #include "vc_params.h"
 
 namespace {
@@ -17,7 +18,8 @@ using vc::raise_on_error;
 
 void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const torch::Tensor& k_q, const torch::Tensor& k_scale,
                const torch::Tensor& v_t, const torch::Tensor& v_scale, const torch::Tensor& v_mean, torch::Tensor out,
-               const std::optional<torch::Tensor>& lse, int64_t n, bool qk_fp8, bool expcast, bool vsmooth, int64_t stream) {
+               const std::optional<torch::Tensor>& lse, int64_t n, bool qk_fp8, bool expcast, bool vsmooth, int64_t stream,
+               const std::optional<torch::Tensor>& v_seg_end) {
   for (const auto* t : {&q_q, &q_scale, &k_q, &k_scale, &v_t, &v_scale, &v_mean}) check_cuda_contiguous(*t, "prepared operand");
   TORCH_CHECK_VALUE(out.is_cuda() && out.dim() == 4 && out.stride(3) == 1, "out must be a 4-D CUDA (B, H, N, D) view with a contiguous last dim.");
   const c10::cuda::CUDAGuard guard(out.device());  // the launch goes to out's GPU whatever the current one
@@ -39,6 +41,15 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
   p.v_t = static_cast<const uint8_t*>(v_t.data_ptr());
   p.v_scale = v_scale.data_ptr<float>();
   p.v_mean = static_cast<const uint16_t*>(v_mean.data_ptr());
+  if (v_seg_end.has_value()) {
+    // the segments' means fill every slot of their segment (VCConfig.v_mean_merge), which only V-Smooth has
+    TORCH_CHECK_VALUE(vsmooth, "v_seg_end needs V-Smooth operands (vsmooth=True).");
+    check_cuda_contiguous(*v_seg_end, "v_seg_end");
+    TORCH_CHECK_VALUE(v_seg_end->scalar_type() == torch::kByte, "v_seg_end must be uint8, got ", v_seg_end->scalar_type(), ".");
+    TORCH_CHECK_VALUE(v_seg_end->numel() == q_q.size(0) * q_q.size(1) * (q_q.size(2) / vc::kKBlock),
+                      "v_seg_end must be (B, H, n_pad / 128).");
+    p.v_seg_end = static_cast<const uint8_t*>(v_seg_end->data_ptr());
+  }
   p.out = out.data_ptr();
   fill_strides(p.o_stride, out);
   if (lse.has_value()) {
@@ -61,7 +72,11 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "VC-Attention portable mma.sync attention over prepared operands.";
-  m.def("attention", &attention, "prepared operands -> out (B,H,N,D view), optional lse (B,H,N)");
+  m.def("attention", &attention, "prepared operands -> out (B,H,N,D view), optional lse (B,H,N); v_seg_end (B,H,n_pad/128) "
+        "uint8: the V-Smooth segments' last tiles (the mean restored only there)",
+        py::arg("q_q"), py::arg("q_scale"), py::arg("k_q"), py::arg("k_scale"), py::arg("v_t"), py::arg("v_scale"),
+        py::arg("v_mean"), py::arg("out"), py::arg("lse"), py::arg("n"), py::arg("qk_fp8"), py::arg("expcast"),
+        py::arg("vsmooth"), py::arg("stream"), py::arg("v_seg_end") = py::none());
   m.def("cta_rows", &vc::attn_mma_cta_rows, "query rows per CTA of this build's attention kernel (128: the wide layout)");
   m.def("mean_scaled", &vc::attn_mma_mean_scaled, "1 if this build takes v_mean as float32 mean / v_scale (VC_MMA_MEAN_SCALED)");
 }

@@ -209,7 +209,8 @@ struct AttnMmaWide {
       if constexpr (kQInRegs) {
         if (chunk == 0) load_q_fragments(sbase, warp_row0, lane);
       }
-      const float k_scale = p.k_scale[int64_t(bh) * n_tiles + chunk / kChunksPerTile];
+      const int64_t tile_index = int64_t(bh) * n_tiles + chunk / kChunksPerTile;
+      const float k_scale = p.k_scale[tile_index];
       float scale[kWideChains][2];
 #pragma unroll
       for (int c = 0; c < kWideChains; ++c) {
@@ -217,8 +218,13 @@ struct AttnMmaWide {
         scale[c][1] = q_scale[c][1] * k_scale;
       }
       const int valid = p.n - chunk * kChunkKeys;  // keys of this chunk that are real (> 0)
-      // the mean restore runs on a tile's last chunk (every chunk unless kDeferRestore)
-      const bool restore = !kDeferRestore || chunk % kChunksPerTile == kChunksPerTile - 1 || chunk + 1 == n_chunks;
+      // the mean restore runs on a tile's last chunk (every chunk unless kDeferRestore), and with V-Smooth
+      // segments only on a segment's last tile: l_pending carries the row sums since the last restore in O's
+      // running scale, and the segment's mean is in every one of its slots, so one FFMA per O element per
+      // segment restores them all
+      const bool tile_end = chunk % kChunksPerTile == kChunksPerTile - 1;
+      const bool restore = !kDeferRestore || chunk + 1 == n_chunks ||
+                           (tile_end && (!kVSmooth || p.v_seg_end == nullptr || p.v_seg_end[tile_index] != 0));
       if (valid < kChunkKeys) {
         process_chunk<true>(sbase, chunk % kWideStages, scale, valid, warp_row0, lane, smem, true);
       } else {

@@ -61,6 +61,9 @@ struct AttnParams {
   const uint8_t* v_t;
   const float* v_scale;
   const uint16_t* v_mean;  // fp16 mean, or float32 mean / v_scale in a VC_MMA_MEAN_SCALED build
+  // V-Smooth segments (VCConfig.v_mean_merge; v_mean equal over each segment's tiles): (B,H,n_pad/128) uint8,
+  // 1 on each segment's last tile; the wide kernel's per-tile restore then runs only there. nullptr: every tile
+  const uint8_t* v_seg_end;
   void* out;
   int64_t o_stride[3];  // elements, for b, h, n
   float* lse;           // (B,H,N) natural-log log-sum-exp, or nullptr
