@@ -23,6 +23,11 @@ def _facts() -> dict:
             facts["arch"] = "sm_" + jit.arch_code(jit.target_arch())
         except jit.JitError as err:
             facts["arch"] = str(err)
+        else:
+            try:
+                facts["mma_build"] = _mma_build()
+            except ValueError as err:  # a VC_ATTENTION_MMA_PV_ACCUM the backend refuses: say so
+                facts["mma_build"] = str(err)
     try:
         nvcc = jit.find_nvcc()
         facts["nvcc"] = f"{nvcc} ({'.'.join(map(str, jit.nvcc_version(nvcc)))})"
@@ -33,6 +38,16 @@ def _facts() -> dict:
     facts["backends"] = {name: reason or "available" for name, reason in backends.describe()}
     facts["fix"] = _fixes(facts)
     return facts
+
+
+def _mma_build() -> str:
+    """The portable backend's build here and its PV accumulation (fp32+fp16 on GeForce Ada / Blackwell,
+    VC_ATTENTION_MMA_PV_ACCUM overrides it)."""
+    from ..kernels import backend_mma, jit, mma_variants
+
+    arch = jit.target_arch()
+    accum = backend_mma.pv_accum(arch)
+    return f"{mma_variants.default_variant(arch, accum)} (PV accumulation {accum})"
 
 
 def _fixes(facts: dict) -> list[str]:
@@ -69,8 +84,9 @@ def run(args: argparse.Namespace) -> int:
 
         print(json.dumps(facts, indent=1))
         return 0
-    for key in ("gpu", "arch", "torch", "torch_cuda", "nvcc", "cache_dir", "env"):
-        print(f"{key:11s} {facts[key]}")
+    for key in ("gpu", "arch", "mma_build", "torch", "torch_cuda", "nvcc", "cache_dir", "env"):
+        if key in facts:
+            print(f"{key:11s} {facts[key]}")
     print("backends")
     for name, state in facts["backends"].items():
         print(f"  {name:10s} {state}")

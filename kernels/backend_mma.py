@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import os
 from typing import Optional
 
 import torch
@@ -37,8 +38,26 @@ SOFTMAX_STEP_KEYS = 64
 
 def default_flags() -> tuple[str, ...]:
     """The -D flags of the build the backend runs for the target arch (mma_variants.default_variant):
-    VC_ATTENTION_ARCH if set, else the current GPU's (jit.target_arch)."""
-    return mma_variants.flags(mma_variants.default_variant(jit.target_arch()))
+    VC_ATTENTION_ARCH if set, else the current GPU's (jit.target_arch), with the PV accumulation of
+    pv_accum()."""
+    arch = jit.target_arch()
+    return mma_variants.flags(mma_variants.default_variant(arch, pv_accum(arch)))
+
+
+def pv_accum(arch: Optional[str] = None) -> str:
+    """"fp32" or "fp32+fp16": VC_ATTENTION_MMA_PV_ACCUM if set, else by the GPU (mma_variants.default_pv_accum:
+    fp32+fp16 on GeForce Ada / consumer Blackwell, whose fp32-accumulator FP8 rate is half)."""
+    arch = arch or jit.target_arch()
+    override = os.environ.get(mma_variants.PV_ACCUM_ENV, "").strip() or None
+    name = None
+    if not os.environ.get(jit.ENV_PREFIX + "ARCH", "").strip() and torch.cuda.is_available():
+        name = _device_name(torch.cuda.current_device())
+    return mma_variants.default_pv_accum(arch, name, override)
+
+
+@functools.cache
+def _device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
 
 
 def extension(variant_flags: Optional[tuple[str, ...]] = None):

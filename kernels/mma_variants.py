@@ -49,21 +49,62 @@ VARIANTS: dict[str, tuple[str, ...]] = {
                                                           "-DVC_MMA_I2FP=1", "-DVC_MMA_MEAN_SCALED=1"),
     "wide-i2fp-meanscaled-restoretile-coalesced": ("-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1", "-DVC_MMA_COALESCED_COPY=1",
                                                    "-DVC_MMA_I2FP=1", "-DVC_MMA_MEAN_SCALED=1"),
+    # the GeForce build (fp32+fp16 two-level accumulation): the backend's build above with each 64-key PV
+    # partial accumulated in fp16 and folded into the fp32 O by an identity MMA (VC_MMA_PV_F16=2). GeForce
+    # Ada / Blackwell run FP8 MMAs with an fp16 accumulator at twice the fp32-accumulator rate (what
+    # SageAttention 2.2's portable kernel runs there, pv_accum_dtype="fp32+fp16"); -viaf16 is its H200-proxy build
+    "wide-i2fp-meanscaled-pvf16mma-restoretile-coalesced": ("-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1",
+                                                            "-DVC_MMA_COALESCED_COPY=1", "-DVC_MMA_I2FP=1",
+                                                            "-DVC_MMA_MEAN_SCALED=1", "-DVC_MMA_PV_F16=2"),
+    "wide-i2fp-meanscaled-pvf16mma-restoretile-coalesced-viaf16": ("-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1",
+                                                                   "-DVC_MMA_COALESCED_COPY=1", "-DVC_MMA_E4M3_VIA_F16=1",
+                                                                   "-DVC_MMA_I2FP=1", "-DVC_MMA_MEAN_SCALED=1",
+                                                                   "-DVC_MMA_PV_F16=2"),
 }
 
 # the targets without FP8 mma.sync (ptxas lowers it to two f16 HMMAs plus FADDs): the H200 and the B200
 VIA_F16_ARCHS = ("9.0a", "10.0a")
 
 
-def default_variant(arch: str) -> str:
+PV_ACCUMS = ("fp32", "fp32+fp16")  # how the PV products accumulate (SageAttention 2.2's names for the same choice)
+
+
+def default_variant(arch: str, pv_accum: str = "fp32") -> str:
     """The build the `mma` backend runs for a target arch: the FlashAttention-2 layout with whole-sector
-    copies, the V-Smooth mean restored once per 128-key tile from float32 mean / v_scale (section 20:
-    speed -2.3 to -3.5%, fidelity -0.1 to -0.8%, bit-identical) and the scores converted by one I2FP, plus
-    the FP8 MMA through f16 where FP8 mma.sync is not native. Measured on the H200 against the 16-row layout (docs/kernel-notes.md
-    section 17): Wan2.2-14B speed 413 -> 321 ms; on sm_89 / sm_120a (RTX) it is the same layout with
-    native FP8 MMAs, not measured there."""
-    return ("wide-i2fp-meanscaled-restoretile-coalesced-viaf16" if arch in VIA_F16_ARCHS
-            else "wide-i2fp-meanscaled-restoretile-coalesced")
+    copies, the V-Smooth mean restored once per 128-key tile (with V-Smooth segments, once per segment) from
+    float32 mean / v_scale (section 20: speed -2.3 to -3.5%, fidelity -0.1 to -0.8%, bit-identical) and the
+    scores converted by one I2FP, plus the FP8 MMA through f16 where FP8 mma.sync is not native. Measured on
+    the H200 against the 16-row layout (docs/kernel-notes.md section 17): Wan2.2-14B speed 413 -> 321 ms; on
+    sm_89 / sm_120a (RTX) it is the same layout with native FP8 MMAs, not measured there.
+
+    pv_accum "fp32+fp16" (default_pv_accum: GeForce parts): each 64-key PV partial accumulates in fp16 and
+    an identity MMA folds it into the fp32 O (VC_MMA_PV_F16=2, on V codes shifted by 2^-8: kernels/mma_pv_f16.py)."""
+    if pv_accum not in PV_ACCUMS:
+        raise ValueError(f"pv_accum must be one of {', '.join(PV_ACCUMS)}, got {pv_accum!r}.")
+    pv = "-pvf16mma" if pv_accum == "fp32+fp16" else ""
+    via = "-viaf16" if arch in VIA_F16_ARCHS else ""
+    return f"wide-i2fp-meanscaled{pv}-restoretile-coalesced{via}"
+
+
+# GeForce Ada (8.9) and consumer Blackwell (12.x) run FP8 MMAs with an fp16 accumulator at twice the rate of
+# an fp32 accumulator (Ada whitepaper: RTX 4090 FP8 660.6 vs 330.3 dense TFLOPS; SageAttention 2.2 runs
+# pv_accum_dtype "fp32+fp16" on sm89 / sm120 for it); the data-centre and professional parts (L40S, RTX 6000
+# Ada, H100 / H200, B200) have one rate for both, where the fp16 partial only adds its shift and fold
+GEFORCE_FP16_ACCUM_MAJORS = (8, 12)
+PV_ACCUM_ENV = "VC_ATTENTION_MMA_PV_ACCUM"
+
+
+def default_pv_accum(arch: str, device_name: str | None, override: str | None = None) -> str:
+    """The PV accumulation the backend runs: `override` (the VC_ATTENTION_MMA_PV_ACCUM setting) if given,
+    else "fp32+fp16" on a GeForce GPU of an arch whose fp32-accumulator FP8 rate is halved, else "fp32".
+    device_name None (a cross-build through VC_ATTENTION_ARCH): "fp32"."""
+    if override:
+        if override not in PV_ACCUMS:
+            raise ValueError(f"{PV_ACCUM_ENV}={override!r}: use one of {', '.join(PV_ACCUMS)}, or unset it.")
+        return override
+    major = int(arch.split(".")[0])
+    geforce = device_name is not None and "geforce" in device_name.lower()
+    return "fp32+fp16" if geforce and major in GEFORCE_FP16_ACCUM_MAJORS else "fp32"
 
 
 def flags(name: str) -> tuple[str, ...]:

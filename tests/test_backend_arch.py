@@ -23,8 +23,11 @@ FAMILIES = {  # capability -> (backend chosen under auto, arch its JIT builds)
 @pytest.fixture
 def gpu_of(monkeypatch):
     """Pretend the process sees a CUDA GPU of the given capability, with a toolkit."""
-    def pretend(capability):
+    def pretend(capability, name="NVIDIA mocked GPU"):
         monkeypatch.setattr(torch.version, "cuda", "13.0")
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+        monkeypatch.setattr(backend_mma, "_device_name", lambda index: name)  # cached per process otherwise
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
         monkeypatch.setattr(backends, "_CAPABILITIES", {})  # asked once per device and process
@@ -86,3 +89,38 @@ def test_mma_runs_the_wide_build_with_fp8_through_f16_only_where_fp8_mma_sync_is
     assert backends.get("mma").softmax_step(128, SPEED) == 64
     # module names stay short (the JIT cache path repeats them; Windows allows 260 characters)
     assert len(name) <= len(backend_mma.EXTENSION_NAME) + 11 and name != backend_mma.extension_name(())
+
+
+@pytest.mark.parametrize("capability,name,accum", [
+    ((8, 9), "NVIDIA GeForce RTX 4090", "fp32+fp16"),
+    ((12, 0), "NVIDIA GeForce RTX 5090", "fp32+fp16"),
+    ((8, 9), "NVIDIA L40S", "fp32"),
+    ((8, 9), "NVIDIA RTX 6000 Ada Generation", "fp32"),
+    ((9, 0), "NVIDIA H200", "fp32"),
+    ((10, 0), "NVIDIA B200", "fp32"),
+])
+def test_mma_accumulates_pv_in_fp16_partials_on_geforce(gpu_of, monkeypatch, capability, name, accum):
+    """GeForce Ada / consumer Blackwell halve the FP8 MMA rate with an fp32 accumulator: there the backend's
+    build accumulates each 64-key PV partial in fp16 (SageAttention 2.2's fp32+fp16 there); elsewhere fp32.
+    The build it picks is a named variant with that flag, and the override wins both ways."""
+    from vc_attention.kernels import mma_pv_f16, mma_variants
+
+    gpu_of(capability, name)
+    monkeypatch.delenv(mma_variants.PV_ACCUM_ENV, raising=False)
+    assert backend_mma.pv_accum() == accum
+    flags = backend_mma.default_flags()
+    assert mma_pv_f16.uses_shifted_v(flags) == (accum == "fp32+fp16")
+    assert flags in mma_variants.VARIANTS.values()
+    other = "fp32" if accum == "fp32+fp16" else "fp32+fp16"
+    monkeypatch.setenv(mma_variants.PV_ACCUM_ENV, other)
+    assert backend_mma.pv_accum() == other
+    assert mma_pv_f16.uses_shifted_v(backend_mma.default_flags()) == (other == "fp32+fp16")
+
+
+def test_pv_accum_override_is_checked(gpu_of, monkeypatch):
+    from vc_attention.kernels import mma_variants
+
+    gpu_of((8, 9), "NVIDIA GeForce RTX 4090")
+    monkeypatch.setenv(mma_variants.PV_ACCUM_ENV, "fp16")
+    with pytest.raises(ValueError, match="VC_ATTENTION_MMA_PV_ACCUM"):
+        backend_mma.pv_accum()

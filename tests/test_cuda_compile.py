@@ -53,10 +53,12 @@ def compiled(tmp_path_factory):
         return {key: fut.result() for key, fut in futures.items()}
 
 
+@pytest.mark.parametrize("pv_accum", mma_variants.PV_ACCUMS)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_each_archs_default_build_is_compiled(compiled, arch):
-    """The build the backend runs on each arch (mma_variants.default_variant) is among the compiled ones."""
-    variant = mma_variants.default_variant(arch)
+def test_each_archs_default_build_is_compiled(compiled, arch, pv_accum):
+    """The build the backend runs on each arch (mma_variants.default_variant) is among the compiled ones, with
+    either PV accumulation (fp32+fp16 is the GeForce default and VC_ATTENTION_MMA_PV_ACCUM picks it anywhere)."""
+    variant = mma_variants.default_variant(arch, pv_accum)
     for source in ATTN_SOURCES:
         result = compiled[(source, arch, variant)]
         assert result.returncode == 0, f"nvcc failed for {source} {variant} sm_{jit.arch_code(arch)}:\n{result.stderr}"
