@@ -29,7 +29,7 @@ from vc_attention.kernels.prepare_cuda import prepare_cuda
 
 SHAPES = {"wan21-1.3b-480p": (1, 12, 32760, 128), "wan22-14b-720p": (1, 40, 75600, 128)}
 MODES = {"vc-fidelity": FIDELITY, "vc-speed": SPEED, "vc-plain8": PLAIN_8BIT}
-ACCUMS = {"fp32": "", "fp32+fp16": "pvf16mma"}
+ACCUMS = ("fp32", "fp32+fp16")
 
 
 def builds(arch: str) -> dict[str, tuple[str, ...]]:

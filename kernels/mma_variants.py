@@ -50,16 +50,17 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "wide-i2fp-meanscaled-restoretile-coalesced": ("-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1", "-DVC_MMA_COALESCED_COPY=1",
                                                    "-DVC_MMA_I2FP=1", "-DVC_MMA_MEAN_SCALED=1"),
     # the GeForce build (fp32+fp16 two-level accumulation): the backend's build above with each 64-key PV
-    # partial accumulated in fp16 and folded into the fp32 O by an identity MMA (VC_MMA_PV_F16=2). GeForce
-    # Ada / Blackwell run FP8 MMAs with an fp16 accumulator at twice the fp32-accumulator rate (what
-    # SageAttention 2.2's portable kernel runs there, pv_accum_dtype="fp32+fp16"); -viaf16 is its H200-proxy build
-    "wide-i2fp-meanscaled-pvf16mma-restoretile-coalesced": ("-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1",
-                                                            "-DVC_MMA_COALESCED_COPY=1", "-DVC_MMA_I2FP=1",
-                                                            "-DVC_MMA_MEAN_SCALED=1", "-DVC_MMA_PV_F16=2"),
-    "wide-i2fp-meanscaled-pvf16mma-restoretile-coalesced-viaf16": ("-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1",
-                                                                   "-DVC_MMA_COALESCED_COPY=1", "-DVC_MMA_E4M3_VIA_F16=1",
-                                                                   "-DVC_MMA_I2FP=1", "-DVC_MMA_MEAN_SCALED=1",
-                                                                   "-DVC_MMA_PV_F16=2"),
+    # partial accumulated in fp16 and folded into the fp32 O by the ALU (VC_MMA_PV_F16=1). GeForce Ada /
+    # Blackwell run FP8 MMAs with an fp16 accumulator at twice the fp32-accumulator rate, and f16 MMAs with an
+    # fp32 accumulator (the identity-MMA fold of VC_MMA_PV_F16=2) at a quarter (Ada whitepaper, RTX 4090); this
+    # is SageAttention 2.2's pv_accum_dtype "fp32+fp16" there. -viaf16: its build for the H200 proxy
+    "wide-i2fp-meanscaled-pvf16-restoretile-coalesced": ("-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1",
+                                                         "-DVC_MMA_COALESCED_COPY=1", "-DVC_MMA_I2FP=1",
+                                                         "-DVC_MMA_MEAN_SCALED=1", "-DVC_MMA_PV_F16=1"),
+    "wide-i2fp-meanscaled-pvf16-restoretile-coalesced-viaf16": ("-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1",
+                                                                "-DVC_MMA_COALESCED_COPY=1", "-DVC_MMA_E4M3_VIA_F16=1",
+                                                                "-DVC_MMA_I2FP=1", "-DVC_MMA_MEAN_SCALED=1",
+                                                                "-DVC_MMA_PV_F16=1"),
 }
 
 # the targets without FP8 mma.sync (ptxas lowers it to two f16 HMMAs plus FADDs): the H200 and the B200
@@ -77,11 +78,11 @@ def default_variant(arch: str, pv_accum: str = "fp32") -> str:
     the H200 against the 16-row layout (docs/kernel-notes.md section 17): Wan2.2-14B speed 413 -> 321 ms; on
     sm_89 / sm_120a (RTX) it is the same layout with native FP8 MMAs, not measured there.
 
-    pv_accum "fp32+fp16" (default_pv_accum: GeForce parts): each 64-key PV partial accumulates in fp16 and
-    an identity MMA folds it into the fp32 O (VC_MMA_PV_F16=2, on V codes shifted by 2^-8: kernels/mma_pv_f16.py)."""
+    pv_accum "fp32+fp16" (default_pv_accum: GeForce parts): each 64-key PV partial accumulates in fp16 and the
+    ALU folds it into the fp32 O (VC_MMA_PV_F16=1, on V codes shifted by 2^-8: kernels/mma_pv_f16.py)."""
     if pv_accum not in PV_ACCUMS:
         raise ValueError(f"pv_accum must be one of {', '.join(PV_ACCUMS)}, got {pv_accum!r}.")
-    pv = "-pvf16mma" if pv_accum == "fp32+fp16" else ""
+    pv = "-pvf16" if pv_accum == "fp32+fp16" else ""
     via = "-viaf16" if arch in VIA_F16_ARCHS else ""
     return f"wide-i2fp-meanscaled{pv}-restoretile-coalesced{via}"
 
