@@ -50,8 +50,9 @@ def shifted_v_operands(ops: PreparedOperands) -> PreparedOperands:
     return dataclasses.replace(ops, v_t=v_t, v_scale=ops.v_scale / CODE_SHIFT)
 
 
-def quantize_fp8_per_channel_shifted(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8_per_channel_shifted(x: torch.Tensor, amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """reference.quantize_fp8_per_channel followed by the shift: what the fp16-partial build's V is
-    (patch it over reference.quantize_fp8_per_channel to emulate that build)."""
-    codes, scale = _SPEC_QUANTIZE_V(x)
+    (patch it over reference.quantize_fp8_per_channel to emulate that build). amax: the spec's optional
+    per-channel bound (V-Smooth segments and the low-rank term pass one)."""
+    codes, scale = _SPEC_QUANTIZE_V(x, amax)
     return shift_codes(codes), scale / CODE_SHIFT
