@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from vc_attention.commands.bench import cuda_time_ms
+from vc_attention.commands.bench_peers import sage_portable
 from vc_attention.commands.bench_attention import fidelity_grouping
 from vc_attention.kernels import backend_mma, grouping, jit, mma_variants
 from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED
@@ -37,14 +38,6 @@ def builds(arch: str) -> dict[str, tuple[str, ...]]:
     default = mma_variants.default_variant(arch, pv_accum="fp32")
     return {"fp32": mma_variants.flags(default),
             "fp32+fp16": mma_variants.flags(mma_variants.default_variant(arch, pv_accum="fp32+fp16"))}
-
-
-def sage_portable(accum: str):
-    try:
-        from sageattention.core import sageattn_qk_int8_pv_fp8_cuda
-    except ImportError:
-        return None
-    return lambda q, k, v: sageattn_qk_int8_pv_fp8_cuda(q, k, v, tensor_layout="HND", pv_accum_dtype=accum)
 
 
 def ours(config, flags):

@@ -23,21 +23,13 @@ from pathlib import Path
 import torch
 
 from vc_attention.commands.bench import cuda_time_ms
+from vc_attention.commands.bench_peers import sage_portable
 from vc_attention.kernels import backend_mma
 from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED
 from vc_attention.kernels.prepare_cuda import prepare_cuda
 
 SHAPES = {"wan21-1.3b-480p": (1, 12, 32760, 128), "wan22-14b-720p": (1, 40, 75600, 128)}
 STEP_SHARES = (0.57, 0.26)
-
-
-def sage_portable():
-    try:
-        from sageattention.core import sageattn_qk_int8_pv_fp8_cuda
-    except ImportError as err:
-        print(f"sageattention 2.2 not importable ({err}); its column is left out")
-        return None
-    return lambda q, k, v: sageattn_qk_int8_pv_fp8_cuda(q, k, v, tensor_layout="HND", pv_accum_dtype="fp32+fp16")
 
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -103,6 +95,8 @@ def main() -> int:
     args = parser.parse_args()
     backend_mma.extension()  # build before timing
     sage = sage_portable()
+    if sage is None:
+        print("sageattention 2.2 is not installed: its column is left out")
     rows: list[dict] = []
     for shape in args.shapes.split(","):
         if shape not in SHAPES:

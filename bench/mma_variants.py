@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from vc_attention.commands.bench import cuda_time_ms
+from vc_attention.commands.bench_peers import sage_portable
 from vc_attention.kernels import backend_mma, mma_variants
 from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED
 from vc_attention.kernels.prepare_cuda import prepare_cuda
@@ -29,16 +30,6 @@ SHAPES = {"wan21-1.3b-480p": (1, 12, 32760, 128), "wan22-14b-720p": (1, 40, 7560
 MODES = {"fidelity": FIDELITY, "speed": SPEED, "plain8": PLAIN_8BIT}
 # targets of the portable-kernel issue: total time vs SageAttention 2.2's portable fp32+fp16 kernel
 TARGET_SPEEDUP = {"fidelity": 1.1, "speed": 1.1, "plain8": 1.2}
-
-
-def sage_portable():
-    """SageAttention 2.2's portable kernel as fn(q, k, v), or None (with the reason printed)."""
-    try:
-        from sageattention.core import sageattn_qk_int8_pv_fp8_cuda
-    except ImportError as err:
-        print(f"sageattention 2.2 not importable ({err}); its column is left out")
-        return None
-    return lambda q, k, v: sageattn_qk_int8_pv_fp8_cuda(q, k, v, tensor_layout="HND", pv_accum_dtype="fp32+fp16")
 
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -90,6 +81,8 @@ def main() -> int:
         for build in [pool.submit(backend_mma.extension, mma_variants.flags(v)) for v in variants]:
             build.result()
     sage = sage_portable()
+    if sage is None:
+        print("sageattention 2.2 is not installed: its column is left out")
     rows: list[dict] = []
     for shape in args.shapes.split(","):
         if shape not in SHAPES:

@@ -62,13 +62,16 @@ def branch_target(ins: str) -> int | None:
     return int(m.group(1), 16) if m else None
 
 
-def hot_loop(rows: list[tuple[int, str]]) -> list[str]:
-    """Instructions of one fall-through trip through the largest loop (by address span)."""
+def hot_loop(rows: list[tuple[int, str]], any_back_branch: bool = False) -> list[str]:
+    """Instructions of one fall-through trip through the largest loop (by address span).
+
+    any_back_branch: unconditional backward branches close loops too (the portable kernel's chunk loop
+    tests at its head and jumps back unconditionally; it has no barrier-retry blocks)."""
     index = {addr: i for i, (addr, _) in enumerate(rows)}
     # conditional backward branches close loops; the unconditional ones come from the out-of-line
     # retry blocks of barrier waits at the end of the function, which jump back into the body
     loops = [(target, addr) for addr, ins in rows
-             if ins.startswith("@") and (target := branch_target(ins)) is not None and target < addr]
+             if (any_back_branch or ins.startswith("@")) and (target := branch_target(ins)) is not None and target < addr]
     if not loops:
         return []
     head, back = max(loops, key=lambda loop: loop[1] - loop[0])
@@ -97,12 +100,14 @@ def main() -> int:
     parser.add_argument("sass", type=Path)
     parser.add_argument("--kernel", action="append", default=[], help="only kernels whose name contains this (all given)")
     parser.add_argument("--top", type=int, default=14, help="opcodes listed per kernel")
+    parser.add_argument("--any-back-branch", action="store_true",
+                        help="unconditional backward branches close loops too (the portable mma kernels)")
     args = parser.parse_args()
     found = 0
     for name, rows in functions(args.sass.read_text()).items():
         if not all(k in name for k in args.kernel):
             continue
-        trip = hot_loop(rows)
+        trip = hot_loop(rows, args.any_back_branch)
         if not trip:
             continue
         found += 1

@@ -39,6 +39,17 @@ def sageattention_module():
     return sageattention
 
 
+def sage_portable(accum: str = "fp32+fp16") -> Callable | None:
+    """SageAttention 2.2's portable kernel (its sm89 mma.sync kernel) as fn(q, k, v) on (B,H,N,D) tensors,
+    with PV accumulation `accum` ("fp32+fp16", what it runs on RTX cards, or "fp32+fp32"); None when
+    SageAttention is not installed."""
+    if sageattention_module() is None:
+        return None
+    from sageattention.core import sageattn_qk_int8_pv_fp8_cuda
+
+    return lambda q, k, v: sageattn_qk_int8_pv_fp8_cuda(q, k, v, tensor_layout="HND", pv_accum_dtype=accum)
+
+
 def peer_methods() -> list[Method]:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -52,10 +63,9 @@ def peer_methods() -> list[Method]:
     methods = [Method(CUDNN, sdpa(SDPBackend.CUDNN_ATTENTION)), Method("sdpa-flash", sdpa(SDPBackend.FLASH_ATTENTION))]
     sage = sageattention_module()
     if sage is not None:
-        from sageattention.core import sageattn_qk_int8_pv_fp8_cuda
-
         def portable(accum):
-            return lambda q, k, v, perm: sageattn_qk_int8_pv_fp8_cuda(q, k, v, tensor_layout="HND", pv_accum_dtype=accum)
+            fn = sage_portable(accum)
+            return lambda q, k, v, perm: fn(q, k, v)
 
         methods += [
             Method(SAGE, lambda q, k, v, perm: sage.sageattn(q, k, v, tensor_layout="HND")),
