@@ -84,8 +84,9 @@ def test_variant_builds_the_layout_it_names(variant):
 
 
 def test_the_backend_runs_its_arch_default_build():
-    """The backend's build is the arch's default variant (the wide layout), not the flag-less 16-row one."""
-    default = mma_variants.default_variant(jit.target_arch())
+    """The backend's build is the arch's default variant (the wide layout, with this GPU's PV accumulation),
+    not the flag-less 16-row one."""
+    default = mma_variants.default_variant(jit.target_arch(), backend_mma.pv_accum())
     assert default in WIDE and backend_mma.default_flags() == mma_variants.flags(default)
     assert backend_mma.extension() is backend_mma.extension(mma_variants.flags(default))
     assert backend_mma.extension().cta_rows() == 128
