@@ -1,0 +1,37 @@
+"""bench/sass_loop_mix.py: the hot loop's instruction mix from SASS text (CPU only, a hand-made listing).
+
+The portable kernel's chunk loop tests at its head and jumps back unconditionally; the Hopper kernels' loops
+close with a conditional branch and have out-of-line barrier-retry blocks that jump back unconditionally.
+"""
+import importlib.util
+import sys
+from pathlib import Path
+
+_SPEC = importlib.util.spec_from_file_location("sass_loop_mix", Path(__file__).resolve().parents[1] / "bench" / "sass_loop_mix.py")
+sass_loop_mix = importlib.util.module_from_spec(_SPEC)
+sys.modules.setdefault("sass_loop_mix", sass_loop_mix)
+_SPEC.loader.exec_module(sass_loop_mix)
+
+LISTING = """\
+.text.kernel_a:
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+        /*0010*/                   ISETP.GE.AND P0, PT, R2, R3, PT ;
+        /*0020*/               @P0 BRA `(.L_x_1) ;
+        /*0030*/                   IMMA.16832.S8.S8 R4, R8, R12, R4 ;
+        /*0040*/                   FFMA R5, R6, R7, R5 ;
+        /*0050*/                   MUFU.EX2 R9, R9 ;
+        /*0060*/                   IADD3 R2, R2, 0x1, RZ ;
+        /*0070*/                   BRA `(.L_x_0) ;
+.L_x_1:
+        /*0080*/                   EXIT ;
+"""
+
+
+def test_an_unconditional_back_branch_closes_the_loop_only_when_asked():
+    rows = sass_loop_mix.functions(LISTING)["kernel_a"]
+    assert sass_loop_mix.hot_loop(rows) == []  # the Hopper default: retry blocks jump back unconditionally
+    trip = sass_loop_mix.hot_loop(rows, any_back_branch=True)
+    assert [sass_loop_mix.opcode(i).split(".")[0] for i in trip] == ["ISETP", "BRA", "IMMA", "FFMA", "MUFU", "IADD3", "BRA"]
+    ops, pipes = sass_loop_mix.mix(trip)
+    assert ops["FFMA"] == 1 and pipes["XU"] == 1 and pipes["FMA"] == 1
