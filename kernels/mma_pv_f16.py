@@ -42,12 +42,24 @@ def uses_shifted_v(variant_flags: tuple[str, ...]) -> bool:
     return any(f.startswith(FLAG_PREFIX) and f != FLAG_PREFIX + "0" for f in variant_flags)
 
 
-def shifted_v_operands(ops: PreparedOperands) -> PreparedOperands:
+# elements converted at a time by shifted_v_operands: its fp16 temporaries stay ~64 MB whatever V's size
+# (the whole V at once took 4 bytes a code more at the peak: ~1.5 GB at Wan2.2-14B 720p, on GeForce cards
+# with 16-24 GB where this build runs)
+SHIFT_CHUNK_ELEMENTS = 1 << 24
+
+
+def shifted_v_operands(ops: PreparedOperands, chunk_elements: int = SHIFT_CHUNK_ELEMENTS) -> PreparedOperands:
     """The operands with V codes x 2^-8 and v_scale x 2^8 (new tensors; `ops` is left as it is)."""
     # in fp16 (exact for E4M3 values and their 2^-8 multiples), one rounding to E4M3 at the end:
-    # the values of shift_codes, with about a third of the memory traffic of a float32 pass
-    v_t = (ops.v_t.half() * CODE_SHIFT).to(torch.float8_e4m3fn)
-    return dataclasses.replace(ops, v_t=v_t, v_scale=ops.v_scale / CODE_SHIFT)
+    # the values of shift_codes, with about a third of the memory traffic of a float32 pass; over
+    # slices of (B*H) rows so that the temporaries stay small (one extra byte a code at the peak)
+    src = ops.v_t.reshape(-1, ops.v_t.shape[-2] * ops.v_t.shape[-1])
+    out = torch.empty_like(src)
+    rows = max(1, chunk_elements // max(1, src.shape[1]))
+    for start in range(0, src.shape[0], rows):
+        part = src[start:start + rows].half()
+        out[start:start + rows] = part.mul_(CODE_SHIFT).to(torch.float8_e4m3fn)
+    return dataclasses.replace(ops, v_t=out.view_as(ops.v_t), v_scale=ops.v_scale / CODE_SHIFT)
 
 
 def quantize_fp8_per_channel_shifted(x: torch.Tensor, amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

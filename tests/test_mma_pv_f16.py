@@ -21,6 +21,20 @@ def test_operand_shift_equals_the_emulated_shift():
     assert torch.equal(shifted.v_scale, ops.v_scale * 256)
 
 
+def test_operand_shift_in_slices_equals_the_shift_in_one_piece():
+    """shifted_v_operands converts (B*H) slices at a time (bounded temporaries): the same codes as one piece."""
+    ops = _ops()
+    gen = torch.Generator().manual_seed(2)
+    ops.v_t = reference.fp8_e4m3(torch.randn(2, 3, 64, 128, generator=gen) * 200).to(torch.float8_e4m3fn)
+    ops.v_scale = torch.rand(2, 3, 64, generator=gen) + 0.1
+    whole = mma_pv_f16.shifted_v_operands(ops, chunk_elements=1 << 30)
+    for chunk in (1, 64 * 128, 3 * 64 * 128 + 5):
+        sliced = mma_pv_f16.shifted_v_operands(ops, chunk_elements=chunk)
+        assert sliced.v_t.shape == ops.v_t.shape
+        assert torch.equal(sliced.v_t.view(torch.uint8), whole.v_t.view(torch.uint8)), chunk
+    assert torch.equal(whole.v_t.float(), mma_pv_f16.shift_codes(ops.v_t))
+
+
 def test_shifted_codes_keep_the_partial_below_fp16_max():
     shifted = mma_pv_f16.shift_codes(FINITE_CODES)
     assert float(shifted.abs().max()) == mma_pv_f16.CODE_MAX == 1.75
