@@ -31,6 +31,9 @@ from vc_attention.kernels import FIDELITY, PLAIN_8BIT, SPEED, reference
 # fidelity's exp2 with 256-row means merged into segments: the exp2 one-mean loop of VC_SM90_STEPMEAN_EXP2
 # builds (split_f256), the two-mean fold elsewhere
 FIDELITY_256 = FIDELITY.with_(v_mean_rows=256, v_mean_merge=True)
+# fidelity with one K scale per 256 keys and its 128-row means: what the exp2 loop of VC_SM90_KPAIR_EXP2 builds
+# (split_kp2) needs; every other build runs it with its per-tile scales (equal in pairs)
+FIDELITY_K256 = FIDELITY.with_(k_scale_rows=256)
 from vc_attention.kernels.layout import from_bhnd
 from vc_attention.kernels.prepare_reference import prepare_reference
 from vc_attention.kernels.backend_sm90 import vsmooth_mode  # 2: the means equal in pairs (v_mean_rows 256)
@@ -61,6 +64,15 @@ class Sm90Library:
         offset_block (vc_sm90_step_keys; libraries built before it existed step by one 128-key tile)."""
         f = getattr(self.lib, "vc_sm90_step_keys", None)
         return f(d, int(config.p == "expcast"), int(config.v == "vsmooth")) if f else reference.K_BLOCK
+
+    def runs(self, d: int, config) -> bool:
+        """False where this library's kernel for (d, config) takes one K scale per 256-key step but the
+        configuration's K scales are per 128 keys (vc_sm90_k_pairs; libraries built before it pair only
+        where the speed loop's configuration does)."""
+        f = getattr(self.lib, "vc_sm90_k_pairs", None)
+        if f is None or config.v != "vsmooth":
+            return True
+        return not f(d, int(config.p == "expcast"), vsmooth_mode(config, d)) or reference.k_scale_rows(config, d) == 256
 
     def run(self, ops, out: torch.Tensor, layout: str, config) -> None:
         b, h, n_pad, d = ops.q_q.shape
@@ -141,7 +153,7 @@ def check_case(lib, config, b, h, n, d, dtype, layout, seed, scale_blocks=False)
 
 def correctness(lib):
     cases = []
-    for config in (FIDELITY, FIDELITY_256, SPEED, PLAIN_8BIT):
+    for config in (FIDELITY, FIDELITY_256, FIDELITY_K256, SPEED, PLAIN_8BIT):
         for (b, h, n, d, dtype, layout) in (
             (2, 3, 77, 128, torch.bfloat16, "bhnd"),
             (2, 3, 129, 64, torch.float16, "bnhd"),
@@ -149,10 +161,14 @@ def correctness(lib):
             (2, 2, 4097, 64, torch.bfloat16, "bhnd"),
             (1, 2, 4097, 128, torch.bfloat16, "bnhd"),
         ):
+            if not lib.runs(d, config):  # a K-pairing build: its fidelity kernel needs paired K scales
+                continue
             err, floor, finite = check_case(lib, config, b, h, n, d, dtype, layout, seed=len(cases))
             cases.append(dict(config=config.tag, shape=[b, h, n, d], dtype=str(dtype), layout=layout, rel_l2=err,
                               dtype_floor=floor, finite=finite, ok=finite and err <= floor + 1e-3))
         # K-scale blocks ~9x apart next to each other (the 256-key step's anchor case)
+        if not lib.runs(128, config):
+            continue
         err, floor, finite = check_case(lib, config, 1, 2, 1000, 128, torch.bfloat16, "bhnd", seed=len(cases),
                                         scale_blocks=True)
         cases.append(dict(config=config.tag, shape=[1, 2, 1000, 128], dtype="torch.bfloat16", layout="bhnd",
@@ -201,7 +217,7 @@ def timing(libs, shape, iters, fused_prepare=True, rank=0):
     perm = torch.argsort(torch.rand(b, h, n, device="cuda"), dim=-1)  # grouping itself is excluded
     prepare = _fused_prepare() if fused_prepare else prepare_reference
     # rank: V-Smooth with the low-rank V term (head dim 128: the LOWRANK kernels); the basis of the spec
-    with_rank = [c.with_rank(rank) if rank and d == 128 else c for c in (SPEED, FIDELITY)] + ([] if rank else [FIDELITY_256])
+    with_rank = [c.with_rank(rank) if rank and d == 128 else c for c in (SPEED, FIDELITY)] + ([] if rank else [FIDELITY_256, FIDELITY_K256])
     for config in (*with_rank, PLAIN_8BIT):
         p = perm if config.v == "vsmooth" else None
         ops = prepare(q, k, v, p, config)
@@ -210,6 +226,8 @@ def timing(libs, shape, iters, fused_prepare=True, rank=0):
             prep_ms = cuda_time_ms(lambda: prepare(q, k, v, p, config), iters, warmup=3)
         out = torch.empty_like(q)
         for lib in libs:
+            if not lib.runs(d, config):
+                continue
             ms = cuda_time_ms(lambda: lib.run(ops, out, "bhnd", config), iters, warmup=3)
             rows.append(dict(method=f"{lib.name}:{config.tag} kernel", ms=ms, tflops=flops / ms / 1e9, speedup=base / ms,
                              vs_sage=None if sage_ms is None else sage_ms / ms))

@@ -48,9 +48,11 @@ class VCConfig:
         of the Hopper speed loop, which then takes one row maximum, one row constant and one clamp bound per
         row and step instead of two: loop trip 971 -> 916 instructions, kernel -3.7% at Wan2.2-14B,
         docs/kernel-notes.md section 27; the rel-L2 on the video-like data unchanged within its noise,
-        docs/fidelity-study.md). 256 goes with
+        docs/fidelity-study.md). With ExpCast 256 goes with
         the speed loop's other pairing, v_mean_rows=256 and v_rank=0 (config.SPEED has all three): the loop
-        that pairs the means is the one that pairs the K scales (backend_sm90.vsmooth_mode). The operands keep
+        that pairs the means is the one that pairs the K scales (backend_sm90.vsmooth_mode); exp2 P (no per-step
+        anchor) takes it with 128-row means too (fidelity's exp2 loop in VC_SM90_KPAIR_EXP2 builds: no spills,
+        docs/kernel-notes.md section 29; emulated error-neutral in fidelity mode, docs/fidelity-study.md). The operands keep
         one K scale per 128 keys (equal in pairs at 256), so every kernel reads them alike. Head dim 128 only
         (reference.k_scale_rows, as the segments): at 64 every kernel steps 128 keys with a scale per tile.
     """
@@ -91,10 +93,14 @@ class VCConfig:
 
         if isinstance(self.k_scale_rows, bool) or self.k_scale_rows not in K_SCALE_ROWS:
             raise ValueError(f"VCConfig.k_scale_rows must be one of {K_SCALE_ROWS}, got {self.k_scale_rows!r}.")
-        if self.k_scale_rows != K_BLOCK and (self.v_mean_rows != 2 * V_BLOCK or self.v_rank):
+        # ExpCast anchors each step's codes at the step's K-scale block (reference.quantize_p): the loop that
+        # pairs the K scales is the speed loop that pairs the means. exp2 P has no anchor, so fidelity mode may
+        # pair the K scales with 128-row means (the exp2 256-key loop of VC_SM90_KPAIR_EXP2 builds)
+        if self.k_scale_rows != K_BLOCK and (self.v_rank or (self.p != "exp2" and self.v_mean_rows != 2 * V_BLOCK)):
             raise ValueError(f"VCConfig.k_scale_rows={self.k_scale_rows} pairs the K scales of the Hopper kernel's "
                              f"256-key steps as v_mean_rows={2 * V_BLOCK} pairs the means: it needs v_mean_rows="
-                             f"{2 * V_BLOCK} and v_rank=0, got v_mean_rows={self.v_mean_rows}, v_rank={self.v_rank}.")
+                             f"{2 * V_BLOCK} (or p='exp2') and v_rank=0, got p={self.p!r}, v_mean_rows={self.v_mean_rows}, "
+                             f"v_rank={self.v_rank}.")
 
     def with_(self, **changes) -> "VCConfig":
         return replace(self, **changes)

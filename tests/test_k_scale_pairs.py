@@ -26,10 +26,16 @@ def test_config_field_its_values_and_its_pairing():
         with pytest.raises(ValueError, match="k_scale_rows must be one of"):
             SPEED.with_(k_scale_rows=bad)
     # the loop that pairs the K scales is the one that pairs the means: 256 needs 256-row means, no rank
-    with pytest.raises(ValueError, match="needs v_mean_rows=256 and v_rank=0"):
+    with pytest.raises(ValueError, match=r"needs v_mean_rows=256 \(or p='exp2'\) and v_rank=0"):
         VCConfig(p="expcast", k_scale_rows=256)
-    with pytest.raises(ValueError, match="needs v_mean_rows=256 and v_rank=0"):
+    with pytest.raises(ValueError, match=r"needs v_mean_rows=256 \(or p='exp2'\) and v_rank=0"):
         SPEED.with_(v_mean_merge=False, v_mean_rows=128)
+    with pytest.raises(ValueError, match="and v_rank=0"):
+        FIDELITY.with_(k_scale_rows=256, v_rank=2)
+    # exp2 P has no per-step anchor: fidelity's K scales may pair with its 128-row means
+    paired_fidelity = FIDELITY.with_(k_scale_rows=256)
+    assert paired_fidelity.v_mean_rows == 128 and paired_fidelity.tag.endswith("-k256")
+    assert paired_fidelity.with_rank(2).k_scale_rows == 128
     assert SPEED.with_(v_mean_merge=False, v_mean_rows=128, k_scale_rows=128).k_scale_rows == 128
     ranked = SPEED.with_rank(2)  # the low-rank loop anchors per tile: back to 128
     assert ranked.k_scale_rows == 128 and ranked.v_rank == 2 and SPEED.with_rank(0) == SPEED
@@ -126,3 +132,24 @@ def test_sm90_passes_segment_flags_to_the_paired_loop_only(monkeypatch):
     assert paired[13] == 2 and paired[-1] is flags
     assert per_tile[13] == 1 and per_tile[-1] is None
     assert d64[13] == 1 and d64[-1] is None
+
+
+def test_fidelity_with_paired_k_scales_keeps_its_means_and_exp2_codes():
+    """FIDELITY.with_(k_scale_rows=256) (the exp2 loop of VC_SM90_KPAIR_EXP2 builds): K quantized per 256 keys,
+    the V-Smooth means still per 128 rows, and exp2 P has no anchor, so the float64 emulation at the kernel's
+    256-key step equals the one at 128 keys' anchors up to the K scales alone: the same V operands, K scales
+    equal in pairs, and an output within the quantization noise of fidelity's."""
+    n = 1100
+    gen = torch.Generator().manual_seed(7)
+    q, v = (torch.randn(1, 2, n, 128, generator=gen).bfloat16() for _ in range(2))
+    k = _k(n, 128, seed=7)
+    paired = FIDELITY.with_(k_scale_rows=256)
+    ops, base = prepare_reference(q, k, v, None, paired), prepare_reference(q, k, v, None, FIDELITY)
+    assert torch.equal(ops.v_mean, base.v_mean) and torch.equal(ops.v_t.float(), base.v_t.float())
+    pairs = ops.k_scale[..., : ops.k_scale.shape[-1] // 2 * 2].reshape(1, 2, -1, 2)
+    assert torch.equal(pairs[..., 0], pairs[..., 1]) and not torch.equal(ops.k_scale, base.k_scale)
+    out = R.vc_attention_reference(q, k, v, paired, parts=True, offset_block=256).out
+    ref = R.vc_attention_reference(q, k, v, FIDELITY, parts=True, offset_block=256).out
+    exact = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 128 ** 0.5, dim=-1) @ v.double()
+    err, err_base = ((t - exact).norm() / exact.norm() for t in (out, ref))
+    assert 0 < float(err) < 1.5 * float(err_base)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vc_attention.kernels import backends, reference
-from vc_attention.kernels.config import SPEED
+from vc_attention.kernels.config import FIDELITY, SPEED
 from vc_attention.kernels.prepare_cuda import prepare_cuda
 from vc_attention.kernels.prepare_reference import prepare_reference
 
@@ -34,12 +34,14 @@ def _rel_l2(a, b):
 @pytest.mark.parametrize("n", [1000, 1100, 4097])
 @pytest.mark.parametrize("d,dtype", [(64, torch.float16), (128, torch.bfloat16)])
 @pytest.mark.parametrize("smooth_k", [True, False])
-def test_cuda_prepare_writes_the_paired_k_scales_of_the_spec(n, d, dtype, smooth_k):
+@pytest.mark.parametrize("base", [SPEED, FIDELITY.with_(k_scale_rows=256)], ids=["speed", "fidelity-k256"])
+def test_cuda_prepare_writes_the_paired_k_scales_of_the_spec(n, d, dtype, smooth_k, base):
     """k_scale and k_q of the CUDA prepare are prepare_reference's at k_scale_rows 256 (pairs equal bit for
-    bit, a lone last slot its own), with a permutation, with and without K smoothing; as in the contract test
-    (tests/test_backends_gpu.py) the K mean is a float32 sum in another order: scales within 1e-6, rare
-    one-code differences."""
-    config = SPEED.with_(smooth_k=smooth_k)
+    bit, a lone last slot its own), with a permutation, with and without K smoothing, with 256-row means
+    (speed) and 128-row ones (fidelity: the statistics blocks are half a pair, k_pair_amax combines two); as
+    in the contract test (tests/test_backends_gpu.py) the K mean is a float32 sum in another order: scales
+    within 1e-6, rare one-code differences."""
+    config = base.with_(smooth_k=smooth_k)
     q, k, v = _qkv(n, d, dtype, seed=n + d)
     perm = torch.argsort(torch.rand(1, 2, n, device="cuda"), dim=-1)
     got = prepare_cuda(q, k, v, perm, config, "bhnd")

@@ -122,6 +122,25 @@ def test_split_variant_compiles_cleanly(name, tmp_path):
     for report in reports:
         assert "warning" not in report.lower(), report
         assert max(int(f) for f in re.findall(r"(\d+) bytes stack frame", report)) <= MAX_VARIANT_STACK_BYTES, report
+    if "-DVC_SM90_KPAIR_EXP2=1" in VARIANTS[name]:
+        # the point of one K scale per step in fidelity's exp2 loop: its kernels keep the loop in registers
+        # (the product's spill 36 B; docs/kernel-notes.md section 29)
+        spills = _spill_stores(reports[0])
+        fidelity = [k for k in spills if re.search(r"ILi128ELb0ELb1E", k) and not _low_rank(k) and not _step_mean(k)]
+        assert len(fidelity) == 2 and all(spills[k] == 0 for k in fidelity), {k: spills[k] for k in fidelity}
+
+
+def _spill_stores(report: str) -> dict[str, int]:
+    """Spill-store bytes per kernel entry of a ptxas -v report."""
+    out, kernel = {}, None
+    for line in report.splitlines():
+        entry = re.search(KERNEL_ENTRY, line)
+        if entry:
+            kernel = entry.group(1)
+        spill = re.search(r"(\d+) bytes spill stores", line)
+        if spill and kernel:
+            out[kernel], kernel = int(spill.group(1)), None
+    return out
 
 
 def _flags(kernel: str) -> tuple[bool, bool]:

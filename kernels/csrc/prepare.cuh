@@ -121,13 +121,21 @@ __device__ __forceinline__ void stats_block_sums(const PrepareParams& p, int bh,
 // k_pair (K scales per 256 keys): this thread's part of the smoothed K's amax over the quantize block's
 // 256-key scale block (statistics block blockIdx.x / 2), from that block's per-channel extremes. Exactly the
 // amax of the rows: fl(x - m) is monotone in x, so its largest magnitude sits at the channel's max or min.
+// The statistics blocks are V-Smooth's mean blocks: 256 rows (one per scale block) or, with 128-row means
+// (fidelity mode's), 128 rows, of which the pair's one or two are combined here.
 template <int D>
 __device__ __forceinline__ float k_pair_amax(const PrepareParams& p, int bh, int c0, const float (&k_mean)[8]) {
-  const int64_t blk = (int64_t(bh) * ((gridDim.x + 1) / 2) + blockIdx.x / 2) * D + c0;
+  const bool halves = p.v_mean_rows == kKBlock;
+  const int blocks = halves ? gridDim.x : (gridDim.x + 1) / 2;  // statistics blocks per head
+  const int first = halves ? (blockIdx.x & ~1) : blockIdx.x / 2;
+  const int last = halves ? min(first + 1, blocks - 1) : first;
   float amax = 0.0f;
+  for (int blk_x = first; blk_x <= last; ++blk_x) {
+    const int64_t blk = (int64_t(bh) * blocks + blk_x) * D + c0;
 #pragma unroll
-  for (int e = 0; e < 8; ++e)
-    amax = fmaxf(amax, fmaxf(fabsf(__fsub_rn(p.k_blk_max[blk + e], k_mean[e])), fabsf(__fsub_rn(p.k_blk_min[blk + e], k_mean[e]))));
+    for (int e = 0; e < 8; ++e)
+      amax = fmaxf(amax, fmaxf(fabsf(__fsub_rn(p.k_blk_max[blk + e], k_mean[e])), fabsf(__fsub_rn(p.k_blk_min[blk + e], k_mean[e]))));
+  }
   return amax;
 }
 

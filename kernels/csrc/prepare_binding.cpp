@@ -60,9 +60,8 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
   TORCH_CHECK_VALUE(v_mean_rows == vc::kKBlock || v_mean_rows == 2 * vc::kKBlock, "v_mean_rows must be ", vc::kKBlock,
                     " or ", 2 * vc::kKBlock, ", got ", v_mean_rows, ".");
   // K scales per 256 keys: the statistics pass (one block per 256-row V mean) takes each block's K extremes
-  TORCH_CHECK_VALUE(k_scale_rows == vc::kKBlock || (k_scale_rows == 2 * vc::kKBlock && v_mean_rows == 2 * vc::kKBlock),
-                    "k_scale_rows must be ", vc::kKBlock, ", or ", 2 * vc::kKBlock, " with v_mean_rows ", 2 * vc::kKBlock,
-                    ", got k_scale_rows ", k_scale_rows, " with v_mean_rows ", v_mean_rows, ".");
+  TORCH_CHECK_VALUE(k_scale_rows == vc::kKBlock || k_scale_rows == 2 * vc::kKBlock, "k_scale_rows must be ", vc::kKBlock,
+                    " or ", 2 * vc::kKBlock, ", got ", k_scale_rows, ".");
   const bool k_pair = k_scale_rows == 2 * vc::kKBlock;
   TORCH_CHECK_VALUE(!k_pair || !(vc::prepare_rows_in_regs() || vc::prepare_legacy_quantize() || vc::prepare_staged_stats() ||
                                  vc::prepare_stats_prefetch()),
@@ -126,7 +125,9 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
   const int64_t zeroed = 2 * bh * d + bh + (low_rank ? bh * vc::kMaxVRank : 0);
   const int64_t partial = line(smooth_k ? bh * slots * d : 0);
   const int64_t seg = line(v_merge ? bh * nb * (2 * d + 2) : 0);
-  const int64_t kext = k_pair ? 2 * bh * nb * d : 0;
+  // K extremes per statistics block: 256 rows, or 128 with 128-row means (k_pair_amax combines a pair's two)
+  const int64_t k_blocks = (n_pad + v_mean_rows - 1) / v_mean_rows;
+  const int64_t kext = k_pair ? 2 * bh * k_blocks * d : 0;
   auto scratch = torch::empty({line(zeroed) + partial + seg + kext}, f32);
   float* base = scratch.data_ptr<float>();
   const cudaError_t zero_rc = cudaMemsetAsync(base, 0, zeroed * sizeof(float), stream);
@@ -151,7 +152,7 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
   }
   if (k_pair) {
     p.k_blk_max = cursor;
-    p.k_blk_min = p.k_blk_max + bh * nb * d;
+    p.k_blk_min = p.k_blk_max + bh * k_blocks * d;
   }
   raise_on_error(vc::launch_prepare_stats(p, stream), "prepare (statistics)");
 

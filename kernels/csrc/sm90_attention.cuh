@@ -149,6 +149,14 @@ constexpr bool pair_accumulation() {
 // section 27; backend_sm90.vsmooth_mode asks for these kernels only where the K scales are paired)
 #define VC_SM90_KPAIR 0
 #endif
+#ifndef VC_SM90_KPAIR_EXP2
+// 1 (variant): fidelity's exp2 256-key loop (the two-mean fold, V-Smooth at head dim 128) takes one K scale per
+// 256-key step (every call of that kernel then needs K scales equal in 128-key pairs: VCConfig.k_scale_rows =
+// 256, which the emulation finds error-neutral in fidelity mode, docs/fidelity-study.md): one score scale and
+// one row max per row and step instead of two, so ptxas keeps the loop in registers (36 B of spills -> 0, loop
+// trip 1017 -> 992 instructions; docs/kernel-notes.md section 29)
+#define VC_SM90_KPAIR_EXP2 0
+#endif
 #ifndef VC_SM90_ALPHA_SKIP
 // 1: the speed steps skip the rescale polynomial when no row of the warp moved its running max (warp vote;
 // bit-identical: alpha is exactly 1 there either way). Variant, measured slower (docs/kernel-notes.md section 27).
@@ -445,7 +453,7 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
                                              float (&row_off)[2], float (&alpha)[2], uint32_t (&pa)[4 * H][4],
                                              Between between = {}) {
   static_assert(H == 1 || H == 2, "one or two tiles per online-softmax step");
-  static_assert(!KPAIR || (H == 2 && EXPCAST), "a shared K scale pairs the two tiles of a speed step");
+  static_assert(!KPAIR || H == 2, "a shared K scale pairs the two tiles of a 256-key step");
   constexpr int HK = KPAIR ? 1 : H;  // K-scale blocks of the step
   auto hk = [](int h) { return KPAIR ? 0 : h; };
   // the speed encoding works on the integer scores (p_encoding.cuh) unless a byte-code variant is built
@@ -562,7 +570,7 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
               continue;
             }
 #endif
-            a[q] = off ? neg_inf() : fmaf(x, sc[h].r[row], base[row]);
+            a[q] = off ? neg_inf() : fmaf(x, sc[hk(h)].r[row], base[row]);
           }
 #if VC_EXPCAST_BYTE_CODES
           pa[4 * h + kk][r] = EXPCAST ? vc_p::expcast_pack4(a[0], a[1], a[2], a[3]) : encode_exp2(a[0], a[1], a[2], a[3]);
@@ -1152,10 +1160,12 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       reg_fence(s2);
       const float ksc1 = ksc_smem[s1];  // STEPMEAN: its sign bit is the segment-end flag
       const RowScale sc2[2] = {q_sc * ksc_smem[s0], q_sc * (STEPMEAN ? fabsf(ksc1) : ksc1)};
+      // VC_SM90_KPAIR_EXP2: the step's two K scales are equal (k_scale_rows 256): one of each per row
+      constexpr bool kKPairExp2 = VC_SM90_KPAIR_EXP2 && !EXPCAST && VSMOOTH && !STEPMEAN && !LOWRANK && !kMeanPv;
       if (has_tail && last)
-        softmax_keys<EXPCAST, true, 2>(s2, sc2, valid_last, t, row_off, alpha, p2);
+        softmax_keys<EXPCAST, true, 2, kKPairExp2>(s2, sc2, valid_last, t, row_off, alpha, p2);
       else
-        softmax_keys<EXPCAST, false, 2>(s2, sc2, kBlockN, t, row_off, alpha, p2);
+        softmax_keys<EXPCAST, false, 2, kKPairExp2>(s2, sc2, kBlockN, t, row_off, alpha, p2);
       if constexpr (kMeanPv) deferred_mean_a(a_mean, l_prev, alpha, t);
       turn_begin();
       reg_fence(p2);

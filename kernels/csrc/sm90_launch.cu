@@ -223,6 +223,18 @@ int VC_SM90_EXPORT(vc_sm90_low_rank)(int head_dim, int expcast, int vsmooth) {
   return vc_sm90::has_low_rank(head_dim, expcast != 0, vsmooth != 0) ? 1 : 0;
 }
 
+// 1 where this library's kernel for (head_dim, expcast, vsmooth) without the low-rank term takes one K scale per
+// 256-key step, so the K scales must be equal in 128-key pairs (VCConfig.k_scale_rows 256): the speed loop with
+// VC_SM90_KPAIR when the means are paired (vsmooth 2), fidelity's exp2 256-key loop with VC_SM90_KPAIR_EXP2.
+int VC_SM90_EXPORT(vc_sm90_k_pairs)(int head_dim, int expcast, int vsmooth) {
+  if (head_dim != 128 || vsmooth == 0) return 0;
+  const int consumers = VC_SM90_EXPORT(vc_sm90_consumers)(head_dim, expcast, vsmooth);
+  if (!vc_sm90::step256(head_dim, consumers, VC_SM90_STAGES_D128) || consumers != vc_sm90::kConsumers) return 0;
+  if (expcast) return VC_SM90_KPAIR && vsmooth == vc_sm90::kVsmoothPairMeans && vc_sm90::has_step_mean(head_dim, true, true) ? 1 : 0;
+  const bool step_mean = vsmooth == vc_sm90::kVsmoothPairMeans && vc_sm90::has_step_mean(head_dim, false, true);
+  return VC_SM90_KPAIR_EXP2 && !step_mean && !vc_sm90::deferred_means(false) ? 1 : 0;
+}
+
 // 1 where this library restores one V-Smooth mean per 256-key step for (head_dim, expcast) when the means
 // are equal in pairs (vsmooth = 2 in the forward calls; has_step_mean).
 int VC_SM90_EXPORT(vc_sm90_step_mean)(int head_dim, int expcast) {
