@@ -144,6 +144,11 @@ struct AttnMmaWide {
   float row_offset[kWideChains][2];  // M, the running max of the scaled scores (-inf before the first chunk)
   float row_sum[kWideChains][2];
   static constexpr bool kDeferRestore = kVSmooth && kRestorePerTile;
+  // V-Smooth segments (p.v_seg_end): the restore on a segment's last tile only, in the mean-scaled builds (the
+  // backend's); the older variants restore every tile, which is right for segment means too (equal in their
+  // slots) and keeps their registers as they were (the flag's load took wide-restoretile's sm_90a speed
+  // kernel from 292 to 312 B of spills)
+  static constexpr bool kSegments = kDeferRestore && kMeanScaled;
   float l_pending[kWideChains][2];  // kDeferRestore: row sums of the tile's chunks not yet restored
   uint32_t q_frag[kQInRegs ? kWideChains : 1][kQInRegs ? kKSteps : 1][4];
 
@@ -224,7 +229,7 @@ struct AttnMmaWide {
       // segment restores them all
       const bool tile_end = chunk % kChunksPerTile == kChunksPerTile - 1;
       const bool restore = !kDeferRestore || chunk + 1 == n_chunks ||
-                           (tile_end && (!kVSmooth || p.v_seg_end == nullptr || p.v_seg_end[tile_index] != 0));
+                           (tile_end && (!kSegments || p.v_seg_end == nullptr || p.v_seg_end[tile_index] != 0));
       if (valid < kChunkKeys) {
         process_chunk<true>(sbase, chunk % kWideStages, scale, valid, warp_row0, lane, smem, true);
       } else {
