@@ -59,7 +59,7 @@ def timing_rows(ranks, reps, shapes=tuple(SHAPES)):
         # the split: the prepare alone, the attention kernel alone on prepared operands
         backend = backends.select(q, SPEED, "bhnd", allow_slow=False)
         for r in (0, *ranks):
-            cfg = FIDELITY.with_(v_rank=r)
+            cfg = FIDELITY.with_rank(r)
             times[f"prepare-rank{r}"] = cuda_time_ms(lambda: prepare_cuda(q, k, v, perm, cfg, basis=bases.get(r)), reps)
             ops = prepare_cuda(q, k, v, perm, cfg, basis=bases.get(r))
             out = torch.empty_like(q)

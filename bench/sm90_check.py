@@ -31,9 +31,9 @@ from vc_attention.kernels import FIDELITY, PLAIN_8BIT, SPEED, reference
 # fidelity's exp2 with 256-row means merged into segments: the exp2 one-mean loop of VC_SM90_STEPMEAN_EXP2
 # builds (split_f256), the two-mean fold elsewhere
 FIDELITY_256 = FIDELITY.with_(v_mean_rows=256, v_mean_merge=True)
-# fidelity with one K scale per 256 keys and its 128-row means: what the exp2 loop of VC_SM90_KPAIR_EXP2 builds
-# (split_kp2) needs; every other build runs it with its per-tile scales (equal in pairs)
-FIDELITY_K256 = FIDELITY.with_(k_scale_rows=256)
+# fidelity with one K scale per 128 keys (a custom configuration; config.FIDELITY pairs them): the exp2 loop that
+# reads each tile's scale, in every build
+FIDELITY_K128 = FIDELITY.with_(k_scale_rows=128)
 from vc_attention.kernels.layout import from_bhnd
 from vc_attention.kernels.prepare_reference import prepare_reference
 from vc_attention.kernels.backend_sm90 import vsmooth_mode  # 2: the means equal in pairs (v_mean_rows 256)
@@ -153,7 +153,7 @@ def check_case(lib, config, b, h, n, d, dtype, layout, seed, scale_blocks=False)
 
 def correctness(lib):
     cases = []
-    for config in (FIDELITY, FIDELITY_256, FIDELITY_K256, SPEED, PLAIN_8BIT):
+    for config in (FIDELITY, FIDELITY_256, FIDELITY_K128, SPEED, PLAIN_8BIT):
         for (b, h, n, d, dtype, layout) in (
             (2, 3, 77, 128, torch.bfloat16, "bhnd"),
             (2, 3, 129, 64, torch.float16, "bnhd"),
@@ -217,7 +217,7 @@ def timing(libs, shape, iters, fused_prepare=True, rank=0):
     perm = torch.argsort(torch.rand(b, h, n, device="cuda"), dim=-1)  # grouping itself is excluded
     prepare = _fused_prepare() if fused_prepare else prepare_reference
     # rank: V-Smooth with the low-rank V term (head dim 128: the LOWRANK kernels); the basis of the spec
-    with_rank = [c.with_rank(rank) if rank and d == 128 else c for c in (SPEED, FIDELITY)] + ([] if rank else [FIDELITY_256, FIDELITY_K256])
+    with_rank = [c.with_rank(rank) if rank and d == 128 else c for c in (SPEED, FIDELITY)] + ([] if rank else [FIDELITY_256, FIDELITY_K128])
     for config in (*with_rank, PLAIN_8BIT):
         p = perm if config.v == "vsmooth" else None
         ops = prepare(q, k, v, p, config)

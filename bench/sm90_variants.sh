@@ -43,12 +43,13 @@ declare -A FLAGS=(
   [split_em]="-DVC_SM90_SPLIT=1 -DVC_SM90_STEP256=1 -DVC_SM90_STEP256_EARLY_QK=2 -DVC_SM90_SPLIT_SPEED_D128=2 -DVC_SM90_STEP256_MAX_OVERLAP=1"
   [s256nt6]="-DVC_SM90_STEP256=1 -DVC_SM90_STEP256_TURNS=0 -DVC_SM90_STAGES_D128=6"
   [s256desc]="-DVC_SM90_STEP256=1 -DVC_SM90_STEP256_TURNS=1 -DVC_SM90_DESC_ADD=1"
-  [split]="-DVC_SM90_SPLIT=1 -DVC_SM90_STEP256=1 -DVC_SM90_STEP256_EARLY_QK=2 -DVC_SM90_SPLIT_SPEED_D128=2 -DVC_SM90_KPAIR=1"  # the product library (backend_sm90.CUDA_FLAGS)
+  [split]="-DVC_SM90_SPLIT=1 -DVC_SM90_STEP256=1 -DVC_SM90_STEP256_EARLY_QK=2 -DVC_SM90_SPLIT_SPEED_D128=2 -DVC_SM90_KPAIR=1 -DVC_SM90_KPAIR_EXP2=1"  # the product library (backend_sm90.CUDA_FLAGS)
+  [split_st]="-DVC_SM90_SPLIT=1 -DVC_SM90_STEP256=1 -DVC_SM90_STEP256_EARLY_QK=2 -DVC_SM90_SPLIT_SPEED_D128=2 -DVC_SM90_KPAIR=1 -DVC_SM90_KPAIR_EXP2=1 -DVC_SM90_SOFTMAX_TURNS=1"  # split + fidelity's two warpgroups take turns through the exp2 softmax (one on the MUFU pipe at a time)
+  [split_s19]="-DVC_SM90_SPLIT=1 -DVC_SM90_STEP256=1 -DVC_SM90_STEP256_EARLY_QK=2 -DVC_SM90_SPLIT_SPEED_D128=2 -DVC_SM90_KPAIR=1"  # the product of session 19: fidelity's exp2 loop reads each tile's K scale (the split_* variants below add to it)
   [split_askip]="-DVC_SM90_SPLIT=1 -DVC_SM90_STEP256=1 -DVC_SM90_STEP256_EARLY_QK=2 -DVC_SM90_SPLIT_SPEED_D128=2 -DVC_SM90_KPAIR=1 -DVC_SM90_ALPHA_SKIP=1"  # split + the rescale polynomial skipped when no row of the warp moved its max
   [split_eqk1]="-DVC_SM90_SPLIT=1 -DVC_SM90_STEP256=1 -DVC_SM90_STEP256_EARLY_QK=1 -DVC_SM90_SPLIT_SPEED_D128=2 -DVC_SM90_KPAIR=1"  # split with fidelity's exp2 loop on the early-QK 256-key loop too (session 18's re-measure of section 18's -8%)
   [split_poly1]="-DVC_SM90_SPLIT=1 -DVC_SM90_STEP256=1 -DVC_SM90_STEP256_EARLY_QK=2 -DVC_SM90_SPLIT_SPEED_D128=2 -DVC_SM90_KPAIR=1 -DVC_SM90_EXP2_POLY=1"  # split + fidelity: one exp2 of every 4 on the FMA pipe (section 5's +14% on today's loop)
   [split_f256]="-DVC_SM90_SPLIT=1 -DVC_SM90_STEP256=1 -DVC_SM90_STEP256_EARLY_QK=2 -DVC_SM90_SPLIT_SPEED_D128=2 -DVC_SM90_KPAIR=1 -DVC_SM90_STEPMEAN_EXP2=1"  # split + fidelity's exp2 loop with one mean per step at segment ends (the int8-vsmooth-exp2-mean256-merged rows)
-  [split_kp2]="-DVC_SM90_SPLIT=1 -DVC_SM90_STEP256=1 -DVC_SM90_STEP256_EARLY_QK=2 -DVC_SM90_SPLIT_SPEED_D128=2 -DVC_SM90_KPAIR=1 -DVC_SM90_KPAIR_EXP2=1"  # split + fidelity's exp2 loop with one K scale per 256-key step (the int8-vsmooth-exp2-k256 rows; its 128-key fidelity rows are not run)
   [split_k128]="-DVC_SM90_SPLIT=1 -DVC_SM90_STEP256=1 -DVC_SM90_STEP256_EARLY_QK=2 -DVC_SM90_SPLIT_SPEED_D128=2"  # the product before VC_SM90_KPAIR (session 16): a row maximum per 128-key tile
   # the low-rank V term's timing diagnostics (numbers WRONG: time them with SM90_RANK=6 and no correctness gate,
   # SM90_SKIP_CORRECTNESS=1), VC_SM90_LOWRANK_DIAG bits: 1 no row-sum shuffles, 2 no running sums in shared

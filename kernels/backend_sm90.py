@@ -14,7 +14,7 @@ import torch
 from . import jit, prepare_cuda, reference
 from .backends import Backend, Constraints, register
 from .config import KERNEL_P_ENCODINGS, MAX_V_RANK, VCConfig
-from .constants import K_BLOCK
+from .constants import K_BLOCK, VSMOOTH_PAIRED_K
 from .layout import to_bhnd
 from .operands import PreparedOperands
 
@@ -25,9 +25,11 @@ SOURCES = ("sm90_binding.cpp", "sm90_launch.cu", "sm90_launch_c3.cu")
 # VC_SM90_STEP256: the two-consumer build (head dim 128 with V-Smooth: fidelity and speed) steps its
 # online softmax by 256 keys; VC_SM90_SPLIT_SPEED_D128=2 puts head dim 128 speed on that build and
 # VC_SM90_STEP256_EARLY_QK=2 issues its next step's first QK before the fold (ExpCast only: fidelity's
-# exp2 loop lost 8% that way). docs/kernel-notes.md sections 18-19.
+# exp2 loop lost 8% that way). docs/kernel-notes.md sections 18-19. VC_SM90_KPAIR / VC_SM90_KPAIR_EXP2: the speed
+# and fidelity 256-key loops take one K scale per step where the K scales are paired (k_scale_rows 256; sections
+# 27, 29-30).
 CUDA_FLAGS = ("-DVC_SM90_SPLIT=1", "-DVC_SM90_STEP256=1", "-DVC_SM90_STEP256_EARLY_QK=2", "-DVC_SM90_SPLIT_SPEED_D128=2",
-              "-DVC_SM90_KPAIR=1")
+              "-DVC_SM90_KPAIR=1", "-DVC_SM90_KPAIR_EXP2=1")
 ARCH = "9.0a"  # wgmma and setmaxnreg exist only in the arch-specific Hopper target
 CONSTRAINTS = Constraints(
     min_capability=(9, 0),
@@ -67,12 +69,17 @@ def vsmooth_mode(config: VCConfig, head_dim: int = 128) -> int:
     too). 256-row means with 128-key K scales run mode 1: the paired loop would read the first tile's K
     scale for both; so do head dims whose K scales the spec keeps per 128 keys (reference.k_scale_rows: 64).
     Exp2 with 256-row means runs mode 2 whatever its K scales: the exp2 one-mean loop (VC_SM90_STEPMEAN_EXP2
-    builds) reads each tile's K scale; libraries without it run the two-mean fold."""
+    builds) reads each tile's K scale; libraries without it run the two-mean fold.
+
+    Plus VSMOOTH_PAIRED_K where the K scales are equal in 128-key pairs (reference.k_scale_rows 256): fidelity's
+    exp2 256-key loop then takes one K scale per step (VC_SM90_KPAIR_EXP2); per-tile K scales keep the loop
+    that reads each tile's, so a custom configuration with k_scale_rows 128 stays exact."""
     if config.v != "vsmooth":
         return 0
+    paired_k = VSMOOTH_PAIRED_K if reference.k_scale_rows(config, head_dim) == 2 * K_BLOCK else 0
     if config.v_mean_rows != 2 * K_BLOCK:
-        return 1
-    return 2 if config.p == "exp2" or reference.k_scale_rows(config, head_dim) == 2 * K_BLOCK else 1
+        return 1 | paired_k
+    return (2 if config.p == "exp2" or paired_k else 1) | paired_k
 
 
 def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.Tensor, layout: str) -> torch.Tensor:
@@ -84,7 +91,7 @@ def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.
         ops.n_tokens, config.p == "expcast", mode, torch.cuda.current_stream(out.device).cuda_stream,
         # V-Smooth segments (v_mean_merge): the mode-2 speed loop restores at their ends; the per-tile loops
         # (mode 1: K scales per 128 keys) restore every tile's slot mean, which holds the segment's mean
-        ops.v_seg_end if mode == 2 else None,
+        ops.v_seg_end if (mode & ~VSMOOTH_PAIRED_K) == 2 else None,
     )
     return out
 

@@ -101,6 +101,10 @@ class VCConfig:
                              f"256-key steps as v_mean_rows={2 * V_BLOCK} pairs the means: it needs v_mean_rows="
                              f"{2 * V_BLOCK} (or p='exp2') and v_rank=0, got p={self.p!r}, v_mean_rows={self.v_mean_rows}, "
                              f"v_rank={self.v_rank}.")
+        # the loops that read paired K scales are V-Smooth's (per-channel V runs the per-tile loops everywhere)
+        if self.k_scale_rows != K_BLOCK and self.v != "vsmooth":
+            raise ValueError(f"VCConfig.k_scale_rows={self.k_scale_rows} needs v='vsmooth' (the Hopper loops that take one "
+                             f"K scale per 256-key step are V-Smooth's), got v={self.v!r}.")
 
     def with_(self, **changes) -> "VCConfig":
         return replace(self, **changes)
@@ -126,7 +130,8 @@ class VCConfig:
                 + (f"-k{self.k_scale_rows}" if self.k_scale_rows != K_BLOCK else ""))
 
 
-# The three configurations the product talks about.
-FIDELITY = VCConfig(qk="int8", v="vsmooth", p="exp2")
+# The three configurations the product talks about. Fidelity takes one K scale per 256 keys (emulated error-neutral,
+# docs/fidelity-study.md; the Hopper exp2 loop then keeps one score scale per row and step: kernel-notes section 30).
+FIDELITY = VCConfig(qk="int8", v="vsmooth", p="exp2", k_scale_rows=2 * K_BLOCK)
 SPEED = VCConfig(qk="int8", v="vsmooth", p="expcast", v_mean_rows=2 * V_BLOCK, v_mean_merge=True, k_scale_rows=2 * K_BLOCK)
 PLAIN_8BIT = VCConfig(qk="int8", v="per_channel", p="exp2")

@@ -43,6 +43,11 @@ V_LOW_ROWS = 8
 V_LOW_FIRST = 2  # the first coefficient row
 MAX_V_RANK = V_LOW_ROWS - V_LOW_FIRST
 
+# The Hopper forward's vsmooth argument is 0 (per-channel V), 1 (V-Smooth) or 2 (its means equal in 128-row
+# pairs); V-Smooth's 1 and 2 may add this bit: the K scales are equal in 128-key pairs (VCConfig.k_scale_rows
+# 256), which fidelity's exp2 256-key loop then reads once per step (backend_sm90.vsmooth_mode)
+VSMOOTH_PAIRED_K = 4
+
 # name in CUDA (VC_<NAME>) -> value; floats are written as float literals
 SHARED_WITH_CUDA = {
     "LOG2E": LOG2E,
@@ -61,6 +66,7 @@ SHARED_WITH_CUDA = {
     "EXPCAST_SLOPE_CAP": EXPCAST_SLOPE_CAP,
     "V_LOW_ROWS": V_LOW_ROWS,
     "V_LOW_FIRST": V_LOW_FIRST,
+    "VSMOOTH_PAIRED_K": VSMOOTH_PAIRED_K,
 }
 
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..kernels.config import FIDELITY, SPEED, VCConfig
+from ..kernels.config import FIDELITY, PLAIN_8BIT, SPEED, VCConfig
 from ..kernels.grouping import DEFAULT_CLUSTERS, DEFAULT_ITERS
 
 MODES = ("fidelity", "balanced", "speed", "custom")
@@ -225,8 +225,9 @@ def config_from_widgets(widgets: dict[str, object]) -> VCConfig:
         # config.SPEED merges them), as config.SPEED
         v_mean_rows=SPEED.v_mean_rows if vsmooth and expcast else FIDELITY.v_mean_rows,
         v_mean_merge=SPEED.v_mean_merge if vsmooth and expcast else False,
-        # and one K scale per 256-key step, as config.SPEED
-        k_scale_rows=SPEED.k_scale_rows if vsmooth and expcast else FIDELITY.k_scale_rows,
+        # and one K scale per 256-key step with V-Smooth, as config.SPEED and config.FIDELITY (per-channel V: as
+        # config.PLAIN_8BIT)
+        k_scale_rows=(SPEED.k_scale_rows if expcast else FIDELITY.k_scale_rows) if vsmooth else PLAIN_8BIT.k_scale_rows,
     )
 
 

@@ -420,21 +420,8 @@ def test_sm90_runs_each_case_on_the_cta_shape_its_split_names(cfg, d):
     _check(out, _emulation("sm90", q, k, v, perm, config, "bhnd"), "bhnd")
 
 
-def _last_two_template_flags(kernel_name: str) -> tuple[bool, bool]:
-    """(LOWRANK, STEPMEAN) of an sm90 kernel name as the profiler gives it, demangled
-    ("...kernel<128, true, true, __nv_bfloat16, 4, false, true>(...)") or mangled ("...Li4ELb0ELb1EEEv...")."""
-    import re
-
-    demangled = re.search(r"vc_attention_sm90_kernel<[^>]*?, (true|false), (true|false)>", kernel_name)
-    if demangled:
-        return demangled.group(1) == "true", demangled.group(2) == "true"
-    mangled = re.search(r"vc_attention_sm90_kernelI.*?Li\d+ELb([01])ELb([01])EE", kernel_name)
-    assert mangled, kernel_name
-    return mangled.group(1) == "1", mangled.group(2) == "1"
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_sm90_speed_restores_one_mean_per_step_when_the_means_come_in_pairs(dtype):
+def test_sm90_speed_restores_one_mean_per_step_when_the_means_come_in_pairs(dtype, sm90_kernel_flags):
     """Speed mode's means cover 256 rows (VCConfig.v_mean_rows), so its 256-key loop restores one mean per
     step: the STEPMEAN kernel (the profiler's kernel name: its last template argument) runs for them and
     the two-mean kernel for 128-row means; both match their emulation, and their outputs differ in bits
@@ -454,7 +441,7 @@ def test_sm90_speed_restores_one_mean_per_step_when_the_means_come_in_pairs(dtyp
             backend.attend(ops, config, out, "bhnd")
             torch.cuda.synchronize()
         ran = [e.name for e in prof.events() if "vc_attention_sm90_kernel" in e.name]
-        assert ran and all(_last_two_template_flags(name) == (False, rows == 256) for name in ran), ran
+        assert ran and all(sm90_kernel_flags(name)[:2] == (False, rows == 256) for name in ran), ran
         _check(out, _emulation("sm90", q, k, v, perm, config, "bhnd"), "bhnd")
         outs[rows] = out
     # the 128-row run used its own means: compare the one-mean fold with the two-mean fold on the SAME operands

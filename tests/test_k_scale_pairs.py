@@ -20,8 +20,10 @@ def _k(n: int, d: int = 64, seed: int = 0) -> torch.Tensor:
 
 
 def test_config_field_its_values_and_its_pairing():
-    assert VCConfig().k_scale_rows == 128 and FIDELITY.k_scale_rows == 128 and PLAIN_8BIT.k_scale_rows == 128
-    assert SPEED.k_scale_rows == 256 and SPEED.tag.endswith("-k256") and "-k" not in FIDELITY.tag
+    assert VCConfig().k_scale_rows == 128 and PLAIN_8BIT.k_scale_rows == 128 and "-k" not in VCConfig().tag
+    assert SPEED.k_scale_rows == 256 and SPEED.tag.endswith("-k256")
+    # fidelity pairs its K scales too (its exp2 256-key loop on the Hopper kernel), with its 128-row means
+    assert FIDELITY.k_scale_rows == 256 and FIDELITY.v_mean_rows == 128 and FIDELITY.tag == "int8-vsmooth-exp2-k256"
     for bad in (64, 512, True, "256"):
         with pytest.raises(ValueError, match="k_scale_rows must be one of"):
             SPEED.with_(k_scale_rows=bad)
@@ -32,10 +34,11 @@ def test_config_field_its_values_and_its_pairing():
         SPEED.with_(v_mean_merge=False, v_mean_rows=128)
     with pytest.raises(ValueError, match="and v_rank=0"):
         FIDELITY.with_(k_scale_rows=256, v_rank=2)
-    # exp2 P has no per-step anchor: fidelity's K scales may pair with its 128-row means
-    paired_fidelity = FIDELITY.with_(k_scale_rows=256)
-    assert paired_fidelity.v_mean_rows == 128 and paired_fidelity.tag.endswith("-k256")
-    assert paired_fidelity.with_rank(2).k_scale_rows == 128
+    with pytest.raises(ValueError, match="needs v='vsmooth'"):
+        FIDELITY.with_(v="per_channel")  # per-channel V reads K scales per tile in every kernel
+    # exp2 P has no per-step anchor: fidelity's K scales may pair with its 128-row means; a rank turns them back
+    assert VCConfig(k_scale_rows=256) == FIDELITY and FIDELITY.with_rank(2).k_scale_rows == 128
+    assert FIDELITY.with_rank(2).with_rank(0).k_scale_rows == 128  # with_rank(0) keeps what it is given
     assert SPEED.with_(v_mean_merge=False, v_mean_rows=128, k_scale_rows=128).k_scale_rows == 128
     ranked = SPEED.with_rank(2)  # the low-rank loop anchors per tile: back to 128
     assert ranked.k_scale_rows == 128 and ranked.v_rank == 2 and SPEED.with_rank(0) == SPEED
@@ -63,8 +66,10 @@ def test_quantize_qk_takes_one_scale_per_256_keys_stored_per_128(n):
 
 def test_head_dim_64_keeps_one_k_scale_per_128_keys():
     """Only the head dim 128 speed loop takes one K scale per 256-key step (reference.PAIRED_K_HEAD_DIMS):
-    at 64 every kernel steps 128 keys, so SPEED's K is quantized per 128 keys there, as FIDELITY's."""
-    assert R.k_scale_rows(SPEED, 128) == 256 and R.k_scale_rows(SPEED, 64) == 128 and R.k_scale_rows(FIDELITY, 128) == 128
+    at 64 every kernel steps 128 keys, so SPEED's and FIDELITY's K are quantized per 128 keys there."""
+    assert R.k_scale_rows(SPEED, 128) == 256 and R.k_scale_rows(SPEED, 64) == 128
+    assert R.k_scale_rows(FIDELITY, 128) == 256 and R.k_scale_rows(FIDELITY, 64) == 128
+    assert R.k_scale_rows(PLAIN_8BIT, 128) == 128
     for d, paired in ((64, False), (128, True)):
         k = _k(1100, d)
         q = torch.randn(1, 2, 1100, d).bfloat16()
@@ -110,7 +115,11 @@ def test_prepare_reference_holds_the_pairs_in_the_contract():
 
 def test_sm90_passes_segment_flags_to_the_paired_loop_only(monkeypatch):
     """vsmooth mode 2 (means and K scales paired) is the loop that reads the segment flags; with K scales per
-    128 keys the per-tile loop (mode 1) runs, and the flags must stay behind (the binding refuses them there)."""
+    128 keys the per-tile loop (mode 1) runs, and the flags must stay behind (the binding refuses them there).
+    Paired K scales add VSMOOTH_PAIRED_K (fidelity's exp2 loop reads one per step then): SPEED's, FIDELITY's, and
+    neither at head dim 64 nor with K scales per 128 keys."""
+    from vc_attention.kernels.constants import VSMOOTH_PAIRED_K
+
     from types import SimpleNamespace
 
     from vc_attention.kernels import backend_sm90
@@ -128,14 +137,20 @@ def test_sm90_passes_segment_flags_to_the_paired_loop_only(monkeypatch):
     backend_sm90.attention_from_operands(ops(128), SPEED.with_(k_scale_rows=128), torch.empty(1, 2, 500, 128), "bhnd")
     # head dim 64: the spec keeps K scales per 128 keys (reference.k_scale_rows), so the per-tile mode
     backend_sm90.attention_from_operands(ops(64), SPEED, torch.empty(1, 2, 500, 64), "bhnd")
-    (paired, per_tile, d64) = calls
-    assert paired[13] == 2 and paired[-1] is flags
+    backend_sm90.attention_from_operands(ops(128), FIDELITY, torch.empty(1, 2, 500, 128), "bhnd")
+    backend_sm90.attention_from_operands(ops(128), FIDELITY.with_(k_scale_rows=128), torch.empty(1, 2, 500, 128), "bhnd")
+    backend_sm90.attention_from_operands(ops(64), FIDELITY, torch.empty(1, 2, 500, 64), "bhnd")
+    (paired, per_tile, d64, fidelity, fidelity_per_tile, fidelity_d64) = calls
+    assert paired[13] == 2 | VSMOOTH_PAIRED_K and paired[-1] is flags
     assert per_tile[13] == 1 and per_tile[-1] is None
     assert d64[13] == 1 and d64[-1] is None
+    assert fidelity[13] == 1 | VSMOOTH_PAIRED_K and fidelity[-1] is None
+    assert fidelity_per_tile[13] == 1 and fidelity_d64[13] == 1
+    assert backend_sm90.vsmooth_mode(PLAIN_8BIT) == 0
 
 
 def test_fidelity_with_paired_k_scales_keeps_its_means_and_exp2_codes():
-    """FIDELITY.with_(k_scale_rows=256) (the exp2 loop of VC_SM90_KPAIR_EXP2 builds): K quantized per 256 keys,
+    """FIDELITY (k_scale_rows 256; the exp2 loop of VC_SM90_KPAIR_EXP2 builds): K quantized per 256 keys,
     the V-Smooth means still per 128 rows, and exp2 P has no anchor, so the float64 emulation at the kernel's
     256-key step equals the one at 128 keys' anchors up to the K scales alone: the same V operands, K scales
     equal in pairs, and an output within the quantization noise of fidelity's."""
@@ -143,13 +158,13 @@ def test_fidelity_with_paired_k_scales_keeps_its_means_and_exp2_codes():
     gen = torch.Generator().manual_seed(7)
     q, v = (torch.randn(1, 2, n, 128, generator=gen).bfloat16() for _ in range(2))
     k = _k(n, 128, seed=7)
-    paired = FIDELITY.with_(k_scale_rows=256)
-    ops, base = prepare_reference(q, k, v, None, paired), prepare_reference(q, k, v, None, FIDELITY)
+    paired, per_tile = FIDELITY, FIDELITY.with_(k_scale_rows=128)
+    ops, base = prepare_reference(q, k, v, None, paired), prepare_reference(q, k, v, None, per_tile)
     assert torch.equal(ops.v_mean, base.v_mean) and torch.equal(ops.v_t.float(), base.v_t.float())
     pairs = ops.k_scale[..., : ops.k_scale.shape[-1] // 2 * 2].reshape(1, 2, -1, 2)
     assert torch.equal(pairs[..., 0], pairs[..., 1]) and not torch.equal(ops.k_scale, base.k_scale)
     out = R.vc_attention_reference(q, k, v, paired, parts=True, offset_block=256).out
-    ref = R.vc_attention_reference(q, k, v, FIDELITY, parts=True, offset_block=256).out
+    ref = R.vc_attention_reference(q, k, v, per_tile, parts=True, offset_block=256).out
     exact = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 128 ** 0.5, dim=-1) @ v.double()
     err, err_base = ((t - exact).norm() / exact.norm() for t in (out, ref))
     assert 0 < float(err) < 1.5 * float(err_base)

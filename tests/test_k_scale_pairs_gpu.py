@@ -1,6 +1,6 @@
-"""GPU tier of K scales per 256 keys (VCConfig.k_scale_rows, config.SPEED): the CUDA prepare's paired
-scales against the spec, and the Hopper speed loop that reads one K scale and takes one row maximum per
-256-key step (VC_SM90_KPAIR).
+"""GPU tier of K scales per 256 keys (VCConfig.k_scale_rows, config.SPEED and config.FIDELITY): the CUDA prepare's
+paired scales against the spec, and the Hopper speed and fidelity loops that read one K scale and take one row
+maximum per 256-key step (VC_SM90_KPAIR, VC_SM90_KPAIR_EXP2).
 
   pytest -q -m gpu tests/test_k_scale_pairs_gpu.py
 """
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from vc_attention.kernels import backends, reference
-from vc_attention.kernels.config import FIDELITY, SPEED
+from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED
+from vc_attention.kernels.constants import VSMOOTH_PAIRED_K
 from vc_attention.kernels.prepare_cuda import prepare_cuda
 from vc_attention.kernels.prepare_reference import prepare_reference
 
@@ -16,6 +17,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 GATE = 1e-3  # tests/test_backends_gpu.py's: rel-L2 above the dtype's rounding of the float64 emulation
 PER_TILE = SPEED.with_(k_scale_rows=128)
+FIDELITY_PER_TILE = FIDELITY.with_(k_scale_rows=128)  # a custom configuration: the exp2 loop that reads each tile's
 
 
 def _qkv(n: int, d: int, dtype, seed: int = 0):
@@ -34,7 +36,7 @@ def _rel_l2(a, b):
 @pytest.mark.parametrize("n", [1000, 1100, 4097])
 @pytest.mark.parametrize("d,dtype", [(64, torch.float16), (128, torch.bfloat16)])
 @pytest.mark.parametrize("smooth_k", [True, False])
-@pytest.mark.parametrize("base", [SPEED, FIDELITY.with_(k_scale_rows=256)], ids=["speed", "fidelity-k256"])
+@pytest.mark.parametrize("base", [SPEED, FIDELITY], ids=["speed", "fidelity"])
 def test_cuda_prepare_writes_the_paired_k_scales_of_the_spec(n, d, dtype, smooth_k, base):
     """k_scale and k_q of the CUDA prepare are prepare_reference's at k_scale_rows 256 (pairs equal bit for
     bit, a lone last slot its own), with a permutation, with and without K smoothing, with 256-row means
@@ -102,7 +104,7 @@ def test_paired_speed_loop_matches_its_emulation_and_reads_one_scale_per_step(n,
     assert not torch.equal(run(odd_scaled, 1), per_tile)
 
 
-def test_the_public_speed_call_runs_the_paired_loop_on_paired_scales():
+def test_the_public_speed_call_runs_the_paired_loop_on_paired_scales(sm90_kernel_flags):
     """vc_attention with config.SPEED on sm90 runs the STEPMEAN kernel (profiler name) on operands whose K
     scales are equal in pairs, within the gate of the emulation; the per-tile configuration keeps the
     two-mean kernel (vsmooth mode 1)."""
@@ -110,12 +112,103 @@ def test_the_public_speed_call_runs_the_paired_loop_on_paired_scales():
 
     _sm90()
     q, k, v = _qkv(2000, 128, torch.bfloat16, seed=9)
-    assert backend_sm90.vsmooth_mode(SPEED) == 2 and backend_sm90.vsmooth_mode(PER_TILE) == 1
+    assert backend_sm90.vsmooth_mode(SPEED) == 2 | VSMOOTH_PAIRED_K and backend_sm90.vsmooth_mode(PER_TILE) == 1
     for config, stepmean in ((SPEED, True), (PER_TILE, False)):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             out = api.vc_attention(q, k, v, config=config, backend="sm90")
             torch.cuda.synchronize()
         names = [e.name for e in prof.events() if "vc_attention_sm90_kernel" in e.name]
-        assert names and all((("false, true>" in nm) or ("ELb0ELb1EE" in nm)) == stepmean for nm in names), names
+        assert names and all(sm90_kernel_flags(nm) == (False, stepmean, False) for nm in names), names
         emul = reference.vc_attention_reference(q, k, v, config, parts=True, offset_block=256).out
         assert _rel_l2(out, emul) <= _rel_l2(emul.to(out.dtype), emul) + GATE
+
+
+@pytest.mark.parametrize("n", [3000, 1100])  # an even and an odd number of 128-key tiles (the tail runs alone)
+def test_paired_fidelity_loop_matches_its_emulation_and_reads_one_scale_per_step(n):
+    """Fidelity's exp2 256-key loop told that the K scales are paired (vsmooth 1 + VSMOOTH_PAIRED_K, what FIDELITY
+    sends) matches the float64 emulation and reads only the first tile's K scale of a step: scaling the second
+    tiles' scales leaves its output unchanged bit for bit, while the same call without the bit (the per-tile loop)
+    changes with them. On paired operands both loops compute the same function (exp2 P has no anchor).
+    (bf16 out: with fp16 out this loud-K data puts either exp2 loop 1.2-1.5e-3 above the emulation's floor, the
+    per-tile loop on per-tile operands as much: measured on the H200, docs/kernel-notes.md section 30.)"""
+    dtype = torch.bfloat16
+    from vc_attention.kernels import backend_sm90
+
+    backend = _sm90()
+    assert backend_sm90.vsmooth_mode(FIDELITY) == 1 | VSMOOTH_PAIRED_K and backend_sm90.vsmooth_mode(FIDELITY_PER_TILE) == 1
+    q, k, v = _qkv(n, 128, dtype, seed=15)
+    perm = torch.argsort(torch.rand(1, 2, n, device="cuda"), dim=-1)
+    ops = prepare_cuda(q, k, v, perm, FIDELITY, "bhnd")
+    out = torch.full(q.shape, float("nan"), dtype=dtype, device="cuda")
+    backend.attend(ops, FIDELITY, out, "bhnd")
+    step = backend.softmax_step(128, FIDELITY)
+    assert step == 256
+    emul = reference.vc_attention_reference(q, k, v, FIDELITY, perm=perm, parts=True, offset_block=step).out
+    floor = _rel_l2(emul.to(dtype), emul)
+    assert torch.isfinite(out).all() and _rel_l2(out, emul) <= floor + GATE
+
+    def run(k_scale, mode):
+        o = torch.full_like(q, float("nan"))
+        backend_sm90.extension().attention(ops.q_q, ops.q_scale, ops.k_q, k_scale, ops.v_t, ops.v_scale, ops.v_mean,
+                                           None, None, None, o, ops.n_tokens, False, mode,
+                                           torch.cuda.current_stream().cuda_stream, None)
+        return o
+
+    odd_scaled = ops.k_scale.clone()
+    odd_scaled[..., 1::2] *= 1.5
+    paired = 1 | VSMOOTH_PAIRED_K
+    assert torch.equal(run(ops.k_scale, paired), out)
+    assert torch.equal(run(odd_scaled, paired), out)
+    per_tile = run(ops.k_scale, 1)
+    assert torch.isfinite(per_tile).all() and _rel_l2(per_tile, emul) <= floor + GATE
+    assert not torch.equal(run(odd_scaled, 1), per_tile)
+
+
+def test_the_public_fidelity_call_runs_the_paired_loop_only_on_paired_scales(sm90_kernel_flags):
+    """vc_attention with config.FIDELITY on sm90 runs the KPAIR kernel (profiler name: the last template flag);
+    a custom configuration with K scales per 128 keys runs the per-tile one. Both within the emulation's gate, so
+    a caller who keeps per-tile scales never gets a kernel that reads one scale for two tiles."""
+    from vc_attention.kernels import api
+
+    _sm90()
+    q, k, v = _qkv(2000, 128, torch.bfloat16, seed=19)
+    for config, k_pair in ((FIDELITY, True), (FIDELITY_PER_TILE, False)):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            out = api.vc_attention(q, k, v, config=config, backend="sm90")
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if "vc_attention_sm90_kernel" in e.name]
+        assert names and all(sm90_kernel_flags(nm) == (False, False, k_pair) for nm in names), names
+        emul = reference.vc_attention_reference(q, k, v, config, parts=True, offset_block=256).out
+        assert _rel_l2(out, emul) <= _rel_l2(emul.to(out.dtype), emul) + GATE
+
+
+def test_prepare_attend_refuses_a_paired_k_bit_its_prepare_does_not_pair():
+    """prepare_attend refuses the paired-K bit unless its own prepare pairs the K scales (k_scale_rows 256): the
+    kernel that would read one scale per step never runs on per-tile scales."""
+    from vc_attention.kernels import backend_sm90, prepare_cuda as prep
+
+    _sm90()
+    q, k, v = _qkv(500, 128, torch.bfloat16, seed=23)
+    out = torch.empty_like(q)
+    args = prep.binding_args(q, k, v, None, FIDELITY_PER_TILE, "bhnd", None, None)
+    forward, error = backend_sm90._entry()
+    with pytest.raises(ValueError, match="K scales are paired"):
+        prep.extension().prepare_attend(*args, out, False, 1 | VSMOOTH_PAIRED_K, forward, error)
+    args = prep.binding_args(q, k, v, None, FIDELITY, "bhnd", None, None)
+    prep.extension().prepare_attend(*args, out, False, 1 | VSMOOTH_PAIRED_K, forward, error)
+    emul = reference.vc_attention_reference(q, k, v, FIDELITY, parts=True, offset_block=256).out
+    assert _rel_l2(out, emul) <= _rel_l2(emul.to(out.dtype), emul) + GATE
+
+
+def test_the_attention_binding_refuses_a_paired_k_bit_without_v_smooth():
+    """The paired-K bit belongs to V-Smooth: per-channel V plus the bit is refused with a sentence."""
+    from vc_attention.kernels import backend_sm90
+
+    _sm90()
+    q, k, v = _qkv(500, 128, torch.bfloat16, seed=23)
+    ops = prepare_cuda(q, k, v, None, PLAIN_8BIT, "bhnd")
+    out = torch.empty_like(q)
+    with pytest.raises(ValueError, match="vsmooth must be 0"):
+        backend_sm90.extension().attention(ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean,
+                                           None, None, None, out, ops.n_tokens, False, VSMOOTH_PAIRED_K,
+                                           torch.cuda.current_stream().cuda_stream, None)

@@ -61,7 +61,7 @@ def _basis(v, perm, layout, rank):
 def test_cuda_prepare_writes_the_low_rank_contract(rank, d):
     q, k, v = _structured_qkv(2, 3, 1000, d, torch.bfloat16, "bnhd", seed=3)
     perm = _perm(2, 3, 1000)
-    config = FIDELITY.with_(v_rank=rank)
+    config = FIDELITY.with_rank(rank)
     basis = _basis(v, perm, "bnhd", rank)
     got = prepare_cuda(q, k, v, perm, config, "bnhd", basis=basis)
     want = prepare_reference(q, k, v, perm, config, "bnhd", basis=basis)
@@ -121,7 +121,7 @@ def test_public_op_runs_the_term_on_sm90(mode):
 
 def test_without_a_basis_the_op_computes_the_reference_one():
     _sm90()
-    config = FIDELITY.with_(v_rank=3)
+    config = FIDELITY.with_rank(3)
     q, k, v = _structured_qkv(1, 2, 700, 128, torch.float16, "bnhd", seed=4)
     perm = _perm(1, 2, 700)
     auto = api.vc_attention(q, k, v, layout="bnhd", config=config, perm=perm)
@@ -147,5 +147,5 @@ def test_the_builds_low_rank_cases_are_the_declared_ones():
 def test_head_dim_64_with_a_rank_is_declined_with_its_reason():
     backend = _sm90()
     q = torch.empty(1, 2, 256, 64, device="cuda", dtype=torch.bfloat16)
-    reason = backend.why_not(q, FIDELITY.with_(v_rank=6), "bhnd")
+    reason = backend.why_not(q, FIDELITY.with_rank(6), "bhnd")
     assert reason is not None and "head dim 64" in reason

@@ -53,7 +53,7 @@ def test_zero_channel_gets_unit_scale():
     assert torch.equal(ops.v_scale, torch.ones_like(ops.v_scale))
 
 
-@pytest.mark.parametrize("config", [FIDELITY, SPEED, PLAIN_8BIT, FIDELITY.with_(v_rank=3), SPEED.with_rank(6)],
+@pytest.mark.parametrize("config", [FIDELITY, SPEED, PLAIN_8BIT, FIDELITY.with_rank(3), SPEED.with_rank(6)],
                          ids=["fidelity", "speed", "plain8", "fidelity-rank3", "speed-rank6"])
 @pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
 def test_emulated_attention_from_operands_is_the_reference(config, layout):
@@ -78,7 +78,7 @@ def test_rows_aligned_is_the_cuda_kernels_load_precondition():
 
 def test_low_rank_operands_follow_the_contract():
     q, k, v = _qkv(n=200)
-    ops = prepare_reference(q, k, v, None, FIDELITY.with_(v_rank=2))
+    ops = prepare_reference(q, k, v, None, FIDELITY.with_rank(2))
     assert ops.v_low_t.shape == (2, 3, 8, 256) and ops.v_low_t.dtype == torch.float8_e4m3fn
     rows = ops.v_low_t.float()
     # rows 0 and 1: ones on the even / odd 128-key tiles (padded keys too: P is 0 there)
@@ -96,7 +96,7 @@ def test_low_rank_operands_follow_the_contract():
 
 def test_a_given_basis_is_used_and_checked():
     q, k, v = _qkv(n=200)
-    config = FIDELITY.with_(v_rank=2)
+    config = FIDELITY.with_rank(2)
     basis = torch.nn.functional.normalize(torch.randn(2, 3, 2, 64), dim=-1).half()
     ops = prepare_reference(q, k, v, None, config, basis=basis)
     assert torch.equal(ops.v_low_basis, basis)

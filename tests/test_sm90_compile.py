@@ -48,7 +48,7 @@ def ptxas_report(tmp_path_factory):
 def test_every_kernel_instantiation_is_compiled(ptxas_report):
     kernels = re.findall(KERNEL_ENTRY, ptxas_report)
     # head dim {64, 128} x {exp2, ExpCast} x {V-Smooth, per-channel} x {fp16, bf16}
-    assert len({k for k in kernels if not _step_mean(k)}) == 16
+    assert len({k for k in kernels if not _step_mean(k)}) == 16 and not any(_k_pair(k) for k in kernels)
 
 
 # At 240 registers per consumer thread ptxas keeps a few words of the V-Smooth head-dim-128 kernels in
@@ -91,7 +91,7 @@ def test_variant_compiles_cleanly(name, tmp_path):
     kernels = set(re.findall(KERNEL_ENTRY, report))
     low_rank = {k for k in kernels if _low_rank(k)}  # the 256-key builds: the low-rank V term's kernels too
     step_mean = {k for k in kernels if _step_mean(k)}  # and the early-QK loop's one-mean-per-step kernels
-    assert len(kernels - low_rank - step_mean) == 16
+    assert len(kernels - low_rank - step_mean) == 16 and not any(_k_pair(k) for k in kernels)
     assert all(re.search(r"ILi128ELb\dELb1E", k) for k in low_rank), low_rank
     assert all(re.search(r"ILi128ELb1ELb1E", k) for k in step_mean) and len(step_mean) in (0, 2), step_mean
     assert "warning" not in report.lower(), report  # C7510-C7515 serialization, C7508 setmaxnreg ignored
@@ -112,7 +112,8 @@ def test_split_variant_compiles_cleanly(name, tmp_path):
     kernels = [k for r in reports for k in set(re.findall(KERNEL_ENTRY, r))]
     low_rank = [k for k in kernels if _low_rank(k)]
     step_mean = [k for k in kernels if _step_mean(k)]
-    assert len(kernels) - len(low_rank) - len(step_mean) == 16
+    k_pair = [k for k in kernels if _k_pair(k)]
+    assert len(kernels) - len(low_rank) - len(step_mean) - len(k_pair) == 16
     # the one-mean-per-step kernels: ExpCast's (the early-QK loop), and exp2's under VC_SM90_STEPMEAN_EXP2
     exp2_step_mean = "-DVC_SM90_STEPMEAN_EXP2=1" in VARIANTS[name]
     assert all(re.search(r"ILi128ELb1ELb1E" if not exp2_step_mean else r"ILi128ELb[01]ELb1E", k) for k in step_mean), step_mean
@@ -122,12 +123,22 @@ def test_split_variant_compiles_cleanly(name, tmp_path):
     for report in reports:
         assert "warning" not in report.lower(), report
         assert max(int(f) for f in re.findall(r"(\d+) bytes stack frame", report)) <= MAX_VARIANT_STACK_BYTES, report
-    if "-DVC_SM90_KPAIR_EXP2=1" in VARIANTS[name]:
-        # the point of one K scale per step in fidelity's exp2 loop: its kernels keep the loop in registers
-        # (the product's spill 36 B; docs/kernel-notes.md section 29)
-        spills = _spill_stores(reports[0])
-        fidelity = [k for k in spills if re.search(r"ILi128ELb0ELb1E", k) and not _low_rank(k) and not _step_mean(k)]
-        assert len(fidelity) == 2 and all(spills[k] == 0 for k in fidelity), {k: spills[k] for k in fidelity}
+    _check_k_pair_kernels(VARIANTS[name], reports[0])
+
+
+def _check_k_pair_kernels(flags, two_consumer_report: str) -> None:
+    """VC_SM90_KPAIR_EXP2 builds: fidelity's exp2 loop with one K scale per step (KPAIR) beside the per-tile one,
+    head dim 128 V-Smooth, both output types, in the two-consumer file; the point of the pairing: its kernels keep
+    the loop in registers (the per-tile loop spills 36 B; docs/kernel-notes.md section 29)."""
+    kernels = set(re.findall(KERNEL_ENTRY, two_consumer_report))
+    k_pair = {k for k in kernels if _k_pair(k)}
+    if "-DVC_SM90_KPAIR_EXP2=1" not in flags:
+        assert not k_pair, k_pair
+        return
+    assert len(k_pair) == 2 and all(re.search(r"ILi128ELb0ELb1E", k) and not _low_rank(k) and not _step_mean(k)
+                                    for k in k_pair), k_pair
+    spills = _spill_stores(two_consumer_report)
+    assert all(spills[k] == 0 for k in k_pair), {k: spills[k] for k in k_pair}
 
 
 def _spill_stores(report: str) -> dict[str, int]:
@@ -143,11 +154,11 @@ def _spill_stores(report: str) -> dict[str, int]:
     return out
 
 
-def _flags(kernel: str) -> tuple[bool, bool]:
-    """The kernel's last two template arguments (LOWRANK, STEPMEAN: after the stage count)."""
-    found = re.search(r"Li\d+ELb([01])ELb([01])EEEv", kernel)
+def _flags(kernel: str) -> tuple[bool, bool, bool]:
+    """The kernel's last three template arguments (LOWRANK, STEPMEAN, KPAIR: after the stage count)."""
+    found = re.search(r"Li\d+ELb([01])ELb([01])ELb([01])EEEv", kernel)
     assert found, kernel
-    return found.group(1) == "1", found.group(2) == "1"
+    return found.group(1) == "1", found.group(2) == "1", found.group(3) == "1"
 
 
 def _low_rank(kernel: str) -> bool:
@@ -158,6 +169,11 @@ def _low_rank(kernel: str) -> bool:
 def _step_mean(kernel: str) -> bool:
     """Whether the kernel restores one V-Smooth mean per 256-key step (STEPMEAN: means equal in pairs)."""
     return _flags(kernel)[1]
+
+
+def _k_pair(kernel: str) -> bool:
+    """Whether fidelity's exp2 256-key loop takes one K scale per step (KPAIR: VC_SM90_KPAIR_EXP2 builds)."""
+    return _flags(kernel)[2]
 
 
 def test_product_library_splits_the_kernels_between_two_cta_shapes(tmp_path):
@@ -183,7 +199,8 @@ def test_product_library_splits_the_kernels_between_two_cta_shapes(tmp_path):
     step256 = "-DVC_SM90_STEP256=1" in backend_sm90.CUDA_FLAGS
     for kernels_args, steps in ((two_args, 256 if step256 else 128), (three_args, 128)):
         for d, e, v, _ in kernels_args:
-            config = dataclasses.replace(FIDELITY, p="expcast" if e == "1" else "exp2", v="vsmooth" if v == "1" else PLAIN_8BIT.v)
+            config = dataclasses.replace(FIDELITY, p="expcast" if e == "1" else "exp2", v="vsmooth" if v == "1" else PLAIN_8BIT.v,
+                                         k_scale_rows=128)
             assert backend_sm90.softmax_step_keys(int(d), config) == steps, (d, e, v)
     # the low-rank V term: both P modes x both output types, where backend_sm90 declares it (head dim 128)
     low_rank = {k for k in re.findall(KERNEL_ENTRY, two) if _low_rank(k)}
@@ -192,6 +209,10 @@ def test_product_library_splits_the_kernels_between_two_cta_shapes(tmp_path):
     step_mean = {k for k in re.findall(KERNEL_ENTRY, two) if _step_mean(k)}
     assert len(step_mean) == 2 and all(re.search(r"ILi128ELb1ELb1E", k) for k in step_mean), step_mean
     assert not any(_step_mean(k) for k in re.findall(KERNEL_ENTRY, three))
+    # fidelity's exp2 loop with one K scale per step (paired K scales, config.FIDELITY): bf16, fp16, no spills
+    assert "-DVC_SM90_KPAIR_EXP2=1" in backend_sm90.CUDA_FLAGS
+    _check_k_pair_kernels(backend_sm90.CUDA_FLAGS, two)
+    assert not any(_k_pair(k) for k in re.findall(KERNEL_ENTRY, three))
     assert backend_sm90.CONSTRAINTS.v_rank_head_dims == (128,) and backend_sm90.CONSTRAINTS.max_v_rank == 6
     assert max(int(f) for f in re.findall(r"(\d+) bytes stack frame", two)) <= MAX_STACK_BYTES, two
     assert max(int(f) for f in re.findall(r"(\d+) bytes stack frame", three)) <= MAX_VARIANT_STACK_BYTES, three

@@ -190,8 +190,8 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
 // its forward_address() / last_error_address()), in one binding call: the ten operand tensors never reach
 // Python and the attention binding's checks and argument parsing go (a short call's host time: its GPU waits
 // for the attention launch, docs/kernel-notes.md section 28). out: the (B, H, N, D) view of the caller's output,
-// channel stride 1, q's dtype; vsmooth_mode as the sm90 attention binding's vsmooth (0, 1, 2: the segment ends
-// go to mode 2 only, kernels/backend_sm90.vsmooth_mode). The operands are freed on return, after the launch that
+// channel stride 1, q's dtype; vsmooth_mode as the sm90 attention binding's vsmooth (0, 1, 2, the last two plus
+// vc::kVsmoothPairedK where k_scale_rows is 256; the segment ends go to mode 2 only, kernels/backend_sm90.vsmooth_mode). The operands are freed on return, after the launch that
 // reads them was queued on this stream (the caching allocator hands their blocks out in stream order).
 void prepare_attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                     const std::optional<torch::Tensor>& perm, const std::optional<torch::Tensor>& v_basis,
@@ -200,8 +200,14 @@ void prepare_attend(const torch::Tensor& q, const torch::Tensor& k, const torch:
                     int64_t forward_fn, int64_t error_fn) {
   TORCH_CHECK_VALUE(forward_fn != 0 && error_fn != 0, "prepare_attend needs the sm90 extension's entry addresses.");
   TORCH_CHECK_VALUE(!qk_fp8, "the Hopper kernel takes INT8 Q and K only.");
-  TORCH_CHECK_VALUE(vsmooth_mode >= 0 && vsmooth_mode <= 2 && (vsmooth_mode == 0) == !vsmooth,
-                    "vsmooth_mode must be 0 without V-Smooth, 1 or 2 with it, got ", vsmooth_mode, ".");
+  // vc::kVsmoothPairedK on top of 1 or 2 says the K scales are equal in 128-key pairs: only where this prepare pairs them
+  const int64_t v_mode = vsmooth_mode & ~int64_t(vc::kVsmoothPairedK);
+  // plain sentences here, as in the sm90 binding (a refusal formatted with an integer killed the process there)
+  static_assert(vc::kVsmoothPairedK == 4, "the refusal names the paired-K bit as 4");
+  TORCH_CHECK_VALUE(vsmooth_mode >= 0 && v_mode <= 2 && (v_mode == 0) == !vsmooth && (v_mode != 0 || vsmooth_mode == 0),
+                    "vsmooth_mode must be 0 without V-Smooth, 1 or 2 with it (optionally plus 4: paired K scales).");
+  TORCH_CHECK_VALUE(!(vsmooth_mode & vc::kVsmoothPairedK) || k_scale_rows == 2 * vc::kKBlock,
+                    "vsmooth_mode says the K scales are paired, but this prepare keeps one K scale per 128 keys.");
   TORCH_CHECK_VALUE(out.is_cuda() && out.dim() == 4 && out.stride(3) == 1 && out.sizes() == q.sizes() &&
                         out.scalar_type() == q.scalar_type() && out.device() == q.device(),
                     "out must be a (B, H, N, D) view with q's shape, dtype and device and unit channel stride.");
@@ -220,7 +226,7 @@ void prepare_attend(const torch::Tensor& q, const torch::Tensor& k, const torch:
       low_rank ? static_cast<int>(v_basis->size(2)) : 0, out.data_ptr(), static_cast<int>(b), static_cast<int>(h),
       static_cast<int>(q.size(2)), static_cast<int>(n_pad), static_cast<int>(d), out.stride(0), out.stride(1),
       out.stride(2), expcast, static_cast<int>(vsmooth_mode), out.scalar_type() == torch::kBFloat16, stream,
-      vsmooth_mode == 2 && v_seg_end.has_value() ? v_seg_end->data_ptr() : nullptr);
+      v_mode == 2 && v_seg_end.has_value() ? v_seg_end->data_ptr() : nullptr);
   TORCH_CHECK(rc == 0, "sm90 attention launch failed: ", reinterpret_cast<vc::Sm90ErrorFn>(error_fn)());
 }
 

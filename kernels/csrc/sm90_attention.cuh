@@ -150,11 +150,12 @@ constexpr bool pair_accumulation() {
 #define VC_SM90_KPAIR 0
 #endif
 #ifndef VC_SM90_KPAIR_EXP2
-// 1 (variant): fidelity's exp2 256-key loop (the two-mean fold, V-Smooth at head dim 128) takes one K scale per
-// 256-key step (every call of that kernel then needs K scales equal in 128-key pairs: VCConfig.k_scale_rows =
-// 256, which the emulation finds error-neutral in fidelity mode, docs/fidelity-study.md): one score scale and
-// one row max per row and step instead of two, so ptxas keeps the loop in registers (36 B of spills -> 0, loop
-// trip 1017 -> 992 instructions; docs/kernel-notes.md section 29)
+// 1: fidelity's exp2 256-key loop (the two-mean fold, V-Smooth at head dim 128) is also built with one K scale
+// per 256-key step (KPAIR kernels), which the forward runs where its caller says the K scales are equal in
+// 128-key pairs (vsmooth bit kVsmoothPairedK: VCConfig.k_scale_rows = 256, config.FIDELITY; emulated
+// error-neutral in fidelity mode, docs/fidelity-study.md); per-tile K scales keep the kernel without it. One
+// score scale and one row max per row and step instead of two, so ptxas keeps the loop in registers (36 B of
+// spills -> 0, loop trip 1017 -> 992 instructions; Wan2.2-14B kernel -2.5%: docs/kernel-notes.md sections 29-30)
 #define VC_SM90_KPAIR_EXP2 0
 #endif
 #ifndef VC_SM90_ALPHA_SKIP
@@ -164,6 +165,15 @@ constexpr bool pair_accumulation() {
 #endif
 #ifndef VC_SM90_STEP256_TURNS
 #define VC_SM90_STEP256_TURNS 0  // 1: the 256-key loop's two warpgroups take turns issuing their wgmma batches
+#endif
+#ifndef VC_SM90_SOFTMAX_TURNS
+// 1 (variant): the exp2 256-key loop's two warpgroups take turns through the softmax itself, one at a time (named
+// barriers 1 and 2, as VC_SM90_STEP256_TURNS): the exp2 softmax is MUFU-bound (128 MUFU.EX2 per warp and step,
+// 8 cycles each on a scheduler's quarter-rate pipe: ~1040 cycles), and free-running warpgroups fall into step,
+// so both softmaxes share the pipe at once and both warpgroups' MMAs queue behind them (~4480 cycles per step
+// measured vs ~2050 of tensor work). One softmax at a time puts one warpgroup's MMAs and fold under the
+// other's softmax (FlashAttention-3's ping-pong, applied to the phase that holds the scarce pipe).
+#define VC_SM90_SOFTMAX_TURNS 0
 #endif
 // 256-key steps (VC_SM90_STEP256=1, head dim 128, two consumer warpgroups at 240 registers): one loop
 // trip = QK of two 128-key tiles (two stages, one commit group), one online-softmax step over their 256
@@ -889,7 +899,8 @@ __device__ __forceinline__ void store_p_tile(uint8_t* p_tile, const uint32_t (&p
 // (Issuing [QK(j), PV(j-1)] so that the softmax also overlaps the own PV needs a second P fragment
 // set live; at head dim 128 that spills under 240 registers and measured slower: kernel-notes.md.
 // The VC_SM90_P_SMEM variant gets the same overlap by staging P through shared memory instead.)
-template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK, bool STEPMEAN>
+// KPAIR: the K scales are equal in the 256-key steps' two tiles (fidelity's exp2 256-key loop takes one per step)
+template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK, bool STEPMEAN, bool KPAIR>
 __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, uint64_t* bar_q, uint64_t* bar_full,
                                               uint64_t* bar_empty) {
   constexpr bool kPSmem = p_through_smem<D, EXPCAST>();
@@ -920,6 +931,16 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   };
   auto turn_end = [&]() {
     if (kTurns) named_arrive(2 - wg, 256);
+  };
+  // VC_SM90_SOFTMAX_TURNS: one warpgroup's softmax at a time in the exp2 256-key loop (the early-QK loop is ExpCast's)
+  constexpr bool kSoftmaxTurns = VC_SM90_SOFTMAX_TURNS && kStep256 && !EXPCAST && kConsumers == 2 && !kTurns &&
+                                 !(VC_SM90_STEP256_EARLY_QK == 1);
+  auto softmax_turn_begin = [&]() {
+    if (kSoftmaxTurns) named_sync(1 + wg, 256);
+  };
+  // after its last softmax warpgroup 1 owes nothing (warpgroup 0 waits for no further turn): no arrival pending at exit
+  auto softmax_turn_end = [&](bool last) {
+    if (kSoftmaxTurns && !(last && wg == 1)) named_arrive(2 - wg, 256);
   };
   auto release = [&](int s) {
     __syncwarp();
@@ -984,9 +1005,10 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   };
 
   mbar_wait(bar_q, 0);
-  if (kTurns && wg == 1) named_arrive(1, 256);  // warpgroup 0 takes the first turn
+  if ((kTurns || kSoftmaxTurns) && wg == 1) named_arrive(1, 256);  // warpgroup 0 takes the first turn
 
   constexpr bool kEarlyQk = kStep256 && (VC_SM90_STEP256_EARLY_QK == 1 || (VC_SM90_STEP256_EARLY_QK == 2 && EXPCAST));
+  static_assert(!KPAIR || (kStep256 && !kEarlyQk), "paired K scales are read by the 256-key loop without the early QK");
   // the 256-key loops' registers: the two tiles' scores and P fragments as halves of one array each, and
   // the second alpha of fold_pair (one step, one rescale); unused (and dropped) by the 128-key loops
   int32_t s2[128];
@@ -1160,12 +1182,16 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       reg_fence(s2);
       const float ksc1 = ksc_smem[s1];  // STEPMEAN: its sign bit is the segment-end flag
       const RowScale sc2[2] = {q_sc * ksc_smem[s0], q_sc * (STEPMEAN ? fabsf(ksc1) : ksc1)};
-      // VC_SM90_KPAIR_EXP2: the step's two K scales are equal (k_scale_rows 256): one of each per row
-      constexpr bool kKPairExp2 = VC_SM90_KPAIR_EXP2 && !EXPCAST && VSMOOTH && !STEPMEAN && !LOWRANK && !kMeanPv;
+      // KPAIR (VC_SM90_KPAIR_EXP2 builds): the step's two K scales are equal (k_scale_rows 256): one of each per row
+      constexpr bool kKPairExp2 = KPAIR;
+      static_assert(!KPAIR || (!EXPCAST && VSMOOTH && !STEPMEAN && !LOWRANK && !kMeanPv),
+                    "paired K scales in this loop: fidelity's exp2 two-mean fold without the low-rank term");
+      softmax_turn_begin();
       if (has_tail && last)
         softmax_keys<EXPCAST, true, 2, kKPairExp2>(s2, sc2, valid_last, t, row_off, alpha, p2);
       else
         softmax_keys<EXPCAST, false, 2, kKPairExp2>(s2, sc2, kBlockN, t, row_off, alpha, p2);
+      softmax_turn_end(last);
       if constexpr (kMeanPv) deferred_mean_a(a_mean, l_prev, alpha, t);
       turn_begin();
       reg_fence(p2);
@@ -1204,7 +1230,9 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       turn_end();
       wgmma_wait<0>();
       reg_fence(s_lo);
+      softmax_turn_begin();
       softmax(s_lo, q_sc * ksc_smem[sj], has_tail, row_off, alpha, p_lo);
+      softmax_turn_end(true);  // the tail tile's softmax is each warpgroup's last
       turn_begin();
       reg_fence(p_lo);
       reg_fence(pv);
@@ -1517,7 +1545,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   }
 }
 
-template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK = false, bool STEPMEAN = false>
+template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK = false, bool STEPMEAN = false,
+          bool KPAIR = false>
 __global__ void __launch_bounds__(kThreads, 1)
     vc_attention_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                              const __grid_constant__ CUtensorMap tm_vt, const __grid_constant__ CUtensorMap tm_vlow,
@@ -1560,7 +1589,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       producer_loop<D, EXPCAST, VSMOOTH, STAGES, L, LOWRANK, STEPMEAN>(&tm_q, &tm_k, &tm_vt, &tm_vlow, p, smem, bar_q, bar_full, bar_empty);
   } else {
     regs_alloc<kConsumerRegs>();
-    consumer_loop<D, EXPCAST, VSMOOTH, OutT, STAGES, LOWRANK, STEPMEAN>(p, smem, bar_q, bar_full, bar_empty);
+    consumer_loop<D, EXPCAST, VSMOOTH, OutT, STAGES, LOWRANK, STEPMEAN, KPAIR>(p, smem, bar_q, bar_full, bar_empty);
   }
 }
 

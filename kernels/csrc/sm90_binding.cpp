@@ -24,6 +24,10 @@ extern "C" int vc_sm90_step_mean(int head_dim, int expcast);
 static_assert(std::is_same_v<decltype(&vc_sm90_forward_low_rank), vc::Sm90ForwardFn>,
               "the prepare extension calls vc_sm90_forward_low_rank as vc::Sm90ForwardFn (vc_params.h)");
 static_assert(std::is_same_v<decltype(&vc_sm90_last_error), vc::Sm90ErrorFn>, "vc_sm90_last_error as vc::Sm90ErrorFn");
+// The refusals below are plain sentences: on the H200 (torch 2.11) a refusal of this binding formatted with an
+// integer argument killed the process (SIGSEGV) instead of raising, where the same sentence without one raised
+// ValueError (docs/kernel-notes.md section 30; tests/test_binding_refusals_gpu.py). The numbers they name:
+static_assert(vc::kVsmoothPairedK == 4 && vc::kMaxVRank == 6 && vc::kVLowRows == 8, "the refusals' sentences name these");
 
 namespace {
 
@@ -39,9 +43,12 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
                const std::optional<torch::Tensor>& v_low_basis, const std::optional<torch::Tensor>& v_low_scale,
                torch::Tensor out, int64_t n_tokens, bool expcast, int64_t vsmooth, int64_t stream,
                const std::optional<torch::Tensor>& v_seg_end) {
-  // vsmooth: 0 per-channel V, 1 V-Smooth, 2 V-Smooth with means equal in 128-row pairs (v_mean_rows = 256)
-  TORCH_CHECK_VALUE(vsmooth >= 0 && vsmooth <= 2, "vsmooth must be 0 (per-channel V), 1 (V-Smooth) or 2 (V-Smooth, "
-                    "means equal in 128-row pairs), got ", vsmooth, ".");
+  // vsmooth: 0 per-channel V, 1 V-Smooth, 2 V-Smooth with means equal in 128-row pairs (v_mean_rows = 256); 1 and 2
+  // may add vc::kVsmoothPairedK: the K scales are equal in 128-key pairs (k_scale_rows = 256)
+  const int64_t v_mode = vsmooth & ~int64_t(vc::kVsmoothPairedK);
+  TORCH_CHECK_VALUE(vsmooth >= 0 && v_mode <= 2 && (v_mode != 0 || vsmooth == 0),
+                    "vsmooth must be 0 (per-channel V), 1 (V-Smooth) or 2 (V-Smooth, means equal in 128-row pairs), "
+                    "1 and 2 optionally plus 4 (K scales equal in 128-key pairs).");
   check_operand(q_q, "q_q", torch::kChar);
   check_operand(k_q, "k_q", torch::kChar);
   check_operand(v_t, "v_t", torch::kFloat8_e4m3fn);
@@ -69,13 +76,13 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
     rank = static_cast<int>(v_low_basis->dim() == 4 ? v_low_basis->size(2) : 0);
     TORCH_CHECK_VALUE(v_low_basis->dim() == 4 && v_low_basis->size(0) == batch && v_low_basis->size(1) == heads &&
                           v_low_basis->size(3) == head_dim && rank >= 1 && rank <= vc::kMaxVRank,
-                      "v_low_basis must be (B, H, rank, D) with rank 1..", vc::kMaxVRank, ".");
-    TORCH_CHECK_VALUE(v_low_t->numel() == batch * heads * vc::kVLowRows * n_pad, "v_low_t must be (B, H, ", vc::kVLowRows, ", n_pad).");
+                      "v_low_basis must be (B, H, rank, D) with rank 1..6.");
+    TORCH_CHECK_VALUE(v_low_t->numel() == batch * heads * vc::kVLowRows * n_pad, "v_low_t must be (B, H, 8, n_pad).");
     TORCH_CHECK_VALUE(v_low_scale->numel() == batch * heads * rank, "v_low_scale must be (B, H, rank).");
   }
   // V-Smooth segment ends (VCConfig.v_mean_merge): one byte per 128-key tile, read with vsmooth 2 only
   if (v_seg_end.has_value()) {
-    TORCH_CHECK_VALUE(vsmooth == 2, "v_seg_end needs vsmooth=2 (V-Smooth means equal over each segment's tiles).");
+    TORCH_CHECK_VALUE(v_mode == 2, "v_seg_end needs vsmooth=2 (V-Smooth means equal over each segment's tiles).");
     check_operand(*v_seg_end, "v_seg_end", torch::kByte);
     TORCH_CHECK_VALUE(v_seg_end->numel() == batch * heads * (n_pad / vc::kKBlock), "v_seg_end must be (B, H, n_pad / 128).");
   }

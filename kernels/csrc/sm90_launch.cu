@@ -31,6 +31,10 @@
 
 namespace vc_sm90 {
 constexpr int kVsmoothPairMeans = 2;  // the forward's vsmooth argument for means equal in 128-row pairs
+// vc::kVsmoothPairedK, a bit the forward's vsmooth argument may add to V-Smooth's 1 or 2: the K scales are equal
+// in 128-key pairs (VCConfig.k_scale_rows = 256). A statement about the operands: a kernel that reads per-tile
+// scales ignores it.
+using vc::kVsmoothPairedK;
 
 // Which consumer count runs a (head dim, P mode, V mode) in the split build, from the side-by-side run on
 // the H200 (docs/kernel-notes.md section 17): three warpgroups won every case (Wan2.2-14B speed 124.6 vs
@@ -84,7 +88,7 @@ bool byte_map(CUtensorMap* map, const void* base, int rank, const cuuint64_t* di
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK, bool STEPMEAN>
+template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK, bool STEPMEAN, bool KPAIR = false>
 int launch(const void* q_q, const void* k_q, const void* v_t, const void* v_low_t, const Params& p, int bh,
            cudaStream_t stream) {
   using L = LayoutFor<D, EXPCAST, VSMOOTH, STAGES, LOWRANK>;
@@ -118,7 +122,7 @@ int launch(const void* q_q, const void* k_q, const void* v_t, const void* v_low_
   } else {
     tm_vlow = tm_vt;  // unread
   }
-  auto kernel = vc_attention_sm90_kernel<D, EXPCAST, VSMOOTH, OutT, STAGES, LOWRANK, STEPMEAN>;
+  auto kernel = vc_attention_sm90_kernel<D, EXPCAST, VSMOOTH, OutT, STAGES, LOWRANK, STEPMEAN, KPAIR>;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kAlloc) != cudaSuccess)
     return fail("cudaFuncSetAttribute(max dynamic shared memory) failed");
   const dim3 grid((p.n_pad + kBlockM - 1) / kBlockM, bh);  // 192-row CTAs (3 consumers) overhang n_pad
@@ -158,9 +162,20 @@ constexpr bool has_step_mean(int head_dim, bool expcast, bool vsmooth) {
          !deferred_means(expcast);
 }
 
+// Whether this build has fidelity's exp2 256-key loop with one K scale per step (VC_SM90_KPAIR_EXP2): V-Smooth at
+// head dim 128 on the two-mean fold (not the exp2 one-mean loop, not the deferred means), without the low-rank term.
+constexpr bool has_k_pair_exp2(int head_dim, bool expcast, bool vsmooth) {
+  const int consumers = VC_SM90_SPLIT ? split_consumers(head_dim, expcast, vsmooth) : kConsumers;
+  const int stages = head_dim == 128 ? VC_SM90_STAGES_D128 : VC_SM90_STAGES_D64;
+  const bool early_qk = VC_SM90_STEP256_EARLY_QK == 1 || (VC_SM90_STEP256_EARLY_QK == 2 && expcast);
+  return VC_SM90_KPAIR_EXP2 && !expcast && vsmooth && head_dim == 128 && consumers == kConsumers &&
+         step256(head_dim, consumers, stages) && !early_qk && !deferred_means(expcast);
+}
+
+// pair_means: the V-Smooth means are equal in 128-row pairs; pair_k: so are the K scales
 template <int D, bool EXPCAST, bool VSMOOTH, bool LOWRANK>
 int launch_out(const void* q_q, const void* k_q, const void* v_t, const void* v_low_t, const Params& p, int bh,
-               bool out_bf16, bool pair_means, cudaStream_t stream) {
+               bool out_bf16, bool pair_means, bool pair_k, cudaStream_t stream) {
   constexpr int kStages = stages_for<D>();
   if constexpr (VC_SM90_SPLIT && split_consumers(D, EXPCAST, VSMOOTH) != kConsumers) {
     return fail("internal: this kernel lives in the other consumer build");  // never instantiated here
@@ -172,6 +187,11 @@ int launch_out(const void* q_q, const void* k_q, const void* v_t, const void* v_
         return out_bf16 ? launch<D, EXPCAST, VSMOOTH, __nv_bfloat16, kStages, false, true>(q_q, k_q, v_t, v_low_t, p, bh, stream)
                         : launch<D, EXPCAST, VSMOOTH, __half, kStages, false, true>(q_q, k_q, v_t, v_low_t, p, bh, stream);
     }
+    if constexpr (!LOWRANK && has_k_pair_exp2(D, EXPCAST, VSMOOTH)) {
+      if (pair_k)
+        return out_bf16 ? launch<D, EXPCAST, VSMOOTH, __nv_bfloat16, kStages, false, false, true>(q_q, k_q, v_t, v_low_t, p, bh, stream)
+                        : launch<D, EXPCAST, VSMOOTH, __half, kStages, false, false, true>(q_q, k_q, v_t, v_low_t, p, bh, stream);
+    }
     return out_bf16 ? launch<D, EXPCAST, VSMOOTH, __nv_bfloat16, kStages, LOWRANK, false>(q_q, k_q, v_t, v_low_t, p, bh, stream)
                     : launch<D, EXPCAST, VSMOOTH, __half, kStages, LOWRANK, false>(q_q, k_q, v_t, v_low_t, p, bh, stream);
   }
@@ -179,12 +199,12 @@ int launch_out(const void* q_q, const void* k_q, const void* v_t, const void* v_
 
 template <int D, bool LOWRANK>
 int launch_d(const void* q_q, const void* k_q, const void* v_t, const void* v_low_t, const Params& p, int bh,
-             bool expcast, bool vsmooth, bool pair_means, bool out_bf16, cudaStream_t stream) {
+             bool expcast, bool vsmooth, bool pair_means, bool pair_k, bool out_bf16, cudaStream_t stream) {
   if (expcast)
-    return vsmooth ? launch_out<D, true, true, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, pair_means, stream)
-                   : launch_out<D, true, false, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, false, stream);
-  return vsmooth ? launch_out<D, false, true, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, pair_means, stream)
-                 : launch_out<D, false, false, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, false, stream);
+    return vsmooth ? launch_out<D, true, true, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, pair_means, pair_k, stream)
+                   : launch_out<D, true, false, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, false, false, stream);
+  return vsmooth ? launch_out<D, false, true, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, pair_means, pair_k, stream)
+                 : launch_out<D, false, false, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, false, false, stream);
 }
 
 }  // namespace
@@ -225,14 +245,16 @@ int VC_SM90_EXPORT(vc_sm90_low_rank)(int head_dim, int expcast, int vsmooth) {
 
 // 1 where this library's kernel for (head_dim, expcast, vsmooth) without the low-rank term takes one K scale per
 // 256-key step, so the K scales must be equal in 128-key pairs (VCConfig.k_scale_rows 256): the speed loop with
-// VC_SM90_KPAIR when the means are paired (vsmooth 2), fidelity's exp2 256-key loop with VC_SM90_KPAIR_EXP2.
+// VC_SM90_KPAIR when the means are paired (vsmooth 2, which the callers send only with paired K scales), and
+// fidelity's exp2 256-key loop in VC_SM90_KPAIR_EXP2 builds when vsmooth carries kVsmoothPairedK.
 int VC_SM90_EXPORT(vc_sm90_k_pairs)(int head_dim, int expcast, int vsmooth) {
-  if (head_dim != 128 || vsmooth == 0) return 0;
-  const int consumers = VC_SM90_EXPORT(vc_sm90_consumers)(head_dim, expcast, vsmooth);
+  const int v_mode = vsmooth & ~vc_sm90::kVsmoothPairedK;
+  if (head_dim != 128 || v_mode == 0) return 0;
+  const int consumers = VC_SM90_EXPORT(vc_sm90_consumers)(head_dim, expcast, 1);
   if (!vc_sm90::step256(head_dim, consumers, VC_SM90_STAGES_D128) || consumers != vc_sm90::kConsumers) return 0;
-  if (expcast) return VC_SM90_KPAIR && vsmooth == vc_sm90::kVsmoothPairMeans && vc_sm90::has_step_mean(head_dim, true, true) ? 1 : 0;
-  const bool step_mean = vsmooth == vc_sm90::kVsmoothPairMeans && vc_sm90::has_step_mean(head_dim, false, true);
-  return VC_SM90_KPAIR_EXP2 && !step_mean && !vc_sm90::deferred_means(false) ? 1 : 0;
+  if (expcast) return VC_SM90_KPAIR && v_mode == vc_sm90::kVsmoothPairMeans && vc_sm90::has_step_mean(head_dim, true, true) ? 1 : 0;
+  const bool step_mean = v_mode == vc_sm90::kVsmoothPairMeans && vc_sm90::has_step_mean(head_dim, false, true);
+  return (vsmooth & vc_sm90::kVsmoothPairedK) && !step_mean && vc_sm90::has_k_pair_exp2(head_dim, false, true) ? 1 : 0;
 }
 
 // 1 where this library restores one V-Smooth mean per 256-key step for (head_dim, expcast) when the means
@@ -254,6 +276,10 @@ int VC_SM90_EXPORT(vc_sm90_forward_low_rank)(const void* q_q, const float* q_sca
                                              long long out_stride_h, long long out_stride_n, int expcast, int vsmooth,
                                              int out_bf16, void* stream, const void* v_seg_end) {
   using namespace vc_sm90;
+  // vsmooth: 0 per-channel V, 1 V-Smooth, 2 its means equal in 128-row pairs, each of 1 and 2 plus kVsmoothPairedK
+  const int v_mode = vsmooth & ~kVsmoothPairedK;
+  if (v_mode < 0 || v_mode > kVsmoothPairMeans || (v_mode == 0 && vsmooth != 0))
+    return fail("bad vsmooth: 0 (per-channel V), 1 or 2 (V-Smooth), the latter two optionally plus 4 (paired K scales)");
 #if VC_SM90_SPLIT && VC_SM90_CONSUMERS == 2
   if (split_consumers(head_dim, expcast != 0, vsmooth != 0) == 3) {
     if (v_rank != 0) return fail("this build has no low-rank V kernel for this head dim and mode");
@@ -285,14 +311,15 @@ int VC_SM90_EXPORT(vc_sm90_forward_low_rank)(const void* q_q, const float* q_sca
   p.v_seg_end = static_cast<const uint8_t*>(v_seg_end);
   const int bh = batch * heads;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  // vsmooth 2: V-Smooth means equal in 128-row pairs (VCConfig.v_mean_rows = 256)
-  const bool e = expcast != 0, vs = vsmooth != 0, pairs = vsmooth == kVsmoothPairMeans, bf = out_bf16 != 0;
+  // v_mode 2: V-Smooth means equal in 128-row pairs (VCConfig.v_mean_rows = 256); kVsmoothPairedK: the K scales too
+  const bool e = expcast != 0, vs = v_mode != 0, pairs = v_mode == kVsmoothPairMeans, bf = out_bf16 != 0;
+  const bool pk = (vsmooth & kVsmoothPairedK) != 0;
   if (head_dim == 128)
-    return v_rank ? launch_d<128, true>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, bf, s)
-                  : launch_d<128, false>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, bf, s);
+    return v_rank ? launch_d<128, true>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, pk, bf, s)
+                  : launch_d<128, false>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, pk, bf, s);
   if (head_dim == 64)
-    return v_rank ? launch_d<64, true>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, bf, s)
-                  : launch_d<64, false>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, bf, s);
+    return v_rank ? launch_d<64, true>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, pk, bf, s)
+                  : launch_d<64, false>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, pk, bf, s);
   return fail("head_dim must be 64 or 128");
 }
 

@@ -10,7 +10,8 @@
     !defined(VC_K_BLOCK) || !defined(VC_P_LOG2_MAX) || !defined(VC_E4M3_OCTAVE_CODES) ||                \
     !defined(VC_E4M3_ONE_CODE) || !defined(VC_EXPCAST_MAX_CODE) || !defined(VC_EXPCAST_BIAS) ||          \
     !defined(VC_EXPCAST_BETA) || !defined(VC_EXPCAST_P_LOG2_SCALE) || !defined(VC_EXPCAST_TOP) || \
-    !defined(VC_EXPCAST_SLOPE_CAP) || !defined(VC_V_LOW_ROWS) || !defined(VC_V_LOW_FIRST)
+    !defined(VC_EXPCAST_SLOPE_CAP) || !defined(VC_V_LOW_ROWS) || !defined(VC_V_LOW_FIRST) ||         \
+    !defined(VC_VSMOOTH_PAIRED_K)
 #error "VC-Attention numeric constants are missing: build through kernels/jit.py, or pass kernels.constants.cuda_defines() to nvcc"
 #endif
 
@@ -34,6 +35,8 @@ constexpr int kVLowRows = VC_V_LOW_ROWS;  // extra V^T rows: two parity row-sum 
 constexpr int kVLowFirst = VC_V_LOW_FIRST;  // the first coefficient row
 constexpr int kMaxVRank = kVLowRows - kVLowFirst;
 constexpr int kE4m3OneCode = VC_E4M3_ONE_CODE;  // the E4M3 byte of 1.0
+// the Hopper forward's vsmooth bit for K scales equal in 128-key pairs (added to V-Smooth's 1 or 2)
+constexpr int kVsmoothPairedK = VC_VSMOOTH_PAIRED_K;
 constexpr uint32_t kE4m3OnesX4 = uint32_t(VC_E4M3_ONE_CODE) * 0x01010101u;  // four E4M3 1.0 bytes
 
 }  // namespace vc
