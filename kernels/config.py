@@ -51,10 +51,11 @@ class VCConfig:
         docs/fidelity-study.md). With ExpCast 256 goes with
         the speed loop's other pairing, v_mean_rows=256 and v_rank=0 (config.SPEED has all three): the loop
         that pairs the means is the one that pairs the K scales (backend_sm90.vsmooth_mode); exp2 P (no per-step
-        anchor) takes it with 128-row means too (fidelity's exp2 loop in VC_SM90_KPAIR_EXP2 builds: no spills,
-        docs/kernel-notes.md section 29; emulated error-neutral in fidelity mode, docs/fidelity-study.md). The operands keep
-        one K scale per 128 keys (equal in pairs at 256), so every kernel reads them alike. Head dim 128 only
-        (reference.k_scale_rows, as the segments): at 64 every kernel steps 128 keys with a scale per tile.
+        anchor) takes it with 128-row means too: config.FIDELITY does, and the Hopper exp2 loop then reads one K scale
+        per step (no spills, -2.5% at Wan2.2-14B: docs/kernel-notes.md sections 29-30; emulated error-neutral,
+        docs/fidelity-study.md). V-Smooth only (its loops are the ones that pair). The operands keep one K scale per
+        128 keys (equal in pairs at 256), so every kernel reads them alike. Head dim 128 only (reference.k_scale_rows,
+        as the segments): at 64 every kernel steps 128 keys with a scale per tile.
     """
 
     qk: str = "int8"
