@@ -2,7 +2,7 @@
 # The GPU run that produces every published number and runs every GPU test:
 #   bash bench/device_run.sh [STAGE ...]      (default: every stage, in this order)
 # stages: build   JIT-build every extension (first use prints progress)
-#         tests   the portable kernel's variant builds (four at once), the whole `gpu` pytest tier, then
+#         tests   the portable kernel's variant builds (four at once), the whole `gpu` pytest tier (4 workers), then
 #                 the real-host tier when a ComfyUI checkout is there
 #         bench   `vc-attention bench --save`: attention kernels + grouping at every shape
 #         e2e     `vc-attention bench --e2e --save`: the Wan 14B forward (diffusers), SDPA / SageAttention / ours
@@ -59,7 +59,10 @@ for stage in $stages; do
     build) step build 240 python3 -m vc_attention.cli build ;;
     tests)
       step mma_variant_builds 240 python3 bench/build_mma_variants.py
-      step gpu_tests 420 python3 -m pytest -q -m gpu --junitxml="$OUT/gpu_tests.xml" tests
+      # four workers on the one GPU (pytest-xdist is in the image): the tier ran in 128 s instead of ~420 s on the
+      # H200 (session 20), and a test that ends its process fails alone instead of ending the run
+      workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || true)
+      step gpu_tests 420 python3 -m pytest -q -m gpu $workers --junitxml="$OUT/gpu_tests.xml" tests
       if [ -n "${COMFYUI_PATH:-}" ]; then VC_PYAV_PLACEHOLDER=1 step host_tests 240 python3 -m pytest -q -rfE -m comfyui tests; fi ;;
     bench) step bench 300 python3 -m vc_attention.cli bench --save ;;
     grouping) step grouping 150 python3 bench/grouping_bench.py ;;
