@@ -3,8 +3,9 @@
 On the H200 (torch 2.11, session 20) refusals of the sm90 `attention` binding and of the prepare extension's
 `prepare_attend` that were formatted with an integer argument killed the process (SIGSEGV) while the same check
 with a plain sentence raised ValueError (docs/kernel-notes.md section 30). Inside ComfyUI a crash takes the whole
-server down, so every refusal of these two entry points runs here, each in a process of its own (a crash is then
-a failed case with its exit status, not a lost test run).
+server down, so the refusals of these two entry points, and integer-formatted ones of the grouping and prepare
+bindings, run here, each in a process of its own (a crash is then a failed case with its exit status, not a lost
+test run).
 
   pytest -q -m gpu tests/test_binding_refusals_gpu.py
 """
@@ -27,7 +28,18 @@ gen = torch.Generator(device="cuda").manual_seed(1)
 q, k, v = (torch.randn(1, 2, 500, 128, generator=gen, device="cuda").bfloat16() for _ in range(3))
 out = torch.empty_like(q)
 try:
-    if case.startswith("prepare_attend"):
+    if case.startswith("grouping_"):  # the fused k-means binding's integer-formatted refusals
+        from vc_attention.kernels import grouping_fused
+        d = 96 if case == "grouping_head_dim_96" else 128
+        c = 200 if case == "grouping_clusters_200" else 4
+        vg = torch.randn(1, 2, 500, d, device="cuda").bfloat16()
+        z = torch.zeros(1, device="cuda")
+        grouping_fused.extension().kmeans_group(vg, torch.zeros(2, c, d, device="cuda"), z, z, z, None, None, None, None,
+                                                None, 1, False, False, 1 << 20, 0)
+    elif case == "prepare_head_dim_96":  # the prepare binding's: formatted with an integer too
+        q96 = torch.randn(1, 2, 500, 96, device="cuda").bfloat16()
+        prep.extension().prepare(q96, q96, q96, None, None, 0.1, False, True, True, 128, False, 256)
+    elif case.startswith("prepare_attend"):
         config = FIDELITY.with_(k_scale_rows=128) if case == "prepare_attend_paired_bit_on_per_tile_scales" else FIDELITY
         mode = 3 if case == "prepare_attend_mode_3" else 5
         forward, error = backend_sm90._entry()
@@ -60,6 +72,11 @@ CASES = {
     "attention_low_rank_rank_7": "rank 1..6",
     "prepare_attend_mode_3": "vsmooth_mode must be 0 without V-Smooth",
     "prepare_attend_paired_bit_on_per_tile_scales": "K scales are paired",
+    # integer-formatted refusals of the other bindings (not yet run on a GPU: session 20 found the crash in the two
+    # entry points above; these say whether it is theirs alone)
+    "grouping_head_dim_96": "head dim must be 64 or 128",
+    "grouping_clusters_200": "clusters must be between 1",
+    "prepare_head_dim_96": "head dim must be 64 or 128",
 }
 
 

@@ -166,13 +166,14 @@ constexpr bool pair_accumulation() {
 #ifndef VC_SM90_STEP256_TURNS
 #define VC_SM90_STEP256_TURNS 0  // 1: the 256-key loop's two warpgroups take turns issuing their wgmma batches
 #endif
+#ifndef VC_SM90_EXP2_KPAIR_PARTS
+#define VC_SM90_EXP2_KPAIR_PARTS 2  // independent partial row maxima of fidelity's paired-K step (variant: 4)
+#endif
 #ifndef VC_SM90_SOFTMAX_TURNS
 // 1 (variant): the exp2 256-key loop's two warpgroups take turns through the softmax itself, one at a time (named
-// barriers 1 and 2, as VC_SM90_STEP256_TURNS): the exp2 softmax is MUFU-bound (128 MUFU.EX2 per warp and step,
-// 8 cycles each on a scheduler's quarter-rate pipe: ~1040 cycles), and free-running warpgroups fall into step,
-// so both softmaxes share the pipe at once and both warpgroups' MMAs queue behind them (~4480 cycles per step
-// measured vs ~2050 of tensor work). One softmax at a time puts one warpgroup's MMAs and fold under the
-// other's softmax (FlashAttention-3's ping-pong, applied to the phase that holds the scarce pipe).
+// barriers 1 and 2, as VC_SM90_STEP256_TURNS), on the premise that both softmaxes share the MUFU pipe at once
+// (2 x 130 MUFU.EX2 per scheduler and step, 8 cycles each) while the MMAs wait. Measured slower (+1.2% at
+// Wan2.2-14B, docs/kernel-notes.md section 30): the softmax's time is its own warp's dependency chain, not the pipe.
 #define VC_SM90_SOFTMAX_TURNS 0
 #endif
 // 256-key steps (VC_SM90_STEP256=1, head dim 128, two consumer warpgroups at 240 registers): one loop
@@ -475,8 +476,9 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
   // float(max acc) * sc, rounded exactly as the reference rounds it
   // independent partial maxima per row: a shallow tree instead of one 32-deep dependency chain. Four
   // in the speed path; two in fidelity mode, whose head-dim-128 V-Smooth kernel otherwise spills (its
-  // two per-row score scales and two row constants are live through the encoding)
-  constexpr int kParts = EXPCAST ? 4 : 2;
+  // two per-row score scales and two row constants are live through the encoding); VC_SM90_EXP2_KPAIR_PARTS
+  // (variant): that many in fidelity's paired-K step, which has one score scale per row and no spills
+  constexpr int kParts = EXPCAST ? 4 : (KPAIR ? VC_SM90_EXP2_KPAIR_PARTS : 2);
   int mx[HK][2];
   int part[2][kParts];
 #pragma unroll

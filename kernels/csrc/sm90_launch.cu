@@ -35,6 +35,7 @@ constexpr int kVsmoothPairMeans = 2;  // the forward's vsmooth argument for mean
 // in 128-key pairs (VCConfig.k_scale_rows = 256). A statement about the operands: a kernel that reads per-tile
 // scales ignores it.
 using vc::kVsmoothPairedK;
+static_assert(kVsmoothPairedK == 4, "the forward's refusal names the paired-K bit as 4");
 
 // Which consumer count runs a (head dim, P mode, V mode) in the split build, from the side-by-side run on
 // the H200 (docs/kernel-notes.md section 17): three warpgroups won every case (Wan2.2-14B speed 124.6 vs
