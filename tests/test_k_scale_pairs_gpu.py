@@ -67,6 +67,36 @@ def _sm90():
     return backend
 
 
+def _attend_within_the_gate(config, n: int, dtype, seed: int, permute: bool):
+    """The CUDA prepare and the sm90 backend's attend on `_qkv` data (a random permutation or the identity), checked
+    against the float64 emulation at the kernel's 256-key step: (ops, out, emulation, the dtype's floor)."""
+    backend = _sm90()
+    q, k, v = _qkv(n, 128, dtype, seed=seed)
+    perm = (torch.argsort(torch.rand(1, 2, n, device="cuda"), dim=-1) if permute
+            else torch.arange(n, device="cuda").expand(1, 2, n).contiguous().int())
+    ops = prepare_cuda(q, k, v, perm, config, "bhnd")
+    out = torch.full(q.shape, float("nan"), dtype=dtype, device="cuda")
+    backend.attend(ops, config, out, "bhnd")
+    step = backend.softmax_step(128, config)
+    assert step == 256
+    emul = reference.vc_attention_reference(q, k, v, config, perm=perm, parts=True, offset_block=step).out
+    floor = _rel_l2(emul.to(dtype), emul)
+    assert torch.isfinite(out).all() and _rel_l2(out, emul) <= floor + GATE
+    return ops, out, emul, floor
+
+
+def _binding_run(ops, like: torch.Tensor, k_scale, expcast: bool, mode: int, seg_end=None):
+    """The sm90 attention binding on `ops` with these K scales and this vsmooth mode, into a poisoned output shaped
+    and typed like `like`."""
+    from vc_attention.kernels import backend_sm90
+
+    o = torch.full_like(like, float("nan"))
+    backend_sm90.extension().attention(ops.q_q, ops.q_scale, ops.k_q, k_scale, ops.v_t, ops.v_scale, ops.v_mean,
+                                       None, None, None, o, ops.n_tokens, expcast, mode,
+                                       torch.cuda.current_stream().cuda_stream, seg_end)
+    return o
+
+
 @pytest.mark.parametrize("n,dtype", [(3000, torch.bfloat16), (1100, torch.float16)])
 def test_paired_speed_loop_matches_its_emulation_and_reads_one_scale_per_step(n, dtype):
     """The speed loop at k_scale_rows 256 matches the float64 emulation (one anchor per step). It reads only
@@ -74,26 +104,10 @@ def test_paired_speed_loop_matches_its_emulation_and_reads_one_scale_per_step(n,
     bit, while the per-tile loop (vsmooth mode 1, the same operands) changes, so the paired loop is what ran.
     (The per-tile loop anchors each tile at its own maximum: on these operands that is another encoding,
     ~2e-3 rel-L2 away from the paired spec, bench/sm90_check.py's gate fails it, so it is not compared.)"""
-    from vc_attention.kernels import backend_sm90
-
-    backend = _sm90()
-    q, k, v = _qkv(n, 128, dtype, seed=5)
-    perm = torch.stack([torch.stack([torch.arange(n, device="cuda")] * 2)]).int()
-    ops = prepare_cuda(q, k, v, perm, SPEED, "bhnd")
-    out = torch.full(q.shape, float("nan"), dtype=dtype, device="cuda")
-    backend.attend(ops, SPEED, out, "bhnd")
-    step = backend.softmax_step(128, SPEED)
-    assert step == 256
-    emul = reference.vc_attention_reference(q, k, v, SPEED, perm=perm, parts=True, offset_block=step).out
-    floor = _rel_l2(emul.to(dtype), emul)
-    assert torch.isfinite(out).all() and _rel_l2(out, emul) <= floor + GATE
+    ops, out, _, _ = _attend_within_the_gate(SPEED, n, dtype, seed=5, permute=False)
 
     def run(k_scale, mode):
-        o = torch.empty_like(q)
-        backend_sm90.extension().attention(ops.q_q, ops.q_scale, ops.k_q, k_scale, ops.v_t, ops.v_scale, ops.v_mean,
-                                           None, None, None, o, ops.n_tokens, True, mode,
-                                           torch.cuda.current_stream().cuda_stream, ops.v_seg_end if mode == 2 else None)
-        return o
+        return _binding_run(ops, out, k_scale, True, mode, ops.v_seg_end if mode == 2 else None)
 
     odd_scaled = ops.k_scale.clone()
     odd_scaled[..., 1::2] *= 1.5
@@ -104,25 +118,6 @@ def test_paired_speed_loop_matches_its_emulation_and_reads_one_scale_per_step(n,
     assert not torch.equal(run(odd_scaled, 1), per_tile)
 
 
-def test_the_public_speed_call_runs_the_paired_loop_on_paired_scales(sm90_kernel_flags):
-    """vc_attention with config.SPEED on sm90 runs the STEPMEAN kernel (profiler name) on operands whose K
-    scales are equal in pairs, within the gate of the emulation; the per-tile configuration keeps the
-    two-mean kernel (vsmooth mode 1)."""
-    from vc_attention.kernels import api, backend_sm90
-
-    _sm90()
-    q, k, v = _qkv(2000, 128, torch.bfloat16, seed=9)
-    assert backend_sm90.vsmooth_mode(SPEED) == 2 | VSMOOTH_PAIRED_K and backend_sm90.vsmooth_mode(PER_TILE) == 1
-    for config, stepmean in ((SPEED, True), (PER_TILE, False)):
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            out = api.vc_attention(q, k, v, config=config, backend="sm90")
-            torch.cuda.synchronize()
-        names = [e.name for e in prof.events() if "vc_attention_sm90_kernel" in e.name]
-        assert names and all(sm90_kernel_flags(nm) == (False, stepmean, False) for nm in names), names
-        emul = reference.vc_attention_reference(q, k, v, config, parts=True, offset_block=256).out
-        assert _rel_l2(out, emul) <= _rel_l2(emul.to(out.dtype), emul) + GATE
-
-
 @pytest.mark.parametrize("n", [3000, 1100])  # an even and an odd number of 128-key tiles (the tail runs alone)
 def test_paired_fidelity_loop_matches_its_emulation_and_reads_one_scale_per_step(n):
     """Fidelity's exp2 256-key loop told that the K scales are paired (vsmooth 1 + VSMOOTH_PAIRED_K, what FIDELITY
@@ -131,28 +126,13 @@ def test_paired_fidelity_loop_matches_its_emulation_and_reads_one_scale_per_step
     changes with them. On paired operands both loops compute the same function (exp2 P has no anchor).
     (bf16 out: with fp16 out this loud-K data puts either exp2 loop 1.2-1.5e-3 above the emulation's floor, the
     per-tile loop on per-tile operands as much: measured on the H200, docs/kernel-notes.md section 30.)"""
-    dtype = torch.bfloat16
     from vc_attention.kernels import backend_sm90
 
-    backend = _sm90()
     assert backend_sm90.vsmooth_mode(FIDELITY) == 1 | VSMOOTH_PAIRED_K and backend_sm90.vsmooth_mode(FIDELITY_PER_TILE) == 1
-    q, k, v = _qkv(n, 128, dtype, seed=15)
-    perm = torch.argsort(torch.rand(1, 2, n, device="cuda"), dim=-1)
-    ops = prepare_cuda(q, k, v, perm, FIDELITY, "bhnd")
-    out = torch.full(q.shape, float("nan"), dtype=dtype, device="cuda")
-    backend.attend(ops, FIDELITY, out, "bhnd")
-    step = backend.softmax_step(128, FIDELITY)
-    assert step == 256
-    emul = reference.vc_attention_reference(q, k, v, FIDELITY, perm=perm, parts=True, offset_block=step).out
-    floor = _rel_l2(emul.to(dtype), emul)
-    assert torch.isfinite(out).all() and _rel_l2(out, emul) <= floor + GATE
+    ops, out, emul, floor = _attend_within_the_gate(FIDELITY, n, torch.bfloat16, seed=15, permute=True)
 
     def run(k_scale, mode):
-        o = torch.full_like(q, float("nan"))
-        backend_sm90.extension().attention(ops.q_q, ops.q_scale, ops.k_q, k_scale, ops.v_t, ops.v_scale, ops.v_mean,
-                                           None, None, None, o, ops.n_tokens, False, mode,
-                                           torch.cuda.current_stream().cuda_stream, None)
-        return o
+        return _binding_run(ops, out, k_scale, False, mode)
 
     odd_scaled = ops.k_scale.clone()
     odd_scaled[..., 1::2] *= 1.5
@@ -164,22 +144,34 @@ def test_paired_fidelity_loop_matches_its_emulation_and_reads_one_scale_per_step
     assert not torch.equal(run(odd_scaled, 1), per_tile)
 
 
-def test_the_public_fidelity_call_runs_the_paired_loop_only_on_paired_scales(sm90_kernel_flags):
-    """vc_attention with config.FIDELITY on sm90 runs the KPAIR kernel (profiler name: the last template flag);
-    a custom configuration with K scales per 128 keys runs the per-tile one. Both within the emulation's gate, so
-    a caller who keeps per-tile scales never gets a kernel that reads one scale for two tiles."""
-    from vc_attention.kernels import api
+# (config, the kernel's (LOWRANK, STEPMEAN, KPAIR) flags): paired K scales run the loops that read one per step
+PUBLIC_CALLS = {
+    "speed": (SPEED, (False, True, False)),  # the STEPMEAN kernel (its K pairing is VC_SM90_KPAIR's)
+    "speed-128-key-scales": (PER_TILE, (False, False, False)),
+    "fidelity": (FIDELITY, (False, False, True)),  # the KPAIR kernel
+    "fidelity-128-key-scales": (FIDELITY_PER_TILE, (False, False, False)),
+}
+
+
+@pytest.mark.parametrize("name", list(PUBLIC_CALLS))
+def test_the_public_call_runs_the_loop_its_k_scales_ask_for(name, sm90_kernel_flags):
+    """vc_attention on sm90 runs the paired loop (profiler name: the template flags) exactly where the configuration
+    pairs the K scales, within the emulation's gate either way: a caller who keeps per-tile scales never gets a kernel
+    that reads one scale for two tiles."""
+    from vc_attention.kernels import api, backend_sm90
 
     _sm90()
-    q, k, v = _qkv(2000, 128, torch.bfloat16, seed=19)
-    for config, k_pair in ((FIDELITY, True), (FIDELITY_PER_TILE, False)):
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            out = api.vc_attention(q, k, v, config=config, backend="sm90")
-            torch.cuda.synchronize()
-        names = [e.name for e in prof.events() if "vc_attention_sm90_kernel" in e.name]
-        assert names and all(sm90_kernel_flags(nm) == (False, False, k_pair) for nm in names), names
-        emul = reference.vc_attention_reference(q, k, v, config, parts=True, offset_block=256).out
-        assert _rel_l2(out, emul) <= _rel_l2(emul.to(out.dtype), emul) + GATE
+    config, flags = PUBLIC_CALLS[name]
+    paired = reference.k_scale_rows(config, 128) == 256
+    assert bool(backend_sm90.vsmooth_mode(config) & VSMOOTH_PAIRED_K) == paired
+    q, k, v = _qkv(2000, 128, torch.bfloat16, seed=9)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out = api.vc_attention(q, k, v, config=config, backend="sm90")
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if "vc_attention_sm90_kernel" in e.name]
+    assert names and all(sm90_kernel_flags(nm) == flags for nm in names), names
+    emul = reference.vc_attention_reference(q, k, v, config, parts=True, offset_block=256).out
+    assert _rel_l2(out, emul) <= _rel_l2(emul.to(out.dtype), emul) + GATE
 
 
 def test_prepare_attend_refuses_a_paired_k_bit_its_prepare_does_not_pair():
