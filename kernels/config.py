@@ -11,7 +11,7 @@ from .constants import MAX_V_RANK  # V-Smooth's low-rank term: at most the PV MM
 from .constants import K_BLOCK, V_BLOCK
 
 V_MEAN_ROWS = (V_BLOCK, 2 * V_BLOCK)  # rows per V-Smooth block mean (VCConfig.v_mean_rows)
-K_SCALE_ROWS = (K_BLOCK, 2 * K_BLOCK)  # keys per INT8 K scale (VCConfig.k_scale_rows)
+K_SCALE_ROWS = (K_BLOCK, 2 * K_BLOCK)  # keys per K scale, INT8 or FP8 (VCConfig.k_scale_rows)
 
 QK_FORMATS = ("int8", "fp8")
 V_FORMATS = ("vsmooth", "per_channel")
@@ -44,7 +44,7 @@ class VCConfig:
         segments"; docs/kernel-notes.md section 26: -3.8% at Wan2.2-14B, same error). The operands still hold
         one mean per 128 keys. config.SPEED merges; with_rank() turns it off for a low-rank term. Head dim
         128 only (reference.SEGMENT_HEAD_DIMS): at 64 every kernel restores per tile, segments would not pay.
-    k_scale_rows: keys per INT8 K scale: 128 (one per key tile) or 256 (one per 256-key online-softmax step
+    k_scale_rows: keys per K scale (INT8 or FP8): 128 (one per key tile) or 256 (one per 256-key online-softmax step
         of the Hopper speed loop, which then takes one row maximum, one row constant and one clamp bound per
         row and step instead of two: loop trip 971 -> 916 instructions, kernel -3.7% at Wan2.2-14B,
         docs/kernel-notes.md section 27; the rel-L2 on the video-like data unchanged within its noise,

@@ -397,8 +397,8 @@ def merges(config: VCConfig, head_dim: int) -> bool:
     return config.v_mean_merge and head_dim in SEGMENT_HEAD_DIMS
 
 
-# the head dims whose K scales pair (VCConfig.k_scale_rows 256): the Hopper speed loop that takes one K scale
-# per 256-key step runs at head dim 128; at 64 every kernel steps 128 keys with a scale per tile, so a scale
+# the head dims whose K scales pair (VCConfig.k_scale_rows 256): the Hopper speed and fidelity loops that take one
+# K scale per 256-key step run at head dim 128; at 64 every kernel steps 128 keys with a scale per tile, so a scale
 # per 256 keys would only cost error and the statistics pass's K extremes (+9 us of 32 at LTX-Video:
 # docs/kernel-notes.md section 28)
 PAIRED_K_HEAD_DIMS = (128,)

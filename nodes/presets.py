@@ -226,8 +226,9 @@ def config_from_widgets(widgets: dict[str, object]) -> VCConfig:
         v_mean_rows=SPEED.v_mean_rows if vsmooth and expcast else FIDELITY.v_mean_rows,
         v_mean_merge=SPEED.v_mean_merge if vsmooth and expcast else False,
         # and one K scale per 256-key step with V-Smooth, as config.SPEED and config.FIDELITY (per-channel V: as
-        # config.PLAIN_8BIT)
-        k_scale_rows=(SPEED.k_scale_rows if expcast else FIDELITY.k_scale_rows) if vsmooth else PLAIN_8BIT.k_scale_rows,
+        # config.PLAIN_8BIT); fidelity pairs them for the Hopper INT8 loop only, so FP8 Q/K keep one per tile there
+        k_scale_rows=(SPEED.k_scale_rows if expcast else (FIDELITY.k_scale_rows if qk == "int8" else PLAIN_8BIT.k_scale_rows))
+        if vsmooth else PLAIN_8BIT.k_scale_rows,
     )
 
 

@@ -100,7 +100,8 @@ def block_mean_energy_removal(v: torch.Tensor, perm: torch.Tensor | None = None,
 
 # ----------------------------------------------------------------------------------------------
 # the method table of `vc-attention fidelity`
-FP8_QK_VSMOOTH = FIDELITY.with_(qk="fp8")
+# FP8 Q/K keep one K scale per 128 keys, as the node runs them (its paired scales are for the Hopper INT8 loop)
+FP8_QK_VSMOOTH = FIDELITY.with_(qk="fp8", k_scale_rows=128)
 
 # method name -> (emulation, V-Smooth grouping needed?)
 METHODS = {

@@ -31,7 +31,7 @@ try:
     if case.startswith("grouping_"):  # the fused k-means binding's integer-formatted refusals
         from vc_attention.kernels import grouping_fused
         d = 96 if case == "grouping_head_dim_96" else 128
-        c = 200 if case == "grouping_clusters_200" else 4
+        c = 300 if case == "grouping_clusters_300" else 4  # more than kGroupMaxClusters (256)
         vg = torch.randn(1, 2, 500, d, device="cuda").bfloat16()
         z = torch.zeros(1, device="cuda")
         grouping_fused.extension().kmeans_group(vg, torch.zeros(2, c, d, device="cuda"), z, z, z, None, None, None, None,
@@ -40,10 +40,15 @@ try:
         q96 = torch.randn(1, 2, 500, 96, device="cuda").bfloat16()
         prep.extension().prepare(q96, q96, q96, None, None, 0.1, False, True, True, 128, False, 256)
     elif case.startswith("prepare_attend"):
-        config = FIDELITY.with_(k_scale_rows=128) if case == "prepare_attend_paired_bit_on_per_tile_scales" else FIDELITY
-        mode = 3 if case == "prepare_attend_mode_3" else 5
+        from vc_attention.kernels.config import SPEED
+        speed = case == "prepare_attend_speed_mode_2_on_per_tile_scales"
+        if speed:
+            config = SPEED.with_(k_scale_rows=128)
+        else:
+            config = FIDELITY.with_(k_scale_rows=128) if case == "prepare_attend_paired_bit_on_per_tile_scales" else FIDELITY
+        mode = 3 if case == "prepare_attend_mode_3" else (2 if speed else 5)
         forward, error = backend_sm90._entry()
-        prep.extension().prepare_attend(*prep.binding_args(q, k, v, None, config, "bhnd", None, None), out, False,
+        prep.extension().prepare_attend(*prep.binding_args(q, k, v, None, config, "bhnd", None, None), out, speed,
                                         mode, forward, error)
     else:
         ops = prep.prepare_cuda(q, k, v, None, FIDELITY, "bhnd")
@@ -72,10 +77,11 @@ CASES = {
     "attention_low_rank_rank_7": "rank 1..6",
     "prepare_attend_mode_3": "vsmooth_mode must be 0 without V-Smooth",
     "prepare_attend_paired_bit_on_per_tile_scales": "K scales are paired",
+    "prepare_attend_speed_mode_2_on_per_tile_scales": "vsmooth_mode 2 with ExpCast",
     # integer-formatted refusals of the other bindings (not yet run on a GPU: session 20 found the crash in the two
     # entry points above; these say whether it is theirs alone)
     "grouping_head_dim_96": "head dim must be 64 or 128",
-    "grouping_clusters_200": "clusters must be between 1",
+    "grouping_clusters_300": "clusters must be between 1",
     "prepare_head_dim_96": "head dim must be 64 or 128",
 }
 

@@ -185,8 +185,8 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_stats_kernel(const Prepa
   const int c0 = (threadIdx.x % kLanesPerRow) * 8, row_sub = threadIdx.x / kLanesPerRow;
 
   float ksum[8] = {}, vacc[8] = {};
-  // k_pair (K scales per 256 keys = this block): the block's K extremes per channel; the quantize pass
-  // takes the smoothed K's amax from them once the head's K mean is known (k_pair_amax)
+  // k_pair (K scales per 256 keys: this block, or half of it with 128-row means): the block's K extremes per
+  // channel; the quantize pass takes the smoothed K's amax from them once the head's K mean is known (k_pair_amax)
   float kmax[8], kmin[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) kmax[i] = -INFINITY, kmin[i] = INFINITY;

@@ -59,7 +59,7 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
   const int64_t bh = b * h, slots = n_pad / vc::kKBlock, nb = (n_pad + 2 * vc::kKBlock - 1) / (2 * vc::kKBlock);
   TORCH_CHECK_VALUE(v_mean_rows == vc::kKBlock || v_mean_rows == 2 * vc::kKBlock, "v_mean_rows must be ", vc::kKBlock,
                     " or ", 2 * vc::kKBlock, ", got ", v_mean_rows, ".");
-  // K scales per 256 keys: the statistics pass (one block per 256-row V mean) takes each block's K extremes
+  // K scales per 256 keys: the statistics pass takes each of its blocks' K extremes (256 or 128 rows, as the V means)
   TORCH_CHECK_VALUE(k_scale_rows == vc::kKBlock || k_scale_rows == 2 * vc::kKBlock, "k_scale_rows must be ", vc::kKBlock,
                     " or ", 2 * vc::kKBlock, ", got ", k_scale_rows, ".");
   const bool k_pair = k_scale_rows == 2 * vc::kKBlock;
@@ -208,6 +208,10 @@ void prepare_attend(const torch::Tensor& q, const torch::Tensor& k, const torch:
                     "vsmooth_mode must be 0 without V-Smooth, 1 or 2 with it (optionally plus 4: paired K scales).");
   TORCH_CHECK_VALUE(!(vsmooth_mode & vc::kVsmoothPairedK) || k_scale_rows == 2 * vc::kKBlock,
                     "vsmooth_mode says the K scales are paired, but this prepare keeps one K scale per 128 keys.");
+  // with ExpCast, mode 2 runs the speed loop that also reads one K scale per 256-key step (VC_SM90_KPAIR)
+  TORCH_CHECK_VALUE(!(expcast && v_mode == 2) || k_scale_rows == 2 * vc::kKBlock,
+                    "vsmooth_mode 2 with ExpCast runs the loop that reads one K scale per 256-key step, but this prepare "
+                    "keeps one K scale per 128 keys.");
   TORCH_CHECK_VALUE(out.is_cuda() && out.dim() == 4 && out.stride(3) == 1 && out.sizes() == q.sizes() &&
                         out.scalar_type() == q.scalar_type() && out.device() == q.device(),
                     "out must be a (B, H, N, D) view with q's shape, dtype and device and unit channel stride.");
@@ -235,7 +239,7 @@ void prepare_attend(const torch::Tensor& q, const torch::Tensor& k, const torch:
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "VC-Attention fused prepare: q, k, v (+perm) -> the quantized operands of the attention kernels.";
   m.def("prepare", &prepare, "q, k, v (+perm, +v_basis) -> the quantized operands (q_q, q_scale, k_q, k_scale, v_t, v_scale, "
-        "v_mean, v_low_t, v_low_scale, v_seg_end), on q's device and current stream; k_scale_rows 256 (with v_mean_rows 256) "
+        "v_mean, v_low_t, v_low_scale, v_seg_end), on q's device and current stream; k_scale_rows 256 "
         "stores each 256-key block's K scale in both of its 128-key slots");
   m.def("prepare_attend", &prepare_attend, "prepare, then the Hopper kernel through the sm90 extension's C entry "
         "(forward_fn, error_fn: its forward_address(), last_error_address()) into out, in one call");

@@ -326,7 +326,8 @@ int VC_SM90_EXPORT(vc_sm90_forward_low_rank)(const void* q_q, const float* q_sca
 
 // Returns 0 on success, else non-zero with vc_sm90_last_error() describing the failure. vsmooth (here and in
 // vc_sm90_forward_low_rank): 0 per-channel V, 1 V-Smooth, 2 V-Smooth whose block means are equal in 128-row
-// pairs (the prepare's v_mean_rows = 256): the speed kernel then restores one mean per 256-key step.
+// pairs (the prepare's v_mean_rows = 256): the speed kernel then restores one mean per 256-key step; 1 and 2 may
+// add kVsmoothPairedK (the K scales equal in 128-key pairs: fidelity's exp2 loop then reads one per step).
 int VC_SM90_EXPORT(vc_sm90_forward)(const void* q_q, const float* q_scale, const void* k_q, const float* k_scale,
                                     const void* v_t, const float* v_scale, const void* v_mean, void* out, int batch,
                                     int heads, int n, int n_pad, int head_dim, long long out_stride_b,

@@ -39,8 +39,9 @@ struct PrepareParams {
   float* blk_energy;    // (B,H,nb)
   int* blk_seg_first;   // (B,H,nb): each block's segment's first block (prepare_segments_kernel's own)
   uint8_t* v_seg_end;   // (B,H,n_pad/128)
-  // K scales per 256 keys (VCConfig.k_scale_rows 256, v_mean_rows 256: one statistics block per K scale): each
-  // block's per-channel max and min of K (workspace), from which the quantize pass takes the smoothed K's amax
+  // K scales per 256 keys (VCConfig.k_scale_rows 256): each statistics block's per-channel max and min of K
+  // (workspace; one block per K scale with 256-row means, two with 128-row means, which k_pair_amax combines), from
+  // which the quantize pass takes the smoothed K's amax
   float* k_blk_max;     // (B,H,nb,D)
   float* k_blk_min;     // (B,H,nb,D)
   bool k_pair;
