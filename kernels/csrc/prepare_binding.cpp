@@ -203,8 +203,7 @@ void prepare_attend(const torch::Tensor& q, const torch::Tensor& k, const torch:
   // vc::kVsmoothPairedK on top of 1 or 2 says the K scales are equal in 128-key pairs: only where this prepare pairs them
   const int64_t v_mode = vsmooth_mode & ~int64_t(vc::kVsmoothPairedK);
   // plain sentences here, as in the sm90 binding (a refusal formatted with an integer killed the process there)
-  static_assert(vc::kVsmoothPairedK == 4, "the refusal names the paired-K bit as 4");
-  TORCH_CHECK_VALUE(vsmooth_mode >= 0 && v_mode <= 2 && (v_mode == 0) == !vsmooth && (v_mode != 0 || vsmooth_mode == 0),
+  TORCH_CHECK_VALUE(vc::valid_vsmooth(vsmooth_mode) && (v_mode == 0) == !vsmooth,
                     "vsmooth_mode must be 0 without V-Smooth, 1 or 2 with it (optionally plus 4: paired K scales).");
   TORCH_CHECK_VALUE(!(vsmooth_mode & vc::kVsmoothPairedK) || k_scale_rows == 2 * vc::kKBlock,
                     "vsmooth_mode says the K scales are paired, but this prepare keeps one K scale per 128 keys.");

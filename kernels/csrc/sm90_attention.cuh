@@ -928,6 +928,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   constexpr bool kStep256 = step256(D, kConsumers, STAGES);
   static_assert(!kStep256 || (!kPSmem && !kMeanMma), "the 256-key loop reads P from registers and restores the means per tile");
   constexpr bool kTurns = kStep256 ? VC_SM90_STEP256_TURNS != 0 : take_turns<D, VSMOOTH>();
+  constexpr bool kEarlyQk = kStep256 && (VC_SM90_STEP256_EARLY_QK == 1 || (VC_SM90_STEP256_EARLY_QK == 2 && EXPCAST));
   auto turn_begin = [&]() {
     if (kTurns) named_sync(1 + wg, 256);
   };
@@ -935,8 +936,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     if (kTurns) named_arrive(2 - wg, 256);
   };
   // VC_SM90_SOFTMAX_TURNS: one warpgroup's softmax at a time in the exp2 256-key loop (the early-QK loop is ExpCast's)
-  constexpr bool kSoftmaxTurns = VC_SM90_SOFTMAX_TURNS && kStep256 && !EXPCAST && kConsumers == 2 && !kTurns &&
-                                 !(VC_SM90_STEP256_EARLY_QK == 1);
+  constexpr bool kSoftmaxTurns = VC_SM90_SOFTMAX_TURNS && kStep256 && !kEarlyQk && !EXPCAST && kConsumers == 2 && !kTurns;
   auto softmax_turn_begin = [&]() {
     if (kSoftmaxTurns) named_sync(1 + wg, 256);
   };
@@ -1009,7 +1009,6 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   mbar_wait(bar_q, 0);
   if ((kTurns || kSoftmaxTurns) && wg == 1) named_arrive(1, 256);  // warpgroup 0 takes the first turn
 
-  constexpr bool kEarlyQk = kStep256 && (VC_SM90_STEP256_EARLY_QK == 1 || (VC_SM90_STEP256_EARLY_QK == 2 && EXPCAST));
   static_assert(!KPAIR || (kStep256 && !kEarlyQk), "paired K scales are read by the 256-key loop without the early QK");
   // the 256-key loops' registers: the two tiles' scores and P fragments as halves of one array each, and
   // the second alpha of fold_pair (one step, one rescale); unused (and dropped) by the 128-key loops

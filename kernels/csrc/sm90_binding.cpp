@@ -27,7 +27,7 @@ static_assert(std::is_same_v<decltype(&vc_sm90_last_error), vc::Sm90ErrorFn>, "v
 // The refusals below are plain sentences: on the H200 (torch 2.11) a refusal of this binding formatted with an
 // integer argument killed the process (SIGSEGV) instead of raising, where the same sentence without one raised
 // ValueError (docs/kernel-notes.md section 30; tests/test_binding_refusals_gpu.py). The numbers they name:
-static_assert(vc::kVsmoothPairedK == 4 && vc::kMaxVRank == 6 && vc::kVLowRows == 8, "the refusals' sentences name these");
+static_assert(vc::kMaxVRank == 6 && vc::kVLowRows == 8, "the refusals' sentences name these (and vc::kVsmoothPairedK)");
 
 namespace {
 
@@ -46,7 +46,7 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
   // vsmooth: 0 per-channel V, 1 V-Smooth, 2 V-Smooth with means equal in 128-row pairs (v_mean_rows = 256); 1 and 2
   // may add vc::kVsmoothPairedK: the K scales are equal in 128-key pairs (k_scale_rows = 256)
   const int64_t v_mode = vsmooth & ~int64_t(vc::kVsmoothPairedK);
-  TORCH_CHECK_VALUE(vsmooth >= 0 && v_mode <= 2 && (v_mode != 0 || vsmooth == 0),
+  TORCH_CHECK_VALUE(vc::valid_vsmooth(vsmooth),
                     "vsmooth must be 0 (per-channel V), 1 (V-Smooth) or 2 (V-Smooth, means equal in 128-row pairs), "
                     "1 and 2 optionally plus 4 (K scales equal in 128-key pairs).");
   check_operand(q_q, "q_q", torch::kChar);

@@ -35,7 +35,6 @@ constexpr int kVsmoothPairMeans = 2;  // the forward's vsmooth argument for mean
 // in 128-key pairs (VCConfig.k_scale_rows = 256). A statement about the operands: a kernel that reads per-tile
 // scales ignores it.
 using vc::kVsmoothPairedK;
-static_assert(kVsmoothPairedK == 4, "the forward's refusal names the paired-K bit as 4");
 
 // Which consumer count runs a (head dim, P mode, V mode) in the split build, from the side-by-side run on
 // the H200 (docs/kernel-notes.md section 17): three warpgroups won every case (Wan2.2-14B speed 124.6 vs
@@ -150,27 +149,32 @@ constexpr bool has_low_rank(int head_dim, bool expcast, bool vsmooth) {
   return consumers == kConsumers && low_rank_loop(head_dim, vsmooth, consumers, stages) && !deferred_means(expcast);
 }
 
+// Whether (head dim, P mode, V mode) runs this build's 256-key loops (step256 in this file's consumer count).
+constexpr bool on_step256_loop(int head_dim, bool expcast, bool vsmooth) {
+  const int consumers = VC_SM90_SPLIT ? split_consumers(head_dim, expcast, vsmooth) : kConsumers;
+  const int stages = head_dim == 128 ? VC_SM90_STAGES_D128 : VC_SM90_STAGES_D64;
+  return consumers == kConsumers && step256(head_dim, consumers, stages);
+}
+
+// Whether the 256-key loop of this P mode is the early-QK one (consumer_loop's kEarlyQk).
+constexpr bool early_qk_loop(bool expcast) {
+  return VC_SM90_STEP256_EARLY_QK == 1 || (VC_SM90_STEP256_EARLY_QK == 2 && expcast);
+}
+
 // Whether this build has the one-mean-per-step kernel for (head dim, P mode, V mode): ExpCast with V-Smooth
 // on the early-QK 256-key loop (the speed kernel at head dim 128), without the low-rank term. Elsewhere
 // means equal in pairs run the two-mean fold, which is right for them too.
 constexpr bool has_step_mean(int head_dim, bool expcast, bool vsmooth) {
-  const int consumers = VC_SM90_SPLIT ? split_consumers(head_dim, expcast, vsmooth) : kConsumers;
-  const int stages = head_dim == 128 ? VC_SM90_STAGES_D128 : VC_SM90_STAGES_D64;
-  const bool early_qk = VC_SM90_STEP256_EARLY_QK == 1 || (VC_SM90_STEP256_EARLY_QK == 2 && expcast);
   // ExpCast's on the early-QK loop; exp2's (VC_SM90_STEPMEAN_EXP2, a variant) on the loop without it
-  const bool loop_has_it = expcast ? early_qk : (VC_SM90_STEPMEAN_EXP2 && !early_qk);
-  return vsmooth && consumers == kConsumers && step256(head_dim, consumers, stages) && loop_has_it &&
-         !deferred_means(expcast);
+  const bool loop_has_it = expcast ? early_qk_loop(expcast) : (VC_SM90_STEPMEAN_EXP2 && !early_qk_loop(expcast));
+  return vsmooth && on_step256_loop(head_dim, expcast, vsmooth) && loop_has_it && !deferred_means(expcast);
 }
 
 // Whether this build has fidelity's exp2 256-key loop with one K scale per step (VC_SM90_KPAIR_EXP2): V-Smooth at
 // head dim 128 on the two-mean fold (not the exp2 one-mean loop, not the deferred means), without the low-rank term.
 constexpr bool has_k_pair_exp2(int head_dim, bool expcast, bool vsmooth) {
-  const int consumers = VC_SM90_SPLIT ? split_consumers(head_dim, expcast, vsmooth) : kConsumers;
-  const int stages = head_dim == 128 ? VC_SM90_STAGES_D128 : VC_SM90_STAGES_D64;
-  const bool early_qk = VC_SM90_STEP256_EARLY_QK == 1 || (VC_SM90_STEP256_EARLY_QK == 2 && expcast);
-  return VC_SM90_KPAIR_EXP2 && !expcast && vsmooth && head_dim == 128 && consumers == kConsumers &&
-         step256(head_dim, consumers, stages) && !early_qk && !deferred_means(expcast);
+  return VC_SM90_KPAIR_EXP2 && !expcast && vsmooth && head_dim == 128 && on_step256_loop(head_dim, expcast, vsmooth) &&
+         !early_qk_loop(expcast) && !deferred_means(expcast);
 }
 
 // pair_means: the V-Smooth means are equal in 128-row pairs; pair_k: so are the K scales
@@ -278,9 +282,9 @@ int VC_SM90_EXPORT(vc_sm90_forward_low_rank)(const void* q_q, const float* q_sca
                                              int out_bf16, void* stream, const void* v_seg_end) {
   using namespace vc_sm90;
   // vsmooth: 0 per-channel V, 1 V-Smooth, 2 its means equal in 128-row pairs, each of 1 and 2 plus kVsmoothPairedK
-  const int v_mode = vsmooth & ~kVsmoothPairedK;
-  if (v_mode < 0 || v_mode > kVsmoothPairMeans || (v_mode == 0 && vsmooth != 0))
+  if (!vc::valid_vsmooth(vsmooth))
     return fail("bad vsmooth: 0 (per-channel V), 1 or 2 (V-Smooth), the latter two optionally plus 4 (paired K scales)");
+  const int v_mode = vsmooth & ~kVsmoothPairedK;
 #if VC_SM90_SPLIT && VC_SM90_CONSUMERS == 2
   if (split_consumers(head_dim, expcast != 0, vsmooth != 0) == 3) {
     if (v_rank != 0) return fail("this build has no low-rank V kernel for this head dim and mode");

@@ -37,6 +37,13 @@ constexpr int kMaxVRank = kVLowRows - kVLowFirst;
 constexpr int kE4m3OneCode = VC_E4M3_ONE_CODE;  // the E4M3 byte of 1.0
 // the Hopper forward's vsmooth bit for K scales equal in 128-key pairs (added to V-Smooth's 1 or 2)
 constexpr int kVsmoothPairedK = VC_VSMOOTH_PAIRED_K;
+static_assert(kVsmoothPairedK == 4, "the Hopper forward's and bindings' refusal sentences name the paired-K bit as 4");
+// The Hopper forward's vsmooth codes: 0 (per-channel V), 1 (V-Smooth), 2 (its means equal in 128-row pairs), and 1
+// or 2 plus kVsmoothPairedK. One definition for the forward and for the bindings that refuse a bad code first.
+constexpr bool valid_vsmooth(long long vsmooth) {
+  const long long mode = vsmooth & ~static_cast<long long>(kVsmoothPairedK);
+  return vsmooth >= 0 && mode <= 2 && (mode != 0 || vsmooth == 0);
+}
 constexpr uint32_t kE4m3OnesX4 = uint32_t(VC_E4M3_ONE_CODE) * 0x01010101u;  // four E4M3 1.0 bytes
 
 }  // namespace vc
