@@ -1,7 +1,7 @@
 """The portable kernel's V-Smooth restore at segment ends against the per-tile restore, one GPU call, beside
 SageAttention 2.2's portable kernel (fp32+fp16) when `sageattention` imports.
 
-  python3 bench/mma_segments.py [--shapes wan21-1.3b-480p,wan22-14b-720p] [--reps 7] [--out DIR]
+  python3 bench/mma_segments.py [--shapes wan21-1.3b-480p,wan22-14b-720p,d64] [--reps 7] [--out DIR]
 
 Speed mode (config.SPEED: 256-row means merged into segments, head dim 128) on random bf16 with a random
 permutation, the `mma` backend's default build. The kernel's time depends on where segments end, not on
@@ -10,7 +10,9 @@ operands with flags that end a segment on a given share of the 256-key steps (th
 data gives: 0.57 at N = 32,760 and 0.26 at 75,600, docs/fidelity-study.md; those outputs are not checked)
 and with no flags (the restore on every tile, the build before segments). Each row: attention ms,
 prepare + attention ms, x SageAttention 2.2's portable kernel. The own-flags output is compared with the
-per-tile output (rel-L2: the fp32 summation order only). Writes mma_segments.json to --out.
+per-tile output (rel-L2: the fp32 summation order only). Head dim 64 (shape d64) has no segments: there the
+backend's restore once per pair of tiles (paired means, backend_mma.restore_flags) against flags on every tile.
+Writes mma_segments.json to --out.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from vc_attention.kernels import backend_mma
 from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED
 from vc_attention.kernels.prepare_cuda import prepare_cuda
 
-SHAPES = {"wan21-1.3b-480p": (1, 12, 32760, 128), "wan22-14b-720p": (1, 40, 75600, 128)}
+SHAPES = {"wan21-1.3b-480p": (1, 12, 32760, 128), "wan22-14b-720p": (1, 40, 75600, 128), "d64": (1, 32, 32768, 64)}
 STEP_SHARES = (0.57, 0.26)
 
 
@@ -73,16 +75,28 @@ def time_shape(name, shape, reps, sage, rows):
         del ops
     ops = prepare_cuda(q, k, v, perm, SPEED)
     prep_ms = cuda_time_ms(lambda: prepare_cuda(q, k, v, perm, SPEED), reps)
+    if ops.v_seg_end is None:  # head dim 64: no segments, means equal in pairs (backend_mma.restore_flags)
+        every = torch.ones_like(backend_mma.restore_flags(ops, SPEED, backend_mma.default_flags()))
+        per_tile = add("speed", "restore on every tile (flags on every tile)", dataclasses.replace(ops, v_seg_end=every),
+                       SPEED, prep_ms, 1.0)
+        paired = add("speed", "restore once per pair of tiles (the backend's)", ops, SPEED, prep_ms, 0.5)
+        rows[-1]["vs_per_tile"] = rel_l2(paired, per_tile)
+        add("speed", "restore on every tile again (drift check)", dataclasses.replace(ops, v_seg_end=every), SPEED,
+            prep_ms, 1.0)
+        del ops, q, k, v, perm
+        torch.cuda.empty_cache()
+        return
     steps = ops.v_seg_end[..., 1::2]
     own_share = float(ops.v_seg_end.float().sum() / steps.numel())
-    per_tile = add("speed", "per-tile restore (no flags)", dataclasses.replace(ops, v_seg_end=None), SPEED, prep_ms, 1.0)
+    every = torch.ones_like(ops.v_seg_end)  # a segment end on every tile: the restore on every tile
+    per_tile = add("speed", "per-tile restore (flags on every tile)", dataclasses.replace(ops, v_seg_end=every), SPEED, prep_ms, 1.0)
     own = add("speed", "segments, own flags (random data)", ops, SPEED, prep_ms, own_share)
     rows[-1]["vs_per_tile"] = rel_l2(own, per_tile)
     for share in STEP_SHARES:
         flags = flags_with_share(ops.v_seg_end, share, gen)
         add("speed", f"segments, ends on {share:.0%} of steps (time only)", dataclasses.replace(ops, v_seg_end=flags), SPEED,
             prep_ms, float(flags.float().sum() / steps.numel()))
-    add("speed", "per-tile restore again (drift check)", dataclasses.replace(ops, v_seg_end=None), SPEED, prep_ms, 1.0)
+    add("speed", "per-tile restore again (drift check)", dataclasses.replace(ops, v_seg_end=every), SPEED, prep_ms, 1.0)
     del ops, q, k, v, perm
     torch.cuda.empty_cache()
 

@@ -16,6 +16,7 @@ import torch
 from . import jit, mma_pv_f16, mma_variants
 from .backends import Backend, Constraints, register
 from .config import KERNEL_P_ENCODINGS, VCConfig
+from .constants import K_BLOCK
 from .layout import to_bhnd
 from .operands import PreparedOperands
 
@@ -94,6 +95,30 @@ def mean_operand(ops: PreparedOperands) -> torch.Tensor:
     return ops.v_mean * torch.reciprocal(ops.v_scale).unsqueeze(-2)
 
 
+@functools.lru_cache(maxsize=16)
+def pair_restore_flags(batch: int, heads: int, slots: int, device: torch.device) -> torch.Tensor:
+    """(B, H, slots) uint8 segment-end flags on every second 128-key slot and the last one: with V-Smooth means
+    equal in 128-row pairs (VCConfig.v_mean_rows 256) and no segments (head dim 64, or v_mean_merge off), the
+    kernel restores each pair's mean once instead of once per tile; the same means, the same sum up to float32
+    rounding order. Made once per shape and device (B * H * slots bytes) and only read."""
+    flags = torch.zeros(batch, heads, slots, dtype=torch.uint8, device=device)
+    flags[..., 1::2] = 1
+    flags[..., -1] = 1
+    return flags
+
+
+def restore_flags(ops: PreparedOperands, config: VCConfig, variant_flags: tuple[str, ...]) -> Optional[torch.Tensor]:
+    """The v_seg_end the kernel gets: the operands' segments (VCConfig.v_mean_merge), else with paired means the
+    pair flags (pair_restore_flags) for the builds that read flags (the mean-scaled ones), else None (a restore
+    on every tile)."""
+    if config.v != "vsmooth":
+        return None
+    if ops.v_seg_end is not None or config.v_mean_rows != 2 * K_BLOCK or MEAN_SCALED_FLAG not in variant_flags:
+        return ops.v_seg_end
+    b, h, slots = ops.v_mean.shape[:3]
+    return pair_restore_flags(b, h, slots, ops.v_mean.device)
+
+
 def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.Tensor, layout: str,
                             lse: Optional[torch.Tensor] = None, variant_flags: Optional[tuple[str, ...]] = None) -> torch.Tensor:
     """Run the attention kernel on prepared operands into `out` (q's shape in `layout`).
@@ -114,8 +139,9 @@ def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.
         ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean,
         to_bhnd(out, layout), lse, ops.n_tokens, config.qk == "fp8", config.p == "expcast",
         config.v == "vsmooth", torch.cuda.current_stream(out.device).cuda_stream,
-        # V-Smooth segments (VCConfig.v_mean_merge at head dim 128): the mean restored at segment ends only
-        ops.v_seg_end if config.v == "vsmooth" else None,
+        # the mean restored at V-Smooth segment ends only (VCConfig.v_mean_merge at head dim 128), or once per pair of
+        # tiles where the means are equal in pairs (head dim 64 in speed mode)
+        restore_flags(ops, config, variant_flags),
     )
     return out
 

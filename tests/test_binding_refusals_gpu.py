@@ -1,11 +1,12 @@
-"""GPU tier: the Hopper entry points' refusals reach Python as ValueError instead of ending the process.
+"""GPU tier: the bindings' refusals reach Python as ValueError, with the values they name, instead of ending the process.
 
 On the H200 (torch 2.11, session 20) refusals of the sm90 `attention` binding and of the prepare extension's
-`prepare_attend` that were formatted with an integer argument killed the process (SIGSEGV) while the same check
-with a plain sentence raised ValueError (docs/kernel-notes.md section 30). Inside ComfyUI a crash takes the whole
-server down, so the refusals of these two entry points, and integer-formatted ones of the grouping and prepare
-bindings, run here, each in a process of its own (a crash is then a failed case with its exit status, not a lost
-test run).
+`prepare_attend` that were formatted with an integer argument killed the process (SIGSEGV). Session 21 found why
+(bench/refusal_probe.py): any number written through an std::ostream inside our JIT-built extensions crashes there,
+and TORCH_CHECK formats a message of several parts through one. Every message is now one literal or one vc::text(...)
+(kernels/csrc/refusal_text.h, std::to_string; tests/test_refusal_text.py checks the sources), so the refusals name
+their values again. Inside ComfyUI a crash takes the whole server down, so each refusal runs here in a process of its
+own (a crash is then a failed case with its exit status, not a lost test run).
 
   pytest -q -m gpu tests/test_binding_refusals_gpu.py
 """
@@ -69,20 +70,19 @@ except (ValueError, RuntimeError, TypeError) as err:
 '''
 
 CASES = {
-    "attention_vsmooth_3": "vsmooth must be 0",
-    "attention_vsmooth_negative": "vsmooth must be 0",
-    "attention_paired_bit_alone": "vsmooth must be 0",
+    "attention_vsmooth_3": "vsmooth must be 0 (per-channel V), 1 (V-Smooth) or 2",
+    "attention_vsmooth_negative": "got -1.",
+    "attention_paired_bit_alone": "got 4.",
     "attention_segments_without_mode_2": "v_seg_end needs vsmooth=2",
-    "attention_q_dtype": "q_q has dtype",
-    "attention_low_rank_rank_7": "rank 1..6",
-    "prepare_attend_mode_3": "vsmooth_mode must be 0 without V-Smooth",
+    "attention_q_dtype": "q_q has dtype Float, expected Char.",
+    "attention_low_rank_rank_7": "rank 1..6, got rank 7.",
+    "prepare_attend_mode_3": "got 3 with V-Smooth.",
     "prepare_attend_paired_bit_on_per_tile_scales": "K scales are paired",
     "prepare_attend_speed_mode_2_on_per_tile_scales": "vsmooth_mode 2 with ExpCast",
-    # integer-formatted refusals of the other bindings (not yet run on a GPU: session 20 found the crash in the two
-    # entry points above; these say whether it is theirs alone)
-    "grouping_head_dim_96": "head dim must be 64 or 128",
-    "grouping_clusters_300": "clusters must be between 1",
-    "prepare_head_dim_96": "head dim must be 64 or 128",
+    # integer-formatted refusals of the other two bindings (through vc::text since session 21)
+    "grouping_head_dim_96": "head dim must be 64 or 128, got 96.",
+    "grouping_clusters_300": "clusters must be between 1 and min(N, 256), got 300.",
+    "prepare_head_dim_96": "head dim must be 64 or 128, got 96.",
 }
 
 

@@ -192,7 +192,7 @@ def test_mma_segment_restore_matches_its_emulation_and_reads_the_flags(n, dtype)
     emul = reference.vc_attention_reference(q, k, v, MERGED, perm=perm, parts=True, offset_block=step).out
     floor = _rel_l2(emul.to(dtype), emul)
     assert torch.isfinite(segments).all() and _rel_l2(segments, emul) <= floor + GATE
-    per_tile = run(None)
+    per_tile = run(torch.ones_like(ops.v_seg_end))  # a segment end on every tile: the restore on every tile
     assert not torch.equal(per_tile, segments) and _rel_l2(per_tile, emul) <= floor + GATE
     lying = torch.zeros_like(ops.v_seg_end)
     lying[..., -1] = 1
@@ -225,3 +225,48 @@ def test_mma_binding_refuses_flags_it_cannot_use():
         call(ops.v_seg_end.int())
     with pytest.raises(ValueError, match="n_pad / 128"):
         call(ops.v_seg_end[..., :-1].contiguous())
+
+
+@pytest.mark.parametrize("n,dtype", [(3000, torch.bfloat16), (1100, torch.float16)])
+def test_mma_restores_paired_means_once_per_pair_at_head_dim_64(n, dtype, monkeypatch):
+    """Speed mode at head dim 64 has V-Smooth means equal in 128-row pairs and no segments: the portable kernel
+    gets end flags on every second tile (backend_mma.pair_restore_flags), so it restores each pair's mean once.
+    The public call passes them (the fast path ran), the output matches the float64 emulation, and it agrees with
+    the restore on every tile to rounding but not bit for bit (the flags were read)."""
+    import dataclasses
+
+    from vc_attention.kernels import backend_mma
+
+    backend = _mma_or_skip()
+    if backend_mma.MEAN_SCALED_FLAG not in backend_mma.default_flags():
+        pytest.skip("this GPU's build restores on every tile (it reads no flags)")
+    q, k, v = _clustered_qkv(n, 64, dtype, seed=5)
+    perm = torch.stack([torch.stack([torch.arange(n, device="cuda")] * 2)]).int()
+    ops = prepare_cuda(q, k, v, perm, SPEED, "bhnd")
+    assert ops.v_seg_end is None and SPEED.v_mean_rows == 256
+    seen = []
+    ext = backend_mma.extension()
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(ext, name)
+
+        def attention(self, *args):
+            seen.append(args[-1])
+            return ext.attention(*args)
+
+    monkeypatch.setattr(backend_mma, "extension", lambda *a, **kw: Spy())
+    paired = torch.full(q.shape, float("nan"), dtype=dtype, device="cuda")
+    backend.attend(ops, SPEED, paired, "bhnd")
+    slots = ops.v_mean.shape[2]
+    want = torch.zeros(1, 2, slots, dtype=torch.uint8, device="cuda")
+    want[..., 1::2] = 1
+    want[..., -1] = 1
+    assert len(seen) == 1 and seen[0] is not None and torch.equal(seen[0], want)
+    step = backend.softmax_step(64, SPEED)
+    emul = reference.vc_attention_reference(q, k, v, SPEED, perm=perm, parts=True, offset_block=step).out
+    floor = _rel_l2(emul.to(dtype), emul)
+    assert torch.isfinite(paired).all() and _rel_l2(paired, emul) <= floor + GATE
+    every_tile = torch.full(q.shape, float("nan"), dtype=dtype, device="cuda")
+    backend_mma.attention_from_operands(dataclasses.replace(ops, v_seg_end=torch.ones_like(want)), SPEED, every_tile, "bhnd")
+    assert not torch.equal(every_tile, paired) and _rel_l2(every_tile, paired) < 1e-4

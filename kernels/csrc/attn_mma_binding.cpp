@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "binding_checks.h"
+#include "refusal_text.h"
 #include "vc_constants.h"
 #include "vc_params.h"
 
@@ -24,15 +25,17 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
   TORCH_CHECK_VALUE(out.is_cuda() && out.dim() == 4 && out.stride(3) == 1, "out must be a 4-D CUDA (B, H, N, D) view with a contiguous last dim.");
   const c10::cuda::CUDAGuard guard(out.device());  // the launch goes to out's GPU whatever the current one
   TORCH_CHECK_VALUE(out.scalar_type() == torch::kHalf || out.scalar_type() == torch::kBFloat16, "out must be float16 or bfloat16.");
+  // the rank first: torch's inline index check of size(3) would format its numbers through a stream (refusal_text.h)
+  TORCH_CHECK_VALUE(q_q.dim() == 4, "q_q must be 4-D (B, H, n_pad, D).");
   const int64_t head_dim = q_q.size(3);
-  TORCH_CHECK_VALUE(head_dim == 64 || head_dim == 128, "head dim must be 64 or 128, got ", head_dim, ".");
+  TORCH_CHECK_VALUE(head_dim == 64 || head_dim == 128, vc::text("head dim must be 64 or 128, got ", head_dim, "."));
   TORCH_CHECK_VALUE(q_scale.numel() == q_q.size(0) * q_q.size(1) * q_q.size(2),
                     "q_scale must hold one scale per query row, shape (B, H, n_pad).");
   // the mean operand's form is the build's (backend_mma.mean_operand converts it for VC_MMA_MEAN_SCALED)
   const bool mean_scaled = vc::attn_mma_mean_scaled() != 0;
   TORCH_CHECK_VALUE(!vsmooth || v_mean.scalar_type() == (mean_scaled ? torch::kFloat32 : torch::kHalf),
-                    "v_mean must be ", mean_scaled ? "float32 mean / v_scale (backend_mma.mean_operand)" : "the float16 mean",
-                    " for this build, got ", v_mean.scalar_type(), ".");
+                    vc::text("v_mean must be ", mean_scaled ? "float32 mean / v_scale (backend_mma.mean_operand)" : "the float16 mean",
+                    " for this build, got ", v_mean.scalar_type(), "."));
   vc::AttnParams p{};
   p.q_q = q_q.data_ptr();
   p.q_scale = q_scale.data_ptr<float>();
@@ -45,7 +48,7 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
     // the segments' means fill every slot of their segment (VCConfig.v_mean_merge), which only V-Smooth has
     TORCH_CHECK_VALUE(vsmooth, "v_seg_end needs V-Smooth operands (vsmooth=True).");
     check_cuda_contiguous(*v_seg_end, "v_seg_end");
-    TORCH_CHECK_VALUE(v_seg_end->scalar_type() == torch::kByte, "v_seg_end must be uint8, got ", v_seg_end->scalar_type(), ".");
+    TORCH_CHECK_VALUE(v_seg_end->scalar_type() == torch::kByte, vc::text("v_seg_end must be uint8, got ", v_seg_end->scalar_type(), "."));
     TORCH_CHECK_VALUE(v_seg_end->numel() == q_q.size(0) * q_q.size(1) * (q_q.size(2) / vc::kKBlock),
                       "v_seg_end must be (B, H, n_pad / 128).");
     p.v_seg_end = static_cast<const uint8_t*>(v_seg_end->data_ptr());

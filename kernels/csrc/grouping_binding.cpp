@@ -6,18 +6,19 @@
 #include <optional>
 
 #include "grouping_params.h"
+#include "refusal_text.h"
 
 namespace {
 
 void check_buffer(const torch::Tensor& t, const torch::Tensor& v, c10::ScalarType dtype, std::vector<int64_t> shape,
                   const char* name) {
-  TORCH_CHECK_VALUE(t.device() == v.device(), name, " must be on V's device (", v.device(), ").");
-  TORCH_CHECK_VALUE(t.is_contiguous(), name, " must be contiguous.");
-  TORCH_CHECK_VALUE(t.scalar_type() == dtype, name, " has dtype ", t.scalar_type(), ", expected ", dtype, ".");
-  TORCH_CHECK_VALUE(t.numel() == c10::multiply_integers(shape), name, " must hold ", shape, " elements.");
+  TORCH_CHECK_VALUE(t.device() == v.device(), vc::text(name, " must be on V's device (", v.device(), ")."));
+  TORCH_CHECK_VALUE(t.is_contiguous(), vc::text(name, " must be contiguous."));
+  TORCH_CHECK_VALUE(t.scalar_type() == dtype, vc::text(name, " has dtype ", t.scalar_type(), ", expected ", dtype, "."));
+  TORCH_CHECK_VALUE(t.numel() == c10::multiply_integers(shape), vc::text(name, " must hold ", shape, " elements."));
 }
 
-void raise_on_error(const char* err, const char* what) { TORCH_CHECK(err == nullptr, what, " launch failed: ", err); }
+void raise_on_error(const char* err, const char* what) { TORCH_CHECK(err == nullptr, vc::text(what, " launch failed: ", err)); }
 
 // iters rounds of (assignment + sums, update), then the final assignment; tensor_cores picks the
 // bf16-MMA assignment pass (bf16 V only). With `perm` given, also
@@ -35,20 +36,20 @@ void kmeans_group(const torch::Tensor& v, torch::Tensor centroids, torch::Tensor
                         v.stride(2) % 8 == 0,
                     "V's rows must be 16-byte aligned.");
   const int64_t b = v.size(0), h = v.size(1), n = v.size(2), d = v.size(3);
-  TORCH_CHECK_VALUE(d == 64 || d == 128, "head dim must be 64 or 128, got ", d, ".");
-  TORCH_CHECK_VALUE(n >= 1 && n <= INT32_MAX, "N must be between 1 and 2^31 - 1, got ", n, ".");
+  TORCH_CHECK_VALUE(d == 64 || d == 128, vc::text("head dim must be 64 or 128, got ", d, "."));
+  TORCH_CHECK_VALUE(n >= 1 && n <= INT32_MAX, vc::text("N must be between 1 and 2^31 - 1, got ", n, "."));
   TORCH_CHECK_VALUE(iters >= 0, "iters must be >= 0.");
   const int64_t g = b * h;
-  TORCH_CHECK_VALUE(g <= 65535, "B * H must be at most 65535 (one grid row per head), got ", g, ".");
+  TORCH_CHECK_VALUE(g <= 65535, vc::text("B * H must be at most 65535 (one grid row per head), got ", g, "."));
   TORCH_CHECK_VALUE(centroids.dim() == 3 && centroids.size(0) == g && centroids.size(2) == d,
                     "centroids must be (B*H, C, D) float32.");
   const int64_t c = centroids.size(1);
-  TORCH_CHECK_VALUE(c >= 1 && c <= vc::kGroupMaxClusters && c <= n, "clusters must be between 1 and min(N, ",
-                    vc::kGroupMaxClusters, "), got ", c, ".");
+  TORCH_CHECK_VALUE(c >= 1 && c <= vc::kGroupMaxClusters && c <= n, vc::text("clusters must be between 1 and min(N, ",
+                    vc::kGroupMaxClusters, "), got ", c, "."));
   TORCH_CHECK_VALUE(!tensor_cores || v.scalar_type() == torch::kBFloat16, "the tensor-core pass needs bfloat16 V.");
   TORCH_CHECK_VALUE(vc::group_pass_smem_bytes(int(d), int(c), tensor_cores) <= max_shared_bytes &&
                         vc::group_order_smem_bytes(int(d), int(c)) <= max_shared_bytes,
-                    c, " clusters at head dim ", d, " need more shared memory than this GPU's ", max_shared_bytes, " bytes.");
+                    vc::text(c, " clusters at head dim ", d, " need more shared memory than this GPU's ", max_shared_bytes, " bytes."));
   const int64_t parts = part_counts.size(1);
   check_buffer(centroids, v, torch::kFloat32, {g, c, d}, "centroids");
   check_buffer(part_sums, v, torch::kFloat32, {g, parts, c, d}, "part_sums");
@@ -104,11 +105,11 @@ void permute_labels(const torch::Tensor& labels, torch::Tensor part_counts, torc
   TORCH_CHECK_VALUE(part_counts.dim() == 3, "part_counts must be (B*H, parts, C) int32.");
   const int64_t b = labels.size(0), h = labels.size(1), n = labels.size(2);
   const int64_t g = b * h, parts = part_counts.size(1), c = part_counts.size(2);
-  TORCH_CHECK_VALUE(n >= 1 && n <= INT32_MAX, "N must be between 1 and 2^31 - 1, got ", n, ".");
-  TORCH_CHECK_VALUE(g <= 65535, "B * H must be at most 65535 (one grid row per head), got ", g, ".");
-  TORCH_CHECK_VALUE(c >= 1 && c <= vc::kGroupMaxClusters, "clusters must be between 1 and ", vc::kGroupMaxClusters, ".");
+  TORCH_CHECK_VALUE(n >= 1 && n <= INT32_MAX, vc::text("N must be between 1 and 2^31 - 1, got ", n, "."));
+  TORCH_CHECK_VALUE(g <= 65535, vc::text("B * H must be at most 65535 (one grid row per head), got ", g, "."));
+  TORCH_CHECK_VALUE(c >= 1 && c <= vc::kGroupMaxClusters, vc::text("clusters must be between 1 and ", vc::kGroupMaxClusters, "."));
   TORCH_CHECK_VALUE(parts >= 1 && parts <= (n + vc::kGroupTileTokens - 1) / vc::kGroupTileTokens,
-                    "parts must be between 1 and the number of ", vc::kGroupTileTokens, "-token tiles.");
+                    vc::text("parts must be between 1 and the number of ", vc::kGroupTileTokens, "-token tiles."));
   check_buffer(part_counts, labels, torch::kInt32, {g, parts, c}, "part_counts");
   check_buffer(perm, labels, torch::kInt32, {g, n}, "perm");
   vc::GroupParams p{};

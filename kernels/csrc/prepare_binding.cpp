@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "binding_checks.h"
+#include "refusal_text.h"
 #include "vc_constants.h"
 #include "vc_params.h"
 
@@ -19,14 +20,14 @@ using vc::fill_strides;
 using vc::raise_on_error;
 
 void check_input(const torch::Tensor& t, const char* name, const torch::Tensor& q) {
-  TORCH_CHECK_VALUE(t.is_cuda() && t.dim() == 4, name, " must be a 4-D CUDA tensor (B, H, N, D view).");
-  TORCH_CHECK_VALUE(t.device() == q.device(), name, " must be on q's device (", q.device(), ").");
-  TORCH_CHECK_VALUE(t.scalar_type() == q.scalar_type(), name, " must have q's dtype.");
-  TORCH_CHECK_VALUE(t.sizes() == q.sizes(), name, " must have q's shape.");
-  TORCH_CHECK_VALUE(t.stride(3) == 1, name, " must have a contiguous last dimension.");
+  TORCH_CHECK_VALUE(t.is_cuda() && t.dim() == 4, vc::text(name, " must be a 4-D CUDA tensor (B, H, N, D view)."));
+  TORCH_CHECK_VALUE(t.device() == q.device(), vc::text(name, " must be on q's device (", q.device(), ")."));
+  TORCH_CHECK_VALUE(t.scalar_type() == q.scalar_type(), vc::text(name, " must have q's dtype."));
+  TORCH_CHECK_VALUE(t.sizes() == q.sizes(), vc::text(name, " must have q's shape."));
+  TORCH_CHECK_VALUE(t.stride(3) == 1, vc::text(name, " must have a contiguous last dimension."));
   TORCH_CHECK_VALUE(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(2) % 8 == 0 && t.stride(1) % 8 == 0 &&
                         t.stride(0) % 8 == 0,
-                    name, " rows must be 16-byte aligned.");
+                    vc::text(name, " rows must be 16-byte aligned."));
 }
 
 using Operands = std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor,
@@ -54,18 +55,18 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.get_device()).stream();
   const int64_t b = q.size(0), h = q.size(1), n = q.size(2), d = q.size(3);
-  TORCH_CHECK_VALUE(d == 64 || d == 128, "head dim must be 64 or 128, got ", d, ".");
+  TORCH_CHECK_VALUE(d == 64 || d == 128, vc::text("head dim must be 64 or 128, got ", d, "."));
   const int64_t n_pad = (n + vc::kKBlock - 1) / vc::kKBlock * vc::kKBlock;
   const int64_t bh = b * h, slots = n_pad / vc::kKBlock, nb = (n_pad + 2 * vc::kKBlock - 1) / (2 * vc::kKBlock);
-  TORCH_CHECK_VALUE(v_mean_rows == vc::kKBlock || v_mean_rows == 2 * vc::kKBlock, "v_mean_rows must be ", vc::kKBlock,
-                    " or ", 2 * vc::kKBlock, ", got ", v_mean_rows, ".");
+  TORCH_CHECK_VALUE(v_mean_rows == vc::kKBlock || v_mean_rows == 2 * vc::kKBlock, vc::text("v_mean_rows must be ", vc::kKBlock,
+                    " or ", 2 * vc::kKBlock, ", got ", v_mean_rows, "."));
   // K scales per 256 keys: the statistics pass takes each of its blocks' K extremes (256 or 128 rows, as the V means)
-  TORCH_CHECK_VALUE(k_scale_rows == vc::kKBlock || k_scale_rows == 2 * vc::kKBlock, "k_scale_rows must be ", vc::kKBlock,
-                    " or ", 2 * vc::kKBlock, ", got ", k_scale_rows, ".");
+  TORCH_CHECK_VALUE(k_scale_rows == vc::kKBlock || k_scale_rows == 2 * vc::kKBlock, vc::text("k_scale_rows must be ", vc::kKBlock,
+                    " or ", 2 * vc::kKBlock, ", got ", k_scale_rows, "."));
   const bool k_pair = k_scale_rows == 2 * vc::kKBlock;
   TORCH_CHECK_VALUE(!k_pair || !(vc::prepare_rows_in_regs() || vc::prepare_legacy_quantize() || vc::prepare_staged_stats() ||
                                  vc::prepare_stats_prefetch()),
-                    "this prepare build variant takes K scales per ", vc::kKBlock, " keys only (k_scale_rows ", k_scale_rows, ").");
+                    vc::text("this prepare build variant takes K scales per ", vc::kKBlock, " keys only (k_scale_rows ", k_scale_rows, ")."));
   // V-Smooth's low-rank term
   const bool low_rank = v_basis.has_value();
   int64_t rank = 0;
@@ -75,12 +76,12 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
     rank = v_basis->dim() == 4 ? v_basis->size(2) : 0;
     TORCH_CHECK_VALUE(v_basis->scalar_type() == torch::kHalf && v_basis->dim() == 4 && v_basis->size(0) == b &&
                           v_basis->size(1) == h && v_basis->size(3) == d && rank >= 1 && rank <= vc::kMaxVRank,
-                      "v_basis must be float16 (B, H, rank, D) with rank 1..", vc::kMaxVRank, ".");
-    TORCH_CHECK_VALUE(!k_pair, "K scales per ", 2 * vc::kKBlock, " keys take no low-rank V term.");
+                      vc::text("v_basis must be float16 (B, H, rank, D) with rank 1..", vc::kMaxVRank, "."));
+    TORCH_CHECK_VALUE(!k_pair, vc::text("K scales per ", 2 * vc::kKBlock, " keys take no low-rank V term."));
   }
   if (v_merge)
-    TORCH_CHECK_VALUE(vsmooth && v_mean_rows == 2 * vc::kKBlock, "V-Smooth segments need V-Smooth with ", 2 * vc::kKBlock,
-                      "-row means.");
+    TORCH_CHECK_VALUE(vsmooth && v_mean_rows == 2 * vc::kKBlock, vc::text("V-Smooth segments need V-Smooth with ", 2 * vc::kKBlock,
+                      "-row means."));
   const auto on_q = q.options();
   const auto f32 = on_q.dtype(torch::kFloat32);
 
@@ -131,7 +132,7 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
   auto scratch = torch::empty({line(zeroed) + partial + seg + kext}, f32);
   float* base = scratch.data_ptr<float>();
   const cudaError_t zero_rc = cudaMemsetAsync(base, 0, zeroed * sizeof(float), stream);
-  TORCH_CHECK(zero_rc == cudaSuccess, "prepare: zeroing the statistics workspace failed: ", cudaGetErrorString(zero_rc));
+  TORCH_CHECK(zero_rc == cudaSuccess, vc::text("prepare: zeroing the statistics workspace failed: ", cudaGetErrorString(zero_rc)));
   p.v_mean = static_cast<uint16_t*>(v_mean.data_ptr());
   p.k_sum = base;
   p.v_amax = p.k_sum + bh * d;
@@ -202,9 +203,9 @@ void prepare_attend(const torch::Tensor& q, const torch::Tensor& k, const torch:
   TORCH_CHECK_VALUE(!qk_fp8, "the Hopper kernel takes INT8 Q and K only.");
   // vc::kVsmoothPairedK on top of 1 or 2 says the K scales are equal in 128-key pairs: only where this prepare pairs them
   const int64_t v_mode = vsmooth_mode & ~int64_t(vc::kVsmoothPairedK);
-  // plain sentences here, as in the sm90 binding (a refusal formatted with an integer killed the process there)
   TORCH_CHECK_VALUE(vc::valid_vsmooth(vsmooth_mode) && (v_mode == 0) == !vsmooth,
-                    "vsmooth_mode must be 0 without V-Smooth, 1 or 2 with it (optionally plus 4: paired K scales).");
+                    vc::text("vsmooth_mode must be 0 without V-Smooth, 1 or 2 with it (optionally plus 4: paired K "
+                             "scales), got ", vsmooth_mode, vsmooth ? " with V-Smooth." : " without V-Smooth."));
   TORCH_CHECK_VALUE(!(vsmooth_mode & vc::kVsmoothPairedK) || k_scale_rows == 2 * vc::kKBlock,
                     "vsmooth_mode says the K scales are paired, but this prepare keeps one K scale per 128 keys.");
   // with ExpCast, mode 2 runs the speed loop that also reads one K scale per 256-key step (VC_SM90_KPAIR)
@@ -230,7 +231,7 @@ void prepare_attend(const torch::Tensor& q, const torch::Tensor& k, const torch:
       static_cast<int>(q.size(2)), static_cast<int>(n_pad), static_cast<int>(d), out.stride(0), out.stride(1),
       out.stride(2), expcast, static_cast<int>(vsmooth_mode), out.scalar_type() == torch::kBFloat16, stream,
       v_mode == 2 && v_seg_end.has_value() ? v_seg_end->data_ptr() : nullptr);
-  TORCH_CHECK(rc == 0, "sm90 attention launch failed: ", reinterpret_cast<vc::Sm90ErrorFn>(error_fn)());
+  TORCH_CHECK(rc == 0, vc::text("sm90 attention launch failed: ", reinterpret_cast<vc::Sm90ErrorFn>(error_fn)()));
 }
 
 }  // namespace

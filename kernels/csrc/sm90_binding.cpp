@@ -6,6 +6,7 @@
 #include <optional>
 #include <type_traits>
 
+#include "refusal_text.h"
 #include "vc_constants.h"
 #include "vc_params.h"
 
@@ -24,16 +25,15 @@ extern "C" int vc_sm90_step_mean(int head_dim, int expcast);
 static_assert(std::is_same_v<decltype(&vc_sm90_forward_low_rank), vc::Sm90ForwardFn>,
               "the prepare extension calls vc_sm90_forward_low_rank as vc::Sm90ForwardFn (vc_params.h)");
 static_assert(std::is_same_v<decltype(&vc_sm90_last_error), vc::Sm90ErrorFn>, "vc_sm90_last_error as vc::Sm90ErrorFn");
-// The refusals below are plain sentences: on the H200 (torch 2.11) a refusal of this binding formatted with an
-// integer argument killed the process (SIGSEGV) instead of raising, where the same sentence without one raised
-// ValueError (docs/kernel-notes.md section 30; tests/test_binding_refusals_gpu.py). The numbers they name:
+// Every message is one literal or one vc::text(...) (refusal_text.h: a number written through a stream ended the
+// process on the H200). The numbers the literal sentences name:
 static_assert(vc::kMaxVRank == 6 && vc::kVLowRows == 8, "the refusals' sentences name these (and vc::kVsmoothPairedK)");
 
 namespace {
 
 void check_operand(const torch::Tensor& t, const char* name, torch::ScalarType dtype) {
-  TORCH_CHECK_VALUE(t.is_cuda() && t.is_contiguous(), name, " must be a contiguous CUDA tensor.");
-  TORCH_CHECK_VALUE(t.scalar_type() == dtype, name, " has dtype ", t.scalar_type(), ", expected ", dtype, ".");
+  TORCH_CHECK_VALUE(t.is_cuda() && t.is_contiguous(), vc::text(name, " must be a contiguous CUDA tensor."));
+  TORCH_CHECK_VALUE(t.scalar_type() == dtype, vc::text(name, " has dtype ", t.scalar_type(), ", expected ", dtype, "."));
 }
 
 // out: the (B, H, N, D) view of the caller's output (either layout), channel stride 1.
@@ -47,8 +47,8 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
   // may add vc::kVsmoothPairedK: the K scales are equal in 128-key pairs (k_scale_rows = 256)
   const int64_t v_mode = vsmooth & ~int64_t(vc::kVsmoothPairedK);
   TORCH_CHECK_VALUE(vc::valid_vsmooth(vsmooth),
-                    "vsmooth must be 0 (per-channel V), 1 (V-Smooth) or 2 (V-Smooth, means equal in 128-row pairs), "
-                    "1 and 2 optionally plus 4 (K scales equal in 128-key pairs).");
+                    vc::text("vsmooth must be 0 (per-channel V), 1 (V-Smooth) or 2 (V-Smooth, means equal in 128-row "
+                             "pairs), 1 and 2 optionally plus 4 (K scales equal in 128-key pairs), got ", vsmooth, "."));
   check_operand(q_q, "q_q", torch::kChar);
   check_operand(k_q, "k_q", torch::kChar);
   check_operand(v_t, "v_t", torch::kFloat8_e4m3fn);
@@ -59,6 +59,9 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
   TORCH_CHECK_VALUE(out.is_cuda() && out.dim() == 4 && out.stride(3) == 1, "out must be a 4-D CUDA view with unit channel stride.");
   const c10::cuda::CUDAGuard guard(out.device());  // the launch goes to out's GPU whatever the current one
   TORCH_CHECK_VALUE(out.scalar_type() == torch::kHalf || out.scalar_type() == torch::kBFloat16, "out must be float16 or bfloat16.");
+  // size(i) past dim() would be refused by torch's inline index check, which formats its numbers through a stream
+  // in this library (refusal_text.h): the rank first, as one literal
+  TORCH_CHECK_VALUE(q_q.dim() == 4, "q_q must be 4-D (B, H, n_pad, D).");
   const int64_t batch = q_q.size(0), heads = q_q.size(1), n_pad = q_q.size(2), head_dim = q_q.size(3);
   TORCH_CHECK_VALUE(out.size(0) == batch && out.size(1) == heads && out.size(2) == n_tokens && out.size(3) == head_dim,
                     "out must have shape (B, H, N, D) of the operands.");
@@ -76,7 +79,7 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
     rank = static_cast<int>(v_low_basis->dim() == 4 ? v_low_basis->size(2) : 0);
     TORCH_CHECK_VALUE(v_low_basis->dim() == 4 && v_low_basis->size(0) == batch && v_low_basis->size(1) == heads &&
                           v_low_basis->size(3) == head_dim && rank >= 1 && rank <= vc::kMaxVRank,
-                      "v_low_basis must be (B, H, rank, D) with rank 1..6.");
+                      vc::text("v_low_basis must be (B, H, rank, D) with rank 1..6, got rank ", rank, "."));
     TORCH_CHECK_VALUE(v_low_t->numel() == batch * heads * vc::kVLowRows * n_pad, "v_low_t must be (B, H, 8, n_pad).");
     TORCH_CHECK_VALUE(v_low_scale->numel() == batch * heads * rank, "v_low_scale must be (B, H, rank).");
   }
@@ -94,7 +97,7 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
       static_cast<int>(n_pad), static_cast<int>(head_dim), out.stride(0), out.stride(1), out.stride(2), expcast, static_cast<int>(vsmooth),
       out.scalar_type() == torch::kBFloat16, reinterpret_cast<void*>(stream),
       v_seg_end.has_value() ? v_seg_end->data_ptr() : nullptr);
-  TORCH_CHECK(rc == 0, "sm90 attention launch failed: ", vc_sm90_last_error());
+  TORCH_CHECK(rc == 0, vc::text("sm90 attention launch failed: ", vc_sm90_last_error()));
 }
 
 }  // namespace
