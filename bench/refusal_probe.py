@@ -60,7 +60,10 @@ def main(argv=None) -> None:
                 rows.append({"build": build, "preload": preload, "case": case, "rc": proc.returncode, "said": said,
                              "stderr_tail": proc.stderr[-400:] if proc.returncode else ""})
                 print(f"{build:4s} {preload:5s} {case:13s} rc={proc.returncode:4d} {said}", flush=True)
-    (args.out / "refusal_probe.json").write_text(json.dumps(rows, indent=1))
+    import torch
+    env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
+               command="python3 bench/refusal_probe.py --preload " + " ".join(args.preload))
+    (args.out / "refusal_probe.json").write_text(json.dumps(dict(env=env, rows=rows), indent=1))
 
 
 if __name__ == "__main__":

@@ -55,7 +55,8 @@ def load_all() -> dict[str, dict]:
     out = {}
     for path in sorted(RESULTS_DIR.glob("*.json")):
         doc = json.loads(path.read_text())
-        if doc.get("schema") == SCHEMA:
+        # other tools' results files share the folder, in shapes of their own (a list, for one)
+        if isinstance(doc, dict) and doc.get("schema") == SCHEMA:
             out[path.name] = doc
     return out
 
