@@ -3,6 +3,10 @@ portable kernel (its sm89 mma.sync kernel, fp32+fp16 accumulation) when `sageatt
 
   python bench/mma_variants.py [--variants rows16,wide,...] [--shapes ...] [--reps 5] [--out DIR]
 
+A name may carry extra -D flags after '+' (a one-off measurement, not a registered variant), e.g.
+`--variants wide-i2fp-meanscaled-restoretile-coalesced-viaf16,wide-i2fp-meanscaled-restoretile-coalesced-viaf16+-DVC_MMA_MIN_BLOCKS=3`
+(three CTAs per SM: ptxas caps the registers at 168 and spills).
+
 Per shape (random bf16, (B,H,N,D) layout, a random permutation for the V-Smooth modes) and mode
 (fidelity, speed, plain8): the fused prepare once, then each variant's attention on the same
 operands (CUDA events, median of --reps after a warm-up call). "total" = prepare + attention, the
@@ -32,6 +36,15 @@ MODES = {"fidelity": FIDELITY, "speed": SPEED, "plain8": PLAIN_8BIT}
 TARGET_SPEEDUP = {"fidelity": 1.1, "speed": 1.1, "plain8": 1.2}
 
 
+def variant_flags(name: str) -> tuple[str, ...]:
+    """A registered variant's flags (kernels/mma_variants.py), plus any '+'-separated -D flags after its name."""
+    base, *extra = name.split("+")
+    bad = [f for f in extra if not f.startswith("-D")]
+    if bad:
+        raise SystemExit(f"variant {name!r}: the parts after '+' must be -D flags, got {bad}")
+    return mma_variants.flags(base) + tuple(extra)
+
+
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
@@ -51,7 +64,7 @@ def time_shape(name, shape, variants, reps, sage, rows):
         prep_ms = cuda_time_ms(lambda: prepare_cuda(q, k, v, p, config), reps)
         first = None
         for variant in variants:
-            flags = mma_variants.flags(variant)
+            flags = variant_flags(variant)
             out = torch.full_like(q, float("nan"))
             backend_mma.attention_from_operands(ops, config, out, "bhnd", variant_flags=flags)
             first = out if first is None else first
@@ -78,7 +91,7 @@ def main() -> int:
     variants = [v for v in args.variants.split(",") if v]
     # build all first, side by side (each JIT build has its own directory and lock): the timing loop never compiles
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(variants)) as pool:
-        for build in [pool.submit(backend_mma.extension, mma_variants.flags(v)) for v in variants]:
+        for build in [pool.submit(backend_mma.extension, variant_flags(v)) for v in variants]:
             build.result()
     sage = sage_portable()
     if sage is None:
