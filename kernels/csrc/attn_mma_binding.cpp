@@ -25,7 +25,7 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
   TORCH_CHECK_VALUE(out.is_cuda() && out.dim() == 4 && out.stride(3) == 1, "out must be a 4-D CUDA (B, H, N, D) view with a contiguous last dim.");
   const c10::cuda::CUDAGuard guard(out.device());  // the launch goes to out's GPU whatever the current one
   TORCH_CHECK_VALUE(out.scalar_type() == torch::kHalf || out.scalar_type() == torch::kBFloat16, "out must be float16 or bfloat16.");
-  // the rank first: torch's inline index check of size(3) would format its numbers through a stream (refusal_text.h)
+  // the rank first, so a wrong operand gets this sentence rather than torch's index error on size(3)
   TORCH_CHECK_VALUE(q_q.dim() == 4, "q_q must be 4-D (B, H, n_pad, D).");
   const int64_t head_dim = q_q.size(3);
   TORCH_CHECK_VALUE(head_dim == 64 || head_dim == 128, vc::text("head dim must be 64 or 128, got ", head_dim, "."));

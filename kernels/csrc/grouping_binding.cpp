@@ -50,7 +50,7 @@ void kmeans_group(const torch::Tensor& v, torch::Tensor centroids, torch::Tensor
   TORCH_CHECK_VALUE(vc::group_pass_smem_bytes(int(d), int(c), tensor_cores) <= max_shared_bytes &&
                         vc::group_order_smem_bytes(int(d), int(c)) <= max_shared_bytes,
                     vc::text(c, " clusters at head dim ", d, " need more shared memory than this GPU's ", max_shared_bytes, " bytes."));
-  // the rank before size(1): torch's inline index check would format its numbers through a stream (refusal_text.h)
+  // the rank before size(1), so a wrong buffer gets this sentence rather than torch's index error
   TORCH_CHECK_VALUE(part_counts.dim() == 3, "part_counts must be (B*H, parts, C) int32.");
   const int64_t parts = part_counts.size(1);
   check_buffer(centroids, v, torch::kFloat32, {g, c, d}, "centroids");

@@ -59,8 +59,7 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
   TORCH_CHECK_VALUE(out.is_cuda() && out.dim() == 4 && out.stride(3) == 1, "out must be a 4-D CUDA view with unit channel stride.");
   const c10::cuda::CUDAGuard guard(out.device());  // the launch goes to out's GPU whatever the current one
   TORCH_CHECK_VALUE(out.scalar_type() == torch::kHalf || out.scalar_type() == torch::kBFloat16, "out must be float16 or bfloat16.");
-  // size(i) past dim() would be refused by torch's inline index check, which formats its numbers through a stream
-  // in this library (refusal_text.h): the rank first, as one literal
+  // the rank first, so a wrong operand gets this sentence rather than torch's index error on size(3)
   TORCH_CHECK_VALUE(q_q.dim() == 4, "q_q must be 4-D (B, H, n_pad, D).");
   const int64_t batch = q_q.size(0), heads = q_q.size(1), n_pad = q_q.size(2), head_dim = q_q.size(3);
   TORCH_CHECK_VALUE(out.size(0) == batch && out.size(1) == heads && out.size(2) == n_tokens && out.size(3) == head_dim,
