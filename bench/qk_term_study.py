@@ -1,0 +1,64 @@
+"""Where fidelity mode's QK term comes from, and whether a preprocessing-only change lowers it (emulated, CPU).
+
+The QK term ||(P - P_q) V|| / ||O|| (study/fidelity.py) splits into the INT8 scores' error and the E4M3 rounding of
+P. Each row here quantizes one thing (or one thing differently) with the spec's arithmetic otherwise (Q scale per
+row, K smoothed, exp2 + E4M3 P with the running max; bench/fidelity_study.py), on the video-like data with the
+fidelity preset's grouping (128 clusters x 1 iteration), 256 query rows x 2 heads against all keys:
+- exact or INT8 scores (K per 128 keys, per 32, 16, per key; Q or K alone), exact or E4M3 P;
+- a per-channel migration between Q and K (Q_c * a_c, K_c / a_c, a_c = sqrt(amax K_c / amax Q_c) over the head's
+  tokens: the scores are unchanged in exact arithmetic, only the INT8 grids move; a prepare-only change).
+
+    python3 bench/qk_term_study.py --size 32760 --seeds 0
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from vc_attention.bench import fidelity_study as fs
+from vc_attention.kernels import reference as ref
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=32760, choices=sorted(fs.GRIDS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    args = parser.parse_args(argv)
+    torch.set_num_threads(2)
+    cfg = ref.VCConfig(p="exp2")
+    print("| seed | scores | P | QK term |\n|---|---|---|---|")
+    for seed in args.seeds:
+        case = fs.make_case("video", args.size, 2, 256, seed, fs.Grouping(128, 1, "chain"))
+        qs = case.q.float() * torch.tensor(ref.qk_scale(case.q.shape[-1], None), dtype=torch.float32)
+        ks = ref.smooth_k(case.k_perm)[0].float()
+        vp, norm = case.v_perm.float(), case.exact.norm().item()
+
+        def qk_term(p: torch.Tensor) -> float:
+            p = p / p.sum(-1, keepdim=True)
+            return ((p.float() @ vp).double() - case.exact).norm().item() / norm
+
+        def scores(qx, kx, k_rows="128", q_int8=True, k_int8=True) -> torch.Tensor:
+            q_q, q_sc = fs.int8_rows(qx, "1") if q_int8 else (qx, torch.ones_like(qx[..., :1]))
+            k_q, k_sc = fs.int8_rows(kx, k_rows) if k_int8 else (kx, torch.ones_like(kx[..., :1]))
+            acc = q_q[:, :, case.rows].double() @ k_q.double().transpose(-1, -2)
+            return (acc * (q_sc[:, :, case.rows] * k_sc.transpose(-1, -2)).double()).float()
+
+        def show(label, s, both=True):
+            exact_p = torch.exp2(s.double() - s.double().amax(-1, keepdim=True))
+            print(f"| {seed} | {label} | exact | {qk_term(exact_p):.5f} |")
+            if both:
+                print(f"| {seed} | {label} | E4M3 (spec) | {qk_term(ref.quantize_p(s, cfg)):.5f} |", flush=True)
+
+        show("exact", scores(qs, ks, q_int8=False, k_int8=False))
+        show("INT8 Q and K (spec: K per 128 keys)", scores(qs, ks))
+        show("INT8 Q only", scores(qs, ks, k_int8=False))
+        show("INT8 K only", scores(qs, ks, q_int8=False))
+        for rows in ("32", "16", "1"):
+            show(f"INT8, K per {rows} keys", scores(qs, ks, rows))
+        a = (ks.abs().amax(-2, keepdim=True) / qs.abs().amax(-2, keepdim=True)).sqrt()
+        show("INT8, channel migration a = sqrt(amax K / amax Q)", scores(qs * a, ks / a))
+
+
+if __name__ == "__main__":
+    main()
