@@ -6,7 +6,9 @@ row, K smoothed, exp2 + E4M3 P with the running max; bench/fidelity_study.py), o
 fidelity preset's grouping (128 clusters x 1 iteration), 256 query rows x 2 heads against all keys:
 - exact or INT8 scores (K per 128 keys, per 32, 16, per key; Q or K alone), exact or E4M3 P;
 - a per-channel migration between Q and K (Q_c * a_c, K_c / a_c, a_c = sqrt(amax K_c / amax Q_c) over the head's
-  tokens: the scores are unchanged in exact arithmetic, only the INT8 grids move; a prepare-only change).
+  tokens: the scores are unchanged in exact arithmetic, only the INT8 grids move; a prepare-only change);
+- K's INT8 codes rounded so that each key's error is ~orthogonal to the mean query or to Q's top two directions
+  (int8_rows_orthogonal: the fewest near-tie flips per key; a prepare-only change).
 
     python3 bench/qk_term_study.py --size 32760 --seeds 0
 """
@@ -18,6 +20,26 @@ import torch
 
 from vc_attention.bench import fidelity_study as fs
 from vc_attention.kernels import reference as ref
+
+
+def int8_rows_orthogonal(kx: torch.Tensor, dirs: list[torch.Tensor], rows: str = "128") -> tuple[torch.Tensor, torch.Tensor]:
+    """INT8 codes of K with fs.int8_rows' scales, each key's rounding flipped on its fewest near-tie channels so that its
+    error is ~orthogonal to each direction of `dirs` in turn ((B,H,1,D) each): a prepare-only change."""
+    amax = fs.row_group_amax(kx, rows)
+    x = kx * torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    q = torch.round(x).clamp(-127, 127)
+    for d in dirs:
+        err = ((q - x) * d).sum(-1, keepdim=True)
+        alt = torch.where(q >= x, q - 1, q + 1).clamp(-127, 127)
+        delta = (alt - q) * d
+        useful = (delta * err < 0) & (alt != q)
+        cost = (alt - x).abs() - (q - x).abs()
+        order = torch.where(useful, cost / delta.abs().clamp_min(1e-30), torch.full_like(cost, float("inf"))).argsort(-1)
+        steps = torch.where(useful, delta, torch.zeros_like(delta)).gather(-1, order)
+        best = (err + torch.cat([torch.zeros_like(err), steps.cumsum(-1)], -1)).abs().argmin(-1, keepdim=True)
+        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(x.shape[-1]).expand_as(order))
+        q = torch.where(useful & (rank < best), alt, q)
+    return q, amax / 127.0
 
 
 def main(argv=None) -> None:
@@ -38,9 +60,11 @@ def main(argv=None) -> None:
             p = p / p.sum(-1, keepdim=True)
             return ((p.float() @ vp).double() - case.exact).norm().item() / norm
 
-        def scores(qx, kx, k_rows="128", q_int8=True, k_int8=True) -> torch.Tensor:
+        def scores(qx, kx, k_rows="128", q_int8=True, k_int8=True, k_codes=None) -> torch.Tensor:
             q_q, q_sc = fs.int8_rows(qx, "1") if q_int8 else (qx, torch.ones_like(qx[..., :1]))
             k_q, k_sc = fs.int8_rows(kx, k_rows) if k_int8 else (kx, torch.ones_like(kx[..., :1]))
+            if k_codes is not None:
+                k_q, k_sc = k_codes
             acc = q_q[:, :, case.rows].double() @ k_q.double().transpose(-1, -2)
             return (acc * (q_sc[:, :, case.rows] * k_sc.transpose(-1, -2)).double()).float()
 
@@ -58,6 +82,14 @@ def main(argv=None) -> None:
             show(f"INT8, K per {rows} keys", scores(qs, ks, rows))
         a = (ks.abs().amax(-2, keepdim=True) / qs.abs().amax(-2, keepdim=True)).sqrt()
         show("INT8, channel migration a = sqrt(amax K / amax Q)", scores(qs * a, ks / a))
+        q_mean = qs.mean(-2, keepdim=True)
+        show("INT8, K rounded orthogonal to the mean query", scores(qs, ks, k_codes=int8_rows_orthogonal(ks, [q_mean])))
+        evals, vecs = torch.linalg.eigh((qs.transpose(-1, -2) @ qs).double())
+        top = [(vecs[..., -i] * evals[..., -i, None].sqrt()).float().unsqueeze(-2) for i in (1, 2)]
+        show("INT8, K rounded orthogonal to Q's top 2 directions", scores(qs, ks, k_codes=int8_rows_orthogonal(ks, top)))
+        share = (evals[..., -1] / evals.sum(-1)).flatten().tolist()
+        print(f"(seed {seed}: mean query norm {q_mean.norm(dim=-1).mean():.3f}, rms query norm "
+              f"{qs.norm(dim=-1).pow(2).mean().sqrt():.3f}, top direction's energy share {share})")
 
 
 if __name__ == "__main__":
