@@ -30,3 +30,11 @@ def test_segments_pass_through_and_other_configurations_restore_every_tile():
     assert backend_mma.restore_flags(operands(3), FIDELITY, MEAN_SCALED) is None  # 128-row means: one per tile
     assert backend_mma.restore_flags(operands(3, seg), PLAIN_8BIT, MEAN_SCALED) is None  # no V-Smooth, no means
     assert backend_mma.restore_flags(operands(3), SPEED, ()) is None  # a build that reads no flags
+
+
+def test_the_flags_are_kept_per_shape_and_bounded():
+    backend_mma._PAIR_FLAGS.clear()
+    for slots in range(1, backend_mma._PAIR_FLAGS_KEPT + 5):
+        backend_mma.pair_restore_flags(1, 1, slots, torch.device("cpu"))
+    assert len(backend_mma._PAIR_FLAGS) == backend_mma._PAIR_FLAGS_KEPT
+    assert (1, 1, 1, torch.device("cpu")) not in backend_mma._PAIR_FLAGS  # the oldest went first

@@ -270,3 +270,38 @@ def test_mma_restores_paired_means_once_per_pair_at_head_dim_64(n, dtype, monkey
     every_tile = torch.full(q.shape, float("nan"), dtype=dtype, device="cuda")
     backend_mma.attention_from_operands(dataclasses.replace(ops, v_seg_end=torch.ones_like(want)), SPEED, every_tile, "bhnd")
     assert not torch.equal(every_tile, paired) and _rel_l2(every_tile, paired) < 1e-4
+
+
+def test_mma_pair_flags_replay_from_a_cuda_graph():
+    """The pair flags are made outside any capture (a warm-up call) and replay from a CUDA graph bit for bit; a capture
+    that meets a shape without them restores on every tile (a tensor made inside a capture would hold its values only
+    after replay) and agrees to rounding."""
+    from vc_attention.kernels import backend_mma
+
+    backend = _mma_or_skip()
+    if backend_mma.MEAN_SCALED_FLAG not in backend_mma.default_flags():
+        pytest.skip("this GPU's build reads no flags")
+    n = 2000
+    q, k, v = _clustered_qkv(n, 64, torch.bfloat16, seed=7)
+    perm = torch.stack([torch.stack([torch.arange(n, device="cuda")] * 2)]).int()
+    ops = prepare_cuda(q, k, v, perm, SPEED, "bhnd")
+
+    def capture():
+        out = torch.empty_like(q)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream), torch.cuda.graph(graph):
+            backend.attend(ops, SPEED, out, "bhnd")
+        torch.cuda.current_stream().wait_stream(stream)
+        graph.replay()
+        torch.cuda.synchronize()
+        return out
+
+    eager = torch.empty_like(q)
+    backend.attend(ops, SPEED, eager, "bhnd")  # the warm-up makes this shape's flags
+    assert torch.equal(capture(), eager)
+    backend_mma._PAIR_FLAGS.clear()
+    unflagged = capture()
+    assert not backend_mma._PAIR_FLAGS  # nothing was made inside the capture
+    assert not torch.equal(unflagged, eager) and _rel_l2(unflagged, eager) < 1e-4
