@@ -19,6 +19,7 @@ import argparse
 import torch
 
 from vc_attention.bench import fidelity_study as fs
+from vc_attention.bench.v_rounding_study import fewest_flips
 from vc_attention.kernels import reference as ref
 
 
@@ -29,16 +30,8 @@ def int8_rows_orthogonal(kx: torch.Tensor, dirs: list[torch.Tensor], rows: str =
     x = kx * torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
     q = torch.round(x).clamp(-127, 127)
     for d in dirs:
-        err = ((q - x) * d).sum(-1, keepdim=True)
         alt = torch.where(q >= x, q - 1, q + 1).clamp(-127, 127)
-        delta = (alt - q) * d
-        useful = (delta * err < 0) & (alt != q)
-        cost = (alt - x).abs() - (q - x).abs()
-        order = torch.where(useful, cost / delta.abs().clamp_min(1e-30), torch.full_like(cost, float("inf"))).argsort(-1)
-        steps = torch.where(useful, delta, torch.zeros_like(delta)).gather(-1, order)
-        best = (err + torch.cat([torch.zeros_like(err), steps.cumsum(-1)], -1)).abs().argmin(-1, keepdim=True)
-        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(x.shape[-1]).expand_as(order))
-        q = torch.where(useful & (rank < best), alt, q)
+        q = fewest_flips(x, q, alt, d.expand_as(x), dim=-1)
     return q, amax / 127.0
 
 

@@ -34,22 +34,30 @@ def fp8_neighbours(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, torch.where(q == x, q, alt)
 
 
+def fewest_flips(x: torch.Tensor, q: torch.Tensor, alt: torch.Tensor, weight: torch.Tensor, dim: int) -> torch.Tensor:
+    """q with some elements switched to alt (each x's other rounding neighbour) along `dim`, so that the weighted sum of
+    the rounding errors, sum(weight * (result - x)), comes closest to zero: the switches that add the least error per
+    unit of correction first (greedy), as many as help. The study tools' shared rounding rule (this file's balanced V
+    rounding, bench/qk_term_study.py's K codes orthogonal to a direction)."""
+    err_sum = ((q - x) * weight).sum(dim, keepdim=True)
+    delta = (alt - q) * weight
+    cost = (alt - x).abs() - (q - x).abs()
+    useful = (delta * err_sum < 0) & (alt != q)
+    order = torch.where(useful, cost / delta.abs().clamp_min(1e-30), torch.full_like(cost, float("inf"))).argsort(dim=dim)
+    steps = torch.where(useful, delta, torch.zeros_like(delta)).gather(dim, order)
+    best = (err_sum + torch.cat([torch.zeros_like(err_sum), steps.cumsum(dim)], dim)).abs().argmin(dim, keepdim=True)
+    positions = torch.arange(x.shape[dim], device=x.device).view([-1 if i == dim % x.dim() else 1 for i in range(x.dim())])
+    rank = torch.empty_like(order).scatter_(dim, order, positions.expand_as(order))
+    return torch.where(useful & (rank < best), alt, q)
+
+
 def balanced_fp8(x: torch.Tensor, block: int) -> torch.Tensor:
     """E4M3 values of x (B,H,N,D, already scaled) with the fewest near-tie flips per (block, channel) that bring the
-    block's sum of rounding errors closest to zero (greedy in the order of added error per unit of correction)."""
+    block's sum of rounding errors closest to zero."""
     b, h, n, d = x.shape
     xb = ref.pad_rows(x, block).reshape(b, h, -1, block, d)
     q, alt = fp8_neighbours(xb)
-    err_sum = (q - xb).sum(3, keepdim=True)
-    delta = alt - q
-    cost = (alt - xb).abs() - (q - xb).abs()
-    useful = (delta * err_sum < 0) & (delta != 0)
-    order = torch.where(useful, cost / delta.abs().clamp_min(1e-30), torch.full_like(cost, float("inf"))).argsort(dim=3)
-    steps = torch.where(useful, delta, torch.zeros_like(delta)).gather(3, order)
-    best = (err_sum + torch.cat([torch.zeros_like(err_sum), steps.cumsum(3)], 3)).abs().argmin(3, keepdim=True)
-    rank = torch.empty_like(order).scatter_(3, order, torch.arange(block).view(1, 1, 1, block, 1).expand_as(order))
-    out = torch.where(useful & (rank < best), alt, q)
-    return out.reshape(b, h, -1, d)[:, :, :n]
+    return fewest_flips(xb, q, alt, torch.ones_like(xb), dim=3).reshape(b, h, -1, d)[:, :, :n]
 
 
 def v_hat_balanced(v_perm: torch.Tensor, block: int) -> torch.Tensor:
