@@ -17,7 +17,15 @@ namespace vc {
 template <int D, bool kQkFp8, bool kExpCast, bool kVSmooth>
 inline void (*attn_kernel_of_build())(const AttnParams) {
   if constexpr (VC_MMA_WIDE) {
+#if VC_MMA_D64_VSMOOTH_MIN_BLOCKS
+    if constexpr (D == 64 && kVSmooth) {
+      return attn_mma_wide_kernel_occupied<D, kQkFp8, kExpCast, kVSmooth>;
+    } else {
+      return attn_mma_wide_kernel<D, kQkFp8, kExpCast, kVSmooth>;
+    }
+#else
     return attn_mma_wide_kernel<D, kQkFp8, kExpCast, kVSmooth>;
+#endif
   } else {
     return attn_mma_kernel<D, kQkFp8, kExpCast, kVSmooth>;
   }

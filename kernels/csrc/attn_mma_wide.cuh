@@ -540,4 +540,21 @@ __global__ VC_MMA_LAUNCH_BOUNDS void attn_mma_wide_kernel(const AttnParams p) {
   kernel.run(p, smem);
 }
 
+// VC_MMA_D64_VSMOOTH_MIN_BLOCKS=N (variant, 0 = off): the head-dim-64 V-Smooth kernels (fidelity and speed) are
+// launched as this copy, whose launch bound asks ptxas for N CTAs per SM (N = 3: 168 registers, with spills), the
+// others keep the unbounded one. A whole build with three CTAs per SM (VC_MMA_MIN_BLOCKS=3) took exactly those
+// kernels 5% (fidelity) and 2% (speed) faster on the H200 and every other one slower (docs/kernel-notes.md 31).
+#ifndef VC_MMA_D64_VSMOOTH_MIN_BLOCKS
+#define VC_MMA_D64_VSMOOTH_MIN_BLOCKS 0
+#endif
+#if VC_MMA_D64_VSMOOTH_MIN_BLOCKS
+template <int D, bool kQkFp8, bool kExpCast, bool kVSmooth>
+__global__ __launch_bounds__(kAttnThreads, VC_MMA_D64_VSMOOTH_MIN_BLOCKS) void attn_mma_wide_kernel_occupied(
+    const AttnParams p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  AttnMmaWide<D, kQkFp8, kExpCast, kVSmooth> kernel;
+  kernel.run(p, smem);
+}
+#endif
+
 }  // namespace vc
