@@ -77,17 +77,23 @@ def test_compiles(compiled, source, arch):
     assert "warning" not in result.stderr.lower(), result.stderr
 
 
-def _spills(ptxas_report: str) -> dict[str, int]:
-    """Spill-store bytes per kernel from a `ptxas -v` report."""
-    spills, kernel = {}, None
+def per_kernel(ptxas_report: str, figure: str) -> dict[str, int]:
+    """One figure per kernel from a `ptxas -v` report: the integer group of regex `figure` on the lines after each
+    kernel's "Compiling entry function" line."""
+    values, kernel = {}, None
     for line in ptxas_report.splitlines():
         name = re.search(r"Compiling entry function '(\w+)'", line)
         if name:
             kernel = name.group(1)
-        stores = re.search(r"(\d+) bytes spill stores", line)
-        if stores and kernel:
-            spills[kernel] = int(stores.group(1))
-    return spills
+        found = re.search(figure, line)
+        if found and kernel:
+            values[kernel] = int(found.group(1))
+    return values
+
+
+def _spills(ptxas_report: str) -> dict[str, int]:
+    """Spill-store bytes per kernel from a `ptxas -v` report."""
+    return per_kernel(ptxas_report, r"(\d+) bytes spill stores")
 
 
 @pytest.mark.parametrize("variant,arch", VARIANT_BUILDS)

@@ -4,13 +4,14 @@ unbounded registers. Compile-only (nvcc, no GPU): ptxas's report per kernel.
 
 The variant is timed with `python3 bench/mma_variants.py --variants V,V+-DVC_MMA_D64_VSMOOTH_MIN_BLOCKS=3` (docs/kernel-notes.md 31).
 """
-import re
 import shutil
 import subprocess
 
 import pytest
 
 from vc_attention.kernels import jit, mma_variants
+
+from .test_cuda_compile import per_kernel
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 
@@ -24,13 +25,7 @@ def ptxas_report(tmp_path, source: str, arch: str, extra=()) -> dict[str, int]:
                                         extra_flags=mma_variants.flags(BUILD) + tuple(extra) + ("-Xptxas=-v",))
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
-    regs, name = {}, None
-    for line in result.stderr.splitlines():
-        if m := re.search(r"Compiling entry function '(\S+)'", line):
-            name = m.group(1)
-        elif (m := re.search(r"Used (\d+) registers", line)) and name:
-            regs[name] = int(m.group(1))
-    return regs
+    return per_kernel(result.stderr, r"Used (\d+) registers")
 
 
 @pytest.mark.parametrize("arch", ["8.9", "9.0a"])
