@@ -8,7 +8,10 @@ fidelity preset's grouping (128 clusters x 1 iteration), 256 query rows x 2 head
 - a per-channel migration between Q and K (Q_c * a_c, K_c / a_c, a_c = sqrt(amax K_c / amax Q_c) over the head's
   tokens: the scores are unchanged in exact arithmetic, only the INT8 grids move; a prepare-only change);
 - K's INT8 codes rounded so that each key's error is ~orthogonal to the mean query or to Q's top two directions
-  (int8_rows_orthogonal: the fewest near-tie flips per key; a prepare-only change).
+  (int8_rows_orthogonal: the fewest near-tie flips per key; a prepare-only change);
+- K smoothed per block: each 128- or 256-key block's own mean subtracted before the INT8 quantization and
+  q . mean_b added back per (query row, block) (exactly, or with Q's INT8 codes and the mean in fp16 as a kernel
+  would form it): a per-(row, tile) constant in the kernels, not per score.
 
     python3 bench/qk_term_study.py --size 32760 --seeds 0
 """
@@ -75,6 +78,14 @@ def main(argv=None) -> None:
             show(f"INT8, K per {rows} keys", scores(qs, ks, rows))
         a = (ks.abs().amax(-2, keepdim=True) / qs.abs().amax(-2, keepdim=True)).sqrt()
         show("INT8, channel migration a = sqrt(amax K / amax Q)", scores(qs * a, ks / a))
+        for rows in (128, 256):
+            kmean = ref.expand_rows(ref.block_means(ks, rows), rows, ks.shape[-2])  # (B,H,N,D)
+            base = scores(qs, ks - kmean)
+            restore = (qs[:, :, case.rows] @ kmean.transpose(-1, -2))
+            show(f"INT8, K smoothed per {rows} keys (q . mean_b exact)", base + restore)
+            q_q, q_sc = fs.int8_rows(qs, "1")
+            restore_q = (q_q[:, :, case.rows] @ kmean.half().float().transpose(-1, -2)) * q_sc[:, :, case.rows]
+            show(f"INT8, K smoothed per {rows} keys (INT8 Q . fp16 mean_b)", base + restore_q)
         q_mean = qs.mean(-2, keepdim=True)
         show("INT8, K rounded orthogonal to the mean query", scores(qs, ks, k_codes=int8_rows_orthogonal(ks, [q_mean])))
         evals, vecs = torch.linalg.eigh((qs.transpose(-1, -2) @ qs).double())

@@ -130,7 +130,7 @@ constexpr bool pair_accumulation() {
 #define VC_SM90_STEP256 0  // head dim 128, two consumer warpgroups: online-softmax steps of 256 keys (product flag)
 #endif
 #ifndef VC_SM90_STEP256_EARLY_QK
-#define VC_SM90_STEP256_EARLY_QK 0  // the 256-key loop issues the next step's first QK before its fold: 1, 2 ExpCast only (product: 2)
+#define VC_SM90_STEP256_EARLY_QK 0  // the 256-key loop issues the next step's first QK before its fold: 1, 2 ExpCast only (product: 2), 3 ExpCast and fidelity's paired-K exp2 kernels (variant)
 #endif
 #ifndef VC_SM90_STEP256_MAX_OVERLAP
 #define VC_SM90_STEP256_MAX_OVERLAP 0  // early-QK loop: the first tile's max pass under the second tile's QK (variant)
@@ -928,7 +928,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   constexpr bool kStep256 = step256(D, kConsumers, STAGES);
   static_assert(!kStep256 || (!kPSmem && !kMeanMma), "the 256-key loop reads P from registers and restores the means per tile");
   constexpr bool kTurns = kStep256 ? VC_SM90_STEP256_TURNS != 0 : take_turns<D, VSMOOTH>();
-  constexpr bool kEarlyQk = kStep256 && (VC_SM90_STEP256_EARLY_QK == 1 || (VC_SM90_STEP256_EARLY_QK == 2 && EXPCAST));
+  constexpr bool kEarlyQk = kStep256 && (VC_SM90_STEP256_EARLY_QK == 1 || (VC_SM90_STEP256_EARLY_QK == 2 && EXPCAST) ||
+                                         (VC_SM90_STEP256_EARLY_QK == 3 && (EXPCAST || KPAIR)));
   auto turn_begin = [&]() {
     if (kTurns) named_sync(1 + wg, 256);
   };
@@ -1009,7 +1010,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   mbar_wait(bar_q, 0);
   if ((kTurns || kSoftmaxTurns) && wg == 1) named_arrive(1, 256);  // warpgroup 0 takes the first turn
 
-  static_assert(!KPAIR || (kStep256 && !kEarlyQk), "paired K scales are read by the 256-key loop without the early QK");
+  static_assert(!KPAIR || (kStep256 && (!kEarlyQk || VC_SM90_STEP256_EARLY_QK == 3)),
+                "paired K scales are read by the 256-key loop (with the early QK: VC_SM90_STEP256_EARLY_QK=3)");
   // the 256-key loops' registers: the two tiles' scores and P fragments as halves of one array each, and
   // the second alpha of fold_pair (one step, one rescale); unused (and dropped) by the 128-key loops
   int32_t s2[128];
@@ -1053,8 +1055,9 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     // V-Smooth means restored per step: one (STEPMEAN: equal in the step's two tiles), two, or none (diagnostic)
     constexpr int kStepMeans = VC_SM90_STEP_MEAN_DIAG ? 0 : (STEPMEAN ? 1 : 2);
     static_assert(!STEPMEAN || (VSMOOTH && !LOWRANK && !kMeanPv), "one mean per step: V-Smooth's plain 256-key loop");
-    // VC_SM90_KPAIR: the STEPMEAN kernels' K scales are equal in the step's two tiles
-    constexpr bool kKPair = STEPMEAN && EXPCAST && VC_SM90_KPAIR;
+    // VC_SM90_KPAIR: the STEPMEAN kernels' K scales are equal in the step's two tiles; KPAIR (the exp2 kernels of
+    // VC_SM90_KPAIR_EXP2, here with VC_SM90_STEP256_EARLY_QK=3): the same for fidelity's paired-K step
+    constexpr bool kKPair = (STEPMEAN && EXPCAST && VC_SM90_KPAIR) || KPAIR;
     // the next pair's first QK waits for a stage that both warpgroups release only after this fold's
     // predecessor: four stages (two pairs) keep that wait from closing a cycle
     static_assert(STAGES >= 4, "the early-QK loop needs two tile pairs in the ring");
