@@ -333,6 +333,25 @@ __device__ __forceinline__ int key_of_column(int chunk, int t, int e) {
   return 16 * (chunk >> 1) + 4 * t + 2 * (chunk & 1) + e;
 }
 
+#ifndef VC_SM90_MU_VEC4
+// 1: the producer stores a tile's mean / v_scale in the folds' order (mu_slot), so that a thread reads the four
+// channels of two consecutive 8-channel groups with one LDS.128 instead of two LDS.64 (variant, default off)
+#define VC_SM90_MU_VEC4 0
+#endif
+// Where channel n's mean / v_scale sits in a stage's float [D] slot: channel order, or (VC_SM90_MU_VEC4) within
+// each 16 channels the four of quad lane t (8i + 2t, + 1 for even i, then the same for i + 1) side by side.
+__device__ __forceinline__ int mu_slot(int n) {
+  if (!VC_SM90_MU_VEC4) return n;
+  return (n & ~15) | (((n >> 1) & 3) << 2) | (((n >> 3) & 1) << 1) | (n & 1);
+}
+// mean / v_scale of channels 8i + 2t and 8i + 2t + 1 (the two O columns a thread holds per 8-channel group);
+// with VC_SM90_MU_VEC4 the even and odd i of a pair come from one 16-byte load (ptxas merges the unrolled pair)
+__device__ __forceinline__ float2 mu_pair(const float* mu, int i, int t) {
+  if (!VC_SM90_MU_VEC4) return *reinterpret_cast<const float2*>(mu + 8 * i + 2 * t);
+  const float4 q = *reinterpret_cast<const float4*>(mu + 16 * (i >> 1) + 4 * t);
+  return (i & 1) ? make_float2(q.z, q.w) : make_float2(q.x, q.y);
+}
+
 template <int D, bool EXPCAST, bool VSMOOTH, int STAGES, typename L, bool LOWRANK, bool STEPMEAN = false>
 __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                               const CUtensorMap* tm_vt, const CUtensorMap* tm_vlow, const Params& p, uint8_t* smem,
@@ -377,7 +396,7 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUt
       for (int c = 0; c < D / 32; ++c) {
         float mu = __half2float(mean[lane + 32 * c]) * inv_vs[c];
         if (minus_next) mu -= __half2float(mean[D + lane + 32 * c]) * inv_vs[c];
-        mu_smem[s * D + lane + 32 * c] = mu;
+        mu_smem[s * D + mu_slot(lane + 32 * c)] = mu;
       }
       if constexpr (mean_in_pv<D, EXPCAST, VSMOOTH, STAGES>()) {
         // rows 4 (j & 1) + 0..3 of the B tile of tile j's pair: the means of tile j - 2 (zeros before
@@ -635,7 +654,7 @@ __device__ __forceinline__ void fold_tile(float (&o)[D / 2], float (&row_sum)[2]
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) {
     float2 m2 = make_float2(0.f, 0.f);
-    if constexpr (VSMOOTH) m2 = *reinterpret_cast<const float2*>(mu + 8 * i + 2 * t);
+    if constexpr (VSMOOTH) m2 = mu_pair(mu, i, t);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       if constexpr (VSMOOTH) {
@@ -673,10 +692,10 @@ __device__ __forceinline__ void fold_pair(float (&o)[D / 2], float (&row_sum)[2]
   for (int i = 0; i < D / 8; ++i) {
     float2 ma = make_float2(0.f, 0.f), mb = make_float2(0.f, 0.f);
     if constexpr (VSMOOTH && MEANS == 2) {
-      ma = *reinterpret_cast<const float2*>(mu_a + 8 * i + 2 * t);
-      mb = *reinterpret_cast<const float2*>(mu_b + 8 * i + 2 * t);
+      ma = mu_pair(mu_a, i, t);
+      mb = mu_pair(mu_b, i, t);
     } else if constexpr (VSMOOTH && MEANS == 1) {
-      ma = *reinterpret_cast<const float2*>(mu_a + 8 * i + 2 * t);
+      ma = mu_pair(mu_a, i, t);
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -730,7 +749,7 @@ __device__ __forceinline__ void fold_segment(float (&o)[D / 2], float (&row_sum)
   if (seg_end) {
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
-      const float2 m = *reinterpret_cast<const float2*>(mu_diff + 8 * i + 2 * t);
+      const float2 m = mu_pair(mu_diff, i, t);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         o[4 * i + 2 * r] = fmaf(row_sum[r], m.x, o[4 * i + 2 * r]);
