@@ -12,6 +12,9 @@ that pays (bench/fidelity_study.py --grouping-sweep).
 - "chain": by the projection on the chain direction c_next - c_prev (the neighbours in the cluster
   chain; one-sided at the ends), so a cluster's first rows lie toward the previous cluster and its
   last rows toward the next one, where the straddling blocks meet them.
+- "chain4" / "chain8" / "chain16": "chain" with the key cut into that many equal-width bins of the cluster's
+  key range, token order inside a bin: what a counting sort over (cluster, bin) buckets, the fused grouping's
+  permutation with more buckets, would give instead of a sort.
 - "pca": by the projection on the cluster's principal direction (POWER_ITERS power iterations
   started from the chain direction, oriented along it); "pca1" / "pca2": 1 or 2 power iterations,
   each one more pass over V on a GPU.
@@ -22,7 +25,8 @@ import torch
 
 POWER_ITERS = 6
 PCA_ITERS = {"pca": POWER_ITERS, "pca1": 1, "pca2": 2}
-ORDERS = ("none", "norm", "chain", *PCA_ITERS)
+CHAIN_BINS = {"chain4": 4, "chain8": 8, "chain16": 16}
+ORDERS = ("none", "norm", "chain", *CHAIN_BINS, *PCA_ITERS)
 
 
 def cluster_means(x: torch.Tensor, labels: torch.Tensor, clusters: int) -> torch.Tensor:
@@ -63,10 +67,23 @@ def secondary_key(v: torch.Tensor, labels: torch.Tensor, clusters: int, order: s
     direction = chain_directions(means)
     if order in PCA_ITERS:
         direction = principal_directions(x, labels, means, direction, PCA_ITERS[order])
-    elif order != "chain":
+    elif order != "chain" and order not in CHAIN_BINS:
         raise ValueError(f"within-cluster order must be one of {ORDERS}, got {order!r}.")
     b, h, n, d = x.shape
-    return (x * torch.gather(direction, 2, labels.unsqueeze(-1).expand(b, h, n, d))).sum(-1)
+    key = (x * torch.gather(direction, 2, labels.unsqueeze(-1).expand(b, h, n, d))).sum(-1)
+    if order in CHAIN_BINS:
+        return binned(key, labels, clusters, CHAIN_BINS[order])
+    return key
+
+
+def binned(key: torch.Tensor, labels: torch.Tensor, clusters: int, bins: int) -> torch.Tensor:
+    """The bin index (as float32) of each key among `bins` equal-width bins of its cluster's key range."""
+    shape = (*key.shape[:-1], clusters)
+    lo = torch.full(shape, float("inf")).scatter_reduce(-1, labels, key, "amin")
+    hi = torch.full(shape, float("-inf")).scatter_reduce(-1, labels, key, "amax")
+    lo_t, hi_t = torch.gather(lo, -1, labels), torch.gather(hi, -1, labels)
+    frac = (key - lo_t) / (hi_t - lo_t).clamp(min=1e-30)
+    return torch.clamp(torch.floor(frac * bins), 0, bins - 1)
 
 
 def permutation(v: torch.Tensor, labels: torch.Tensor, clusters: int, order: str) -> torch.Tensor:

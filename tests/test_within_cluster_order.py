@@ -22,7 +22,7 @@ def test_none_is_the_reference_permutation():
     assert torch.equal(wco.permutation(v, labels, 8, "none"), ref.labels_to_permutation(labels))
 
 
-@pytest.mark.parametrize("order", ["norm", "chain", "pca"])
+@pytest.mark.parametrize("order", ["norm", "chain", "chain8", "pca"])
 def test_orders_keep_clusters_contiguous_and_sort_by_the_key(order):
     v, labels = _data()
     perm = wco.permutation(v, labels, 8, order)
@@ -33,6 +33,19 @@ def test_orders_keep_clusters_contiguous_and_sort_by_the_key(order):
     same = sorted_labels[..., 1:] == sorted_labels[..., :-1]
     assert bool((key[..., 1:] >= key[..., :-1])[same].all())
     assert not torch.equal(perm, ref.labels_to_permutation(labels))  # the key did reorder
+
+
+def test_chain_bins_cut_each_clusters_chain_key_range_into_equal_bins():
+    v, labels = _data()
+    key = wco.secondary_key(v, labels, 8, "chain")
+    bins = wco.secondary_key(v, labels, 8, "chain4")
+    assert set(bins.unique().tolist()) == {0.0, 1.0, 2.0, 3.0}
+    for c in range(8):
+        for h in range(2):
+            k, b = key[0, h][labels[0, h] == c], bins[0, h][labels[0, h] == c]
+            frac = (k - k.min()) / (k.max() - k.min())
+            assert torch.equal(b, torch.clamp(torch.floor(frac * 4), 0, 3))  # the bins follow the chain key
+            assert b[k.argmin()] == 0 and b[k.argmax()] == 3
 
 
 def test_pca_direction_is_the_principal_axis():
