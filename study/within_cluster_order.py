@@ -78,9 +78,9 @@ def secondary_key(v: torch.Tensor, labels: torch.Tensor, clusters: int, order: s
 
 def binned(key: torch.Tensor, labels: torch.Tensor, clusters: int, bins: int) -> torch.Tensor:
     """The bin index (as float32) of each key among `bins` equal-width bins of its cluster's key range."""
-    shape = (*key.shape[:-1], clusters)
-    lo = torch.full(shape, float("inf")).scatter_reduce(-1, labels, key, "amin")
-    hi = torch.full(shape, float("-inf")).scatter_reduce(-1, labels, key, "amax")
+    shape, labels = (*key.shape[:-1], clusters), labels.long()
+    lo = torch.full(shape, float("inf"), device=key.device).scatter_reduce(-1, labels, key, "amin")
+    hi = torch.full(shape, float("-inf"), device=key.device).scatter_reduce(-1, labels, key, "amax")
     lo_t, hi_t = torch.gather(lo, -1, labels), torch.gather(hi, -1, labels)
     frac = (key - lo_t) / (hi_t - lo_t).clamp(min=1e-30)
     return torch.clamp(torch.floor(frac * bins), 0, bins - 1)
