@@ -191,6 +191,14 @@ constexpr bool step256(int head_dim, int consumers, int stages) {
   return VC_SM90_STEP256 && head_dim == 128 && consumers == 2 && stages % 2 == 0;
 }
 
+// Whether a 256-key loop of this P mode issues the next step's first QK before its fold (VC_SM90_STEP256_EARLY_QK):
+// 1 every mode, 2 ExpCast; 3 ExpCast and fidelity's paired-K exp2 kernels (kpair; its per-tile ones stay off it).
+// One rule for the consumer loop (kEarlyQk) and the launcher's kernel choice (sm90_launch.cu).
+constexpr bool early_qk_loop(bool expcast, bool kpair = false) {
+  return VC_SM90_STEP256_EARLY_QK == 1 || (VC_SM90_STEP256_EARLY_QK >= 2 && expcast) ||
+         (VC_SM90_STEP256_EARLY_QK == 3 && kpair);
+}
+
 // The low-rank V term (LOWRANK kernels: head dim 128 V-Smooth on the 256-key loops). The 8 extra B rows
 // of every V^T stage come from the prepare's v_low_t by TMA instead of the ones written once: row D holds
 // ones on even tiles, D + 1 on odd ones, rows D + 2 .. D + 7 the coefficient codes A of the tile's keys.
@@ -947,8 +955,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   constexpr bool kStep256 = step256(D, kConsumers, STAGES);
   static_assert(!kStep256 || (!kPSmem && !kMeanMma), "the 256-key loop reads P from registers and restores the means per tile");
   constexpr bool kTurns = kStep256 ? VC_SM90_STEP256_TURNS != 0 : take_turns<D, VSMOOTH>();
-  constexpr bool kEarlyQk = kStep256 && (VC_SM90_STEP256_EARLY_QK == 1 || (VC_SM90_STEP256_EARLY_QK == 2 && EXPCAST) ||
-                                         (VC_SM90_STEP256_EARLY_QK == 3 && (EXPCAST || KPAIR)));
+  constexpr bool kEarlyQk = kStep256 && early_qk_loop(EXPCAST, KPAIR);
   auto turn_begin = [&]() {
     if (kTurns) named_sync(1 + wg, 256);
   };

@@ -156,12 +156,6 @@ constexpr bool on_step256_loop(int head_dim, bool expcast, bool vsmooth) {
   return consumers == kConsumers && step256(head_dim, consumers, stages);
 }
 
-// Whether the 256-key loop of this P mode is the early-QK one (consumer_loop's kEarlyQk; with
-// VC_SM90_STEP256_EARLY_QK=3 fidelity's paired-K kernels take it too, has_k_pair_exp2, its per-tile ones do not).
-constexpr bool early_qk_loop(bool expcast) {
-  return VC_SM90_STEP256_EARLY_QK == 1 || (VC_SM90_STEP256_EARLY_QK >= 2 && expcast);
-}
-
 // Whether this build has the one-mean-per-step kernel for (head dim, P mode, V mode): ExpCast with V-Smooth
 // on the early-QK 256-key loop (the speed kernel at head dim 128), without the low-rank term. Elsewhere
 // means equal in pairs run the two-mean fold, which is right for them too.
