@@ -30,7 +30,7 @@ from typing import Optional
 
 import torch
 
-from . import constants, grouping_fused, jit, reference
+from . import constants, grouping_fused, grouping_within, jit, reference
 from .grouping_order import chain_ranks
 
 # Chosen by measurement on video-like data (bench/grouping_sweep.py, docs/grouping.md).
@@ -292,12 +292,16 @@ class CompactGrouping:
     centroids: (B,H,C,D) fp16, kept only while later grouping steps may warm-start from them; after
     compact_centroids() (the node's cache calls it) E4M3 codes with one float32 scale per centroid in
     centroid_scale (B,H,C,1): D + 4 bytes a centroid instead of 2 D.
+    within_bins: with >= 2, each cluster's tokens are in that many bins along its chain direction
+    (kernels/grouping_within.py); the bins are not stored: every perm(v) recomputes them from the V of
+    its call and the centroids, which such a grouping therefore keeps (drop_centroids() leaves them).
     """
 
     labels: torch.Tensor
     counts: torch.Tensor
     centroids: torch.Tensor | None = None
     centroid_scale: torch.Tensor | None = None
+    within_bins: int = 0
     # the fused path's permutation, handed out by the first perm() and then dropped, so a cached
     # grouping keeps 1 byte a token, not 5
     fresh_perm: torch.Tensor | None = field(default=None, repr=False)
@@ -306,8 +310,9 @@ class CompactGrouping:
     def clusters(self) -> int:
         return self.counts.shape[-1]
 
-    def perm(self) -> torch.Tensor:
-        """(B,H,N) int32 permutation of the key/value tokens (stable by label).
+    def perm(self, v_bhnd: torch.Tensor | None = None) -> torch.Tensor:
+        """(B,H,N) int32 permutation of the key/value tokens (stable by label; with within_bins, by label
+        and bin, the bins taken from `v_bhnd`, the V of this call, which such a grouping then needs).
 
         A cached grouping on CUDA (the reuse steps) sorts its labels with the fused label-count and
         permutation kernels (grouping_fused.permute_labels: two launches; torch's stable sort took
@@ -316,6 +321,14 @@ class CompactGrouping:
         if self.fresh_perm is not None:
             perm, self.fresh_perm = self.fresh_perm, None
             return perm
+        if self.within_bins >= 2:
+            if v_bhnd is None:
+                raise ValueError("this grouping orders tokens inside their clusters (within_bins="
+                                 f"{self.within_bins}): perm(v) needs the V of the call.")
+            return within_cluster_perm(v_bhnd, self.labels, self.counts, self.warm_centroids(), self.within_bins)
+        return self._label_perm()
+
+    def _label_perm(self) -> torch.Tensor:
         perm = _fused_or_counted(lambda: grouping_fused.labels_unsupported_reason(self.labels, self.clusters),
                                  lambda: grouping_fused.permute_labels(self.labels, self.clusters), self.labels)
         return perm if perm is not None else permutation_from_labels(self.labels, self.clusters)
@@ -354,10 +367,29 @@ class CompactGrouping:
         return self
 
     def drop_centroids(self) -> "CompactGrouping":
-        """Free the centroids (after the grouping window); returns self so the call can chain."""
+        """Free the centroids (after the grouping window) unless the within-cluster order needs them on
+        every reuse step; returns self so the call can chain."""
+        if self.within_bins >= 2:
+            return self
         self.centroids = None
         self.centroid_scale = None
         return self
+
+
+def within_cluster_perm(v_bhnd: torch.Tensor, labels: torch.Tensor, counts: torch.Tensor, centroids: torch.Tensor,
+                        bins: int) -> torch.Tensor:
+    """(B,H,N) int32 stable sort of the tokens by (label, bin along the cluster's chain direction): the fused
+    label sort + the within-cluster kernel on CUDA, kernels/grouping_within.within_perm elsewhere (counted)."""
+    grouping_within.check_bins(bins)
+
+    def fused():
+        label_perm = grouping_fused.permute_labels(labels, counts.shape[-1])
+        return grouping_fused.refine_perm(v_bhnd, label_perm, counts, centroids, bins)
+
+    perm = _fused_or_counted(lambda: (grouping_fused.unsupported_reason(v_bhnd, counts.shape[-1])
+                                      or grouping_fused.labels_unsupported_reason(labels, counts.shape[-1])),
+                             fused, v_bhnd)
+    return perm if perm is not None else grouping_within.within_perm(v_bhnd, labels, counts, centroids, bins)
 
 
 def group_tokens(
@@ -367,6 +399,7 @@ def group_tokens(
     seed: int = 0,
     warm_start: CompactGrouping | None = None,
     order_clusters: bool = True,
+    within_bins: int = 0,
 ) -> CompactGrouping:
     """k-means grouping of V's tokens into a CompactGrouping (centroids kept for the next step).
 
@@ -375,7 +408,28 @@ def group_tokens(
     order_clusters: renumber the clusters along a nearest-neighbour chain of their centroids
     (grouping_order.chain_ranks) so that 128-row blocks straddling two clusters mix similar ones;
     False keeps kmeans' ids (the reference's permutation exactly).
+    within_bins: 0 keeps token order inside a cluster; 2..grouping_within.MAX_BINS puts each cluster's
+    tokens in that many bins along its chain direction (kernels/grouping_within.py; needs order_clusters).
     """
+    grouping_within.check_bins(within_bins)
+    if within_bins >= 2 and not order_clusters:
+        raise ValueError("within_bins orders tokens along the cluster chain: it needs order_clusters=True.")
+    grouping = _group_tokens(v_bhnd, clusters, iters, seed, warm_start, order_clusters)
+    if within_bins >= 2:
+        grouping.within_bins = within_bins
+        grouping.fresh_perm = _refined(v_bhnd, grouping, grouping.fresh_perm)
+    return grouping
+
+
+def _refined(v_bhnd: torch.Tensor, grouping: CompactGrouping, label_perm: Optional[torch.Tensor]) -> torch.Tensor:
+    """A fresh grouping's permutation with its within-cluster bins (the fused kernel on its own label
+    perm where the grouping ran fused, else the spec or within_cluster_perm's path)."""
+    if label_perm is not None:  # the fused grouping ran: its perm is the stable label sort the kernel refines
+        return grouping_fused.refine_perm(v_bhnd, label_perm, grouping.counts, grouping.centroids, grouping.within_bins)
+    return within_cluster_perm(v_bhnd, grouping.labels, grouping.counts, grouping.centroids, grouping.within_bins)
+
+
+def _group_tokens(v_bhnd, clusters, iters, seed, warm_start, order_clusters) -> CompactGrouping:
     init = None
     if warm_start is not None:
         if not warm_start.has_centroids:

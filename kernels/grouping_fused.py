@@ -234,3 +234,18 @@ def permute_labels(labels: torch.Tensor, clusters: int) -> torch.Tensor:
     extension().permute_labels(labels, part_counts, perm, torch.cuda.current_stream(labels.device).cuda_stream)
     PATH_CALLS["fused: reuse permutation"] += 1
     return perm
+
+
+def refine_perm(v: torch.Tensor, perm: torch.Tensor, counts: torch.Tensor, centroids: torch.Tensor,
+                bins: int) -> torch.Tensor:
+    """(B,H,N) int32: each cluster's tokens of the label-sorted `perm` in `bins` bins along its chain
+    direction (kernels/grouping_within.py is the spec; one launch, csrc/grouping_refine.cuh). counts (B,H,C)
+    int32 and centroids (B,H,C,D) in perm's label ids; perm must be the stable sort by those labels."""
+    b, h, n, d = v.shape
+    g, c = b * h, counts.shape[-1]
+    keys = torch.empty(g, n, dtype=torch.float32, device=v.device)
+    out = torch.empty(b, h, n, dtype=torch.int32, device=v.device)
+    extension().refine_perm(v, perm.contiguous(), counts.contiguous(), centroids.to(torch.float16).contiguous(), keys,
+                            out, bins, torch.cuda.current_stream(v.device).cuda_stream)
+    PATH_CALLS["fused: within-cluster order"] += 1
+    return out

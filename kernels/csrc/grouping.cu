@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "grouping.cuh"
+#include "grouping_refine.cuh"
 
 namespace vc {
 
@@ -52,6 +53,16 @@ cudaError_t pass_dim(const GroupParams& p, bool accumulate, cudaStream_t stream)
   return p.head_dim == 64 ? pass_typed<T, 64>(p, accumulate, stream) : pass_typed<T, 128>(p, accumulate, stream);
 }
 
+template <typename T>
+void refine_typed(const RefineParams& p, cudaStream_t stream) {
+  const dim3 grid(unsigned(p.clusters), unsigned(p.batch * p.heads));
+  if (p.head_dim == 64) {
+    group_refine_kernel<T, 64><<<grid, kRefineThreads, 0, stream>>>(p);
+  } else {
+    group_refine_kernel<T, 128><<<grid, kRefineThreads, 0, stream>>>(p);
+  }
+}
+
 }  // namespace
 
 const char* launch_group_pass(const GroupParams& p, bool accumulate, void* stream) {
@@ -86,6 +97,16 @@ const char* launch_group_label_counts(const GroupParams& p, void* stream) {
 
 const char* launch_group_permute(const GroupParams& p, void* stream) {
   group_permute_kernel<<<dim3(p.parts, p.batch * p.heads), kPermThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  return result(cudaSuccess);
+}
+
+const char* launch_group_refine(const RefineParams& p, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (p.input_bf16) {
+    refine_typed<__nv_bfloat16>(p, s);
+  } else {
+    refine_typed<__half>(p, s);
+  }
   return result(cudaSuccess);
 }
 

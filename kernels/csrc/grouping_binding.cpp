@@ -128,9 +128,55 @@ void permute_labels(const torch::Tensor& labels, torch::Tensor part_counts, torc
   raise_on_error(vc::launch_group_permute(p, s), "permutation");
 }
 
+// Each cluster's tokens of a label-sorted permutation in `bins` bins along the cluster's chain direction
+// (kernels/grouping_within.py is the spec). perm_in must be the stable sort of labels whose per-label
+// counts are `counts` (a grouping's own perm and counts: kernels/grouping_fused.py passes nothing else).
+void refine_perm(const torch::Tensor& v, const torch::Tensor& perm_in, const torch::Tensor& counts,
+                 const torch::Tensor& centroids, torch::Tensor keys, torch::Tensor perm_out, int64_t bins,
+                 int64_t stream) {
+  TORCH_CHECK_VALUE(v.is_cuda() && v.dim() == 4, "V must be a 4-D (B, H, N, D) CUDA tensor.");
+  TORCH_CHECK_VALUE(v.scalar_type() == torch::kHalf || v.scalar_type() == torch::kBFloat16, "V must be float16 or bfloat16.");
+  TORCH_CHECK_VALUE(v.stride(3) == 1, "V must have a contiguous last dimension.");
+  TORCH_CHECK_VALUE(reinterpret_cast<uintptr_t>(v.data_ptr()) % 16 == 0 && v.stride(0) % 8 == 0 && v.stride(1) % 8 == 0 &&
+                        v.stride(2) % 8 == 0,
+                    "V's rows must be 16-byte aligned.");
+  const int64_t b = v.size(0), h = v.size(1), n = v.size(2), d = v.size(3);
+  TORCH_CHECK_VALUE(d == 64 || d == 128, vc::text("head dim must be 64 or 128, got ", d, "."));
+  TORCH_CHECK_VALUE(n >= 1 && n <= INT32_MAX, vc::text("N must be between 1 and 2^31 - 1, got ", n, "."));
+  const int64_t g = b * h;
+  TORCH_CHECK_VALUE(g <= 65535, vc::text("B * H must be at most 65535 (one grid row per head), got ", g, "."));
+  TORCH_CHECK_VALUE(counts.dim() == 3, "counts must be (B, H, C) int32.");
+  const int64_t c = counts.size(2);
+  TORCH_CHECK_VALUE(c >= 1 && c <= vc::kGroupMaxClusters, vc::text("clusters must be between 1 and ", vc::kGroupMaxClusters, "."));
+  TORCH_CHECK_VALUE(bins >= 2 && bins <= vc::kGroupMaxWithinBins,
+                    vc::text("bins must be between 2 and ", vc::kGroupMaxWithinBins, ", got ", bins, "."));
+  check_buffer(perm_in, v, torch::kInt32, {g, n}, "perm_in");
+  check_buffer(counts, v, torch::kInt32, {g, c}, "counts");
+  check_buffer(centroids, v, torch::kFloat16, {g, c, d}, "centroids");
+  check_buffer(keys, v, torch::kFloat32, {g, n}, "keys");
+  check_buffer(perm_out, v, torch::kInt32, {g, n}, "perm_out");
+  vc::RefineParams p{};
+  p.v = v.data_ptr();
+  for (int i = 0; i < 3; ++i) p.v_stride[i] = v.stride(i);
+  p.perm_in = perm_in.data_ptr<int32_t>();
+  p.counts = counts.data_ptr<int32_t>();
+  p.centroids = reinterpret_cast<const uint16_t*>(centroids.data_ptr());
+  p.keys = keys.data_ptr<float>();
+  p.perm_out = perm_out.data_ptr<int32_t>();
+  p.batch = int(b);
+  p.heads = int(h);
+  p.n = int(n);
+  p.head_dim = int(d);
+  p.clusters = int(c);
+  p.bins = int(bins);
+  p.input_bf16 = v.scalar_type() == torch::kBFloat16;
+  raise_on_error(vc::launch_group_refine(p, reinterpret_cast<void*>(stream)), "within-cluster order");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("kmeans_group", &kmeans_group, "Fused k-means grouping of V (kernels/grouping_fused.py)");
+  m.def("refine_perm", &refine_perm, "Each cluster's tokens in bins along its chain direction (kernels/grouping_within.py)");
   m.def("permute_labels", &permute_labels, "Stable permutation of a cached grouping's labels (kernels/grouping_fused.py)");
 }

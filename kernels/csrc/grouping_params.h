@@ -14,6 +14,10 @@ constexpr int kPermThreads = 256;      // tokens per step of the permutation sca
 // Tensor-core pass: a float32 centroid is the sum of three bf16 terms (8 + 8 + 8 significant bits,
 // as many as float32 has), so the bf16 MMA distances keep the float32 path's precision.
 constexpr int kGroupSplits = 3;
+// Within-cluster order (grouping_refine.cuh): bins per cluster at most (per-block shared counters;
+// kernels/grouping_within.py MAX_BINS), threads per block (one block per cluster and head).
+constexpr int kGroupMaxWithinBins = 32;
+constexpr int kRefineThreads = 256;
 
 constexpr int group_padded_clusters(int clusters) { return (clusters + kGroupChunk - 1) / kGroupChunk * kGroupChunk; }
 
@@ -57,6 +61,21 @@ struct GroupParams {
   bool tensor_cores;  // bf16 V only: distances by bf16 MMA (group_pass_tc_kernel)
 };
 
+// The within-cluster order of a grouping (grouping_refine.cuh; the spec is kernels/grouping_within.py):
+// perm_in sorted by label (stable), perm_out the same clusters with each one's tokens stably sorted by
+// their bin along the cluster's chain direction. One block per (cluster, group).
+struct RefineParams {
+  const void* v;
+  int64_t v_stride[3];        // elements, for b, h, n
+  const int32_t* perm_in;     // (G,N) stable by label
+  const int32_t* counts;      // (G,C) tokens per label
+  const uint16_t* centroids;  // (G,C,D) fp16 centroids in the labels' ids
+  float* keys;                // (G,N) scratch: the key of the token at each slot of perm_in
+  int32_t* perm_out;          // (G,N)
+  int batch, heads, n, head_dim, clusters, bins;
+  bool input_bf16;
+};
+
 // Launchers (grouping.cu). Return a CUDA error string or nullptr on success.
 // One assignment pass over V: accumulate=true sums each cluster's tokens (an iteration),
 // false writes raw_labels and counts only (the final assignment).
@@ -70,5 +89,7 @@ const char* launch_group_order(const GroupParams& p, bool chain, void* stream);
 const char* launch_group_permute(const GroupParams& p, void* stream);
 // part_counts of stored labels (raw_labels), for launch_group_permute on a cached grouping.
 const char* launch_group_label_counts(const GroupParams& p, void* stream);
+// Each cluster's tokens in bins along its chain direction (RefineParams).
+const char* launch_group_refine(const RefineParams& p, void* stream);
 
 }  // namespace vc
