@@ -315,6 +315,11 @@ def grouping_labels(v: torch.Tensor, g: Grouping, seed: int) -> torch.Tensor:
 
 def grouping_permutation(v: torch.Tensor, g: Grouping, seed: int, labels=None) -> torch.Tensor:
     """(B,H,N) permutation of the tokens for grouping g (labels: grouping_labels's, computed if None)."""
+    if g.within in within_cluster_order.NODE_BINS:  # the node's kernel spec: the grouping's own bins
+        if g.ids != "chain":
+            raise ValueError(f"grouping {g.label}: the node's within-cluster bins follow the chain ids.")
+        return grouping_ops.group_tokens(v, g.clusters, g.iters, seed,
+                                         within_bins=within_cluster_order.NODE_BINS[g.within]).perm()
     labels = grouping_labels(v, g, seed) if labels is None else labels
     return within_cluster_order.permutation(v, labels, g.clusters, g.within)
 

@@ -27,8 +27,9 @@ from .backend_stats import BackendStats
 
 
 class DenoisingSteps:
-    def __init__(self, window: float, clusters: int, iters: int, stats: BackendStats) -> None:
+    def __init__(self, window: float, clusters: int, iters: int, stats: BackendStats, within_bins: int = 0) -> None:
         self.window, self.clusters, self.iters, self.stats = window, clusters, iters, stats
+        self.within_bins = within_bins  # kernels/grouping_within.py; 0: token order inside a cluster
         self.cache = GroupingCache()
         self.reset()
 
@@ -71,7 +72,7 @@ class DenoisingSteps:
             self.reset()
         if not self.tracking:
             self.stats.groupings += 1
-            return group_tokens(v_bhnd, self.clusters, self.iters).perm()
+            return group_tokens(v_bhnd, self.clusters, self.iters, within_bins=self.within_bins).perm()
         b, h, n, d = v_bhnd.shape
         # one entry per call position: a new token count or batch replaces the old entry (LayerKey)
         key = LayerKey(block=("call", self.calls_this_step), nth=0, branches=(), tokens=n, batch=b)
@@ -81,11 +82,11 @@ class DenoisingSteps:
         warm_ok = cached is not None and cached.centroids is not None and cached.centroids.shape[-1] == d
         if cached is not None and not self.in_window:
             self.stats.reused_groupings += 1
-            return cached.perm()
+            return cached.perm(v_bhnd)
         warm = cached if warm_ok else None
-        grouping = group_tokens(v_bhnd, self.clusters, self.iters, warm_start=warm)
+        grouping = group_tokens(v_bhnd, self.clusters, self.iters, warm_start=warm, within_bins=self.within_bins)
         if not self.in_window:  # a layer first seen after the window: grouped once, reused from now on
             grouping.drop_centroids()
         self.cache.put(key, grouping)
         self.stats.groupings += 1
-        return grouping.perm()
+        return grouping.perm(v_bhnd)

@@ -47,6 +47,9 @@ class Settings:
     backend: str = "auto"
     # balanced and speed: run the model's attention at a shape where VC-Attention measured slower
     avoid_slower: bool = False
+    # V-Smooth's within-cluster order: each cluster's tokens in this many bins along its chain direction
+    # (kernels/grouping_within.py), recomputed from the call's V on reuse steps; 0 keeps token order
+    within_bins: int = 0
 
     @property
     def grouping_rate(self) -> float:
@@ -247,14 +250,15 @@ class VCPatch:
         """
         cached = self.cache.get(key)
         if cached is not None and not self._phase.grouping:
-            return cached.perm()
+            return cached.perm(v_bhnd)
         warm = cached if cached is not None and cached.has_centroids else None
-        grouping = group_tokens(v_bhnd, self.settings.clusters, self.settings.kmeans_iters, warm_start=warm)
+        grouping = group_tokens(v_bhnd, self.settings.clusters, self.settings.kmeans_iters, warm_start=warm,
+                                within_bins=self.settings.within_bins)
         if not self._phase.grouping:
             grouping.drop_centroids()
         self.stats.cache_evictions += self.cache.put(key, grouping)
         self.stats.grouping_calls += 1
-        return grouping.perm()
+        return grouping.perm(v_bhnd)
 
 
 def install_handler(model_patcher, handler, on_pre_run, on_cleanup, key: str):

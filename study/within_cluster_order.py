@@ -15,6 +15,9 @@ that pays (bench/fidelity_study.py --grouping-sweep).
 - "chain4" / "chain8" / "chain16": "chain" with the key cut into that many equal-width bins of the cluster's
   key range, token order inside a bin: what a counting sort over (cluster, bin) buckets, the fused grouping's
   permutation with more buckets, would give instead of a sort.
+- "node8" / "node16": what the node runs (kernels/grouping_within.py): the bins of "chain8" / "chain16" but
+  with the grouping's own centroids as the chain's points (not its member means) and empty neighbours
+  skipped; bench/fidelity_study.py takes them from grouping.group_tokens(within_bins=...), not from here.
 - "pca": by the projection on the cluster's principal direction (POWER_ITERS power iterations
   started from the chain direction, oriented along it); "pca1" / "pca2": 1 or 2 power iterations,
   each one more pass over V on a GPU.
@@ -26,7 +29,8 @@ import torch
 POWER_ITERS = 6
 PCA_ITERS = {"pca": POWER_ITERS, "pca1": 1, "pca2": 2}
 CHAIN_BINS = {"chain4": 4, "chain8": 8, "chain16": 16}
-ORDERS = ("none", "norm", "chain", *CHAIN_BINS, *PCA_ITERS)
+NODE_BINS = {"node8": 8, "node16": 16}  # the node's within-cluster kernel (kernels/grouping_within.py)
+ORDERS = ("none", "norm", "chain", *CHAIN_BINS, *NODE_BINS, *PCA_ITERS)
 
 
 def cluster_means(x: torch.Tensor, labels: torch.Tensor, clusters: int) -> torch.Tensor:
@@ -67,6 +71,9 @@ def secondary_key(v: torch.Tensor, labels: torch.Tensor, clusters: int, order: s
     direction = chain_directions(means)
     if order in PCA_ITERS:
         direction = principal_directions(x, labels, means, direction, PCA_ITERS[order])
+    elif order in NODE_BINS:
+        raise ValueError(f"order {order!r} is the node's: take it from grouping.group_tokens(within_bins="
+                         f"{NODE_BINS[order]}), which has the centroids it needs.")
     elif order != "chain" and order not in CHAIN_BINS:
         raise ValueError(f"within-cluster order must be one of {ORDERS}, got {order!r}.")
     b, h, n, d = x.shape

@@ -177,22 +177,25 @@ def test_config_presets_and_validation():
         VCDiffusersConfig(mode="custom")
     with pytest.raises(ValueError, match="grouping_window"):
         VCDiffusersConfig(grouping_window=1.5)
+    assert VCDiffusersConfig().within_bins == 0  # no preset takes the within-cluster bins yet
+    with pytest.raises(ValueError, match="within-cluster bins"):
+        VCDiffusersConfig(within_bins=64)
 
 
 # ---------------------------------------------------------------------- the step schedule
 
-def _steps(window, monkeypatch):
+def _steps(window, monkeypatch, within_bins=0):
     calls = []
 
-    def fake_group(v, clusters, iters, warm_start=None):
+    def fake_group(v, clusters, iters, warm_start=None, within_bins=0):
         calls.append(warm_start)
         from vc_attention.kernels.grouping import group_tokens
 
-        return group_tokens(v, clusters, iters, warm_start=warm_start)
+        return group_tokens(v, clusters, iters, warm_start=warm_start, within_bins=within_bins)
 
     monkeypatch.setattr("vc_attention.integrations.denoising_steps.group_tokens", fake_group)
     stats = BackendStats()
-    return DenoisingSteps(window, clusters=4, iters=1, stats=stats), stats, calls
+    return DenoisingSteps(window, clusters=4, iters=1, stats=stats, within_bins=within_bins), stats, calls
 
 
 def test_grouping_is_recomputed_inside_the_window_and_reused_after(monkeypatch):
@@ -227,6 +230,23 @@ def test_centroids_are_dropped_when_the_window_closes(monkeypatch):
     assert steps.cache.get(key).centroids is not None
     steps.end_step(1, 4)
     assert steps.cache.get(key).centroids is None
+
+
+def test_within_cluster_bins_are_rebinned_from_each_reused_calls_v(monkeypatch):
+    from vc_attention.kernels import grouping_within
+
+    steps, stats, _ = _steps(0.5, monkeypatch, within_bins=4)
+    v = torch.randn(1, 2, 64, 16)
+    steps.end_step(0, 4)
+    steps.permutation(v)  # step 1: grouped, cached
+    steps.end_step(1, 4)  # the window closes: the centroids stay, the reuse steps need them
+    key = LayerKey(block=("call", 1), nth=0, branches=(), tokens=64, batch=1)
+    cached = steps.cache.get(key)
+    assert cached.within_bins == 4 and cached.centroids is not None
+    later = v + torch.randn_like(v)
+    perm = steps.permutation(later)
+    assert stats.reused_groupings == 1
+    assert torch.equal(perm, grouping_within.within_perm(later, cached.labels, cached.counts, cached.warm_centroids(), 4))
 
 
 def test_a_new_shape_at_the_same_position_replaces_the_entry(monkeypatch):

@@ -115,3 +115,30 @@ def test_a_resolution_change_replaces_the_layer_entry():
     assert cache.put(LayerKey(("double", 1), 0, (0,), 100, 1), small) == 0  # another layer: kept
     assert cache.put(LayerKey(("double", 0), 0, (0,), 200, 1), large) == 1
     assert len(cache) == 2 and cache.get(LayerKey(("double", 0), 0, (0,), 100, 1)) is None
+
+
+def test_within_cluster_bins_keep_the_centroids_and_rebin_each_reuse_from_its_own_v(monkeypatch):
+    from toy_dit import toy_model
+    from vc_attention.kernels import grouping, grouping_within
+
+    model = toy_model()
+    patch = start(model, within_bins=4)
+    seen = []
+    original = grouping.CompactGrouping.perm
+
+    def recording_perm(self, v_bhnd=None):
+        perm = original(self, v_bhnd)
+        seen.append((self, v_bhnd, perm))
+        return perm
+
+    monkeypatch.setattr(grouping.CompactGrouping, "perm", recording_perm)
+    evaluate(model, 0.99)
+    assert patch.stats.grouping_calls == 2 and all(g.within_bins == 4 for g, _, _ in seen)
+    evaluate(model, 0.2)  # past the window: the centroids stay (the bins need them), the bins follow this V
+    assert patch.stats.grouping_calls == 2
+    assert all(g.has_centroids for g in patch.cache._entries.values())
+    reused = seen[2:]
+    assert len(reused) == 2
+    for g, v, perm in reused:
+        assert v is not None
+        assert torch.equal(perm, grouping_within.within_perm(v, g.labels, g.counts, g.warm_centroids(), 4))
