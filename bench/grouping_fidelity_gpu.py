@@ -60,7 +60,7 @@ def candidate_perm(v: torch.Tensor, g: Grouping, kernel_bins: int = 0) -> torch.
         raise ValueError(f"grouping {g.label}: the GPU check measures the node's chain ids only.")
     if kernel_bins:
         return grouping.group_tokens(v, g.clusters, g.iters, within_bins=kernel_bins).perm()
-    compact = grouping.group_tokens(v, g.clusters, g.iters)
+    compact = grouping.group_tokens(v, g.clusters, g.iters, within_bins=0)
     if g.within == "none":
         return compact.perm()
     return within_cluster_order.permutation(v, compact.labels, g.clusters, g.within).to(torch.int32)

@@ -96,7 +96,7 @@ def main() -> None:
             cached = group_tokens(v, clusters, iters)
             cached.perm()  # hands out the fresh permutation: later perm() calls sort the labels (reuse steps)
             calls = {f"grouping {args.grouping}": lambda: group_tokens(v, clusters, iters).perm(),
-                     "cached perm": cached.perm}
+                     "cached perm": lambda: cached.perm(v)}  # v: the within-cluster bins, when on
         for label, call in calls.items():
             results += profile_call(shape, label, call, args.ncu, q.shape)
     if results:

@@ -21,13 +21,13 @@ from typing import Optional
 
 import torch
 
-from ..kernels.grouping import group_tokens
+from ..kernels.grouping import DEFAULT_WITHIN_BINS, group_tokens
 from ..nodes.cache import GroupingCache, LayerKey
 from .backend_stats import BackendStats
 
 
 class DenoisingSteps:
-    def __init__(self, window: float, clusters: int, iters: int, stats: BackendStats, within_bins: int = 0) -> None:
+    def __init__(self, window: float, clusters: int, iters: int, stats: BackendStats, within_bins: int = DEFAULT_WITHIN_BINS) -> None:
         self.window, self.clusters, self.iters, self.stats = window, clusters, iters, stats
         self.within_bins = within_bins  # kernels/grouping_within.py; 0: token order inside a cluster
         self.cache = GroupingCache()

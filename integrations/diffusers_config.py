@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..kernels.config import VCConfig
+from ..kernels.grouping import DEFAULT_WITHIN_BINS
 from ..kernels.grouping_within import check_bins
 from ..nodes.presets import PRESETS, config_from_widgets
 
@@ -25,8 +26,9 @@ class VCDiffusersConfig:
     attention, counted) or a kernel backend name: every eligible call must run on it, else an error.
     within_bins: V-Smooth's within-cluster order (kernels/grouping_within.py): each cluster's tokens in
     that many bins (2-32) along its chain direction, recomputed from each call's V on reuse steps; 0 (the
-    default) keeps token order. Emulated -1.7% / -2.0% rel-L2 in fidelity mode at 32,760 / 75,600 tokens
-    with 128 clusters (docs/fidelity-study.md); no preset takes it before the H200 confirms it.
+    grouping's default, kernels/grouping.DEFAULT_WITHIN_BINS) keeps token order. Emulated -2.2% / -2.6% rel-L2
+    in fidelity mode at 32,760 / 75,600 tokens (docs/fidelity-study.md); the default becomes 8 once the H200
+    confirms it.
     """
 
     mode: str = "balanced"
@@ -34,7 +36,7 @@ class VCDiffusersConfig:
     clusters: Optional[int] = None
     kmeans_iters: Optional[int] = None
     backend: str = "auto"
-    within_bins: int = 0
+    within_bins: int = DEFAULT_WITHIN_BINS
 
     def __post_init__(self) -> None:
         check_bins(self.within_bins)

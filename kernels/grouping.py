@@ -36,6 +36,11 @@ from .grouping_order import chain_ranks
 # Chosen by measurement on video-like data (bench/grouping_sweep.py, docs/grouping.md).
 DEFAULT_CLUSTERS = 64
 DEFAULT_ITERS = 2
+# The within-cluster order every grouping takes unless told otherwise (kernels/grouping_within.py): 0 keeps
+# token order inside a cluster. Emulated, 8 bins lower the rel-L2 by 2-3% in every preset's grouping
+# (docs/fidelity-study.md); it becomes 8 once the H200 shows the same on the real kernels at no speed cost
+# (bench/grouping_fidelity_gpu.py --kernel-bins 8; its kernel has not run on a GPU yet).
+DEFAULT_WITHIN_BINS = 0
 
 MAX_CLUSTERS = 32768  # labels must fit int16
 FP16_MAX = 65504.0
@@ -399,7 +404,7 @@ def group_tokens(
     seed: int = 0,
     warm_start: CompactGrouping | None = None,
     order_clusters: bool = True,
-    within_bins: int = 0,
+    within_bins: Optional[int] = None,
 ) -> CompactGrouping:
     """k-means grouping of V's tokens into a CompactGrouping (centroids kept for the next step).
 
@@ -409,8 +414,11 @@ def group_tokens(
     (grouping_order.chain_ranks) so that 128-row blocks straddling two clusters mix similar ones;
     False keeps kmeans' ids (the reference's permutation exactly).
     within_bins: 0 keeps token order inside a cluster; 2..grouping_within.MAX_BINS puts each cluster's
-    tokens in that many bins along its chain direction (kernels/grouping_within.py; needs order_clusters).
+    tokens in that many bins along its chain direction (kernels/grouping_within.py; needs order_clusters);
+    None: DEFAULT_WITHIN_BINS with the chain order, 0 without it.
     """
+    if within_bins is None:
+        within_bins = DEFAULT_WITHIN_BINS if order_clusters else 0
     grouping_within.check_bins(within_bins)
     if within_bins >= 2 and not order_clusters:
         raise ValueError("within_bins orders tokens along the cluster chain: it needs order_clusters=True.")

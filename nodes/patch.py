@@ -25,7 +25,7 @@ import torch
 from ..kernels import backends, jit
 from ..kernels.api import vc_attention
 from ..kernels.config import VCConfig
-from ..kernels.grouping import group_tokens
+from ..kernels.grouping import DEFAULT_WITHIN_BINS, group_tokens
 from ..kernels.layout import to_bhnd
 from . import cross_attention as X
 from . import override as O
@@ -49,7 +49,7 @@ class Settings:
     avoid_slower: bool = False
     # V-Smooth's within-cluster order: each cluster's tokens in this many bins along its chain direction
     # (kernels/grouping_within.py), recomputed from the call's V on reuse steps; 0 keeps token order
-    within_bins: int = 0
+    within_bins: int = DEFAULT_WITHIN_BINS
 
     @property
     def grouping_rate(self) -> float:

@@ -97,3 +97,13 @@ def test_reuse_recomputes_the_bins_from_the_calls_v_and_keeps_the_centroids():
 def test_within_bins_needs_the_chain_order():
     with pytest.raises(ValueError, match="order_clusters"):
         grouping.group_tokens(clustered(), 8, 1, order_clusters=False, within_bins=4)
+
+
+def test_the_default_bins_follow_default_within_bins_with_the_chain_order_only(monkeypatch):
+    v = clustered(n=300, seed=2)
+    assert grouping.group_tokens(v, 8, 1).within_bins == grouping.DEFAULT_WITHIN_BINS
+    monkeypatch.setattr(grouping, "DEFAULT_WITHIN_BINS", 8)
+    assert grouping.group_tokens(v, 8, 1).within_bins == 8
+    unordered = grouping.group_tokens(v, 8, 1, order_clusters=False)  # the reference's permutation exactly
+    assert unordered.within_bins == 0
+    assert torch.equal(unordered.perm(), grouping.permutation_from_labels(unordered.labels, 8))
