@@ -62,11 +62,17 @@ def branch_target(ins: str) -> int | None:
     return int(m.group(1), 16) if m else None
 
 
-def hot_loop(rows: list[tuple[int, str]], any_back_branch: bool = False) -> list[str]:
+_VOTE_ALL = re.compile(r"\bVOTE\.ALL\s+(P\d+),")
+
+
+def hot_loop(rows: list[tuple[int, str]], any_back_branch: bool = False, votes_pass: bool = False) -> list[str]:
     """Instructions of one fall-through trip through the largest loop (by address span).
 
     any_back_branch: unconditional backward branches close loops too (the portable kernel's chunk loop
-    tests at its head and jumps back unconditionally; it has no barrier-retry blocks)."""
+    tests at its head and jumps back unconditionally; it has no barrier-retry blocks).
+    votes_pass: at a forward branch on the predicate of the latest `VOTE.ALL` (a warp-uniform "every lane
+    agrees" test, e.g. the clamp checks), take the path where the vote passed: follow `@P BRA`, fall
+    through `@!P BRA`; every other conditional branch still falls through."""
     index = {addr: i for i, (addr, _) in enumerate(rows)}
     # conditional backward branches close loops; the unconditional ones come from the out-of-line
     # retry blocks of barrier waits at the end of the function, which jump back into the body
@@ -75,7 +81,7 @@ def hot_loop(rows: list[tuple[int, str]], any_back_branch: bool = False) -> list
     if not loops:
         return []
     head, back = max(loops, key=lambda loop: loop[1] - loop[0])
-    trip, i = [], index[head]
+    trip, i, vote = [], index[head], None
     while i < len(rows) and rows[i][0] <= back:
         addr, ins = rows[i]
         trip.append(ins)
@@ -83,7 +89,10 @@ def hot_loop(rows: list[tuple[int, str]], any_back_branch: bool = False) -> list
         unconditional = target is not None and not ins.startswith("@")
         if addr == back:
             break
-        i = index[target] if unconditional and target > addr and target in index else i + 1
+        if votes_pass and (m := _VOTE_ALL.search(ins)):
+            vote = m.group(1)
+        taken = votes_pass and vote is not None and target is not None and ins.startswith(f"@{vote} ")
+        i = index[target] if (unconditional or taken) and target > addr and target in index else i + 1
     return trip
 
 
@@ -102,12 +111,14 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=14, help="opcodes listed per kernel")
     parser.add_argument("--any-back-branch", action="store_true",
                         help="unconditional backward branches close loops too (the portable mma kernels)")
+    parser.add_argument("--votes-pass", action="store_true",
+                        help="follow the path where each VOTE.ALL passed (e.g. the unclamped ExpCast encode)")
     args = parser.parse_args()
     found = 0
     for name, rows in functions(args.sass.read_text()).items():
         if not all(k in name for k in args.kernel):
             continue
-        trip = hot_loop(rows, args.any_back_branch)
+        trip = hot_loop(rows, args.any_back_branch, args.votes_pass)
         if not trip:
             continue
         found += 1

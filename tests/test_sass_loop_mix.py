@@ -35,3 +35,27 @@ def test_an_unconditional_back_branch_closes_the_loop_only_when_asked():
     assert [sass_loop_mix.opcode(i).split(".")[0] for i in trip] == ["ISETP", "BRA", "IMMA", "FFMA", "MUFU", "IADD3", "BRA"]
     ops, pipes = sass_loop_mix.mix(trip)
     assert ops["FFMA"] == 1 and pipes["XU"] == 1 and pipes["FMA"] == 1
+
+
+VOTED = """\
+.text.kernel_b:
+.L_x_0:
+        /*0000*/                   VIMNMX3 R1, R2, R3, R1, PT ;
+        /*0010*/                   VOTE.ALL P0, P0 ;
+        /*0020*/               @P0 BRA `(.L_x_2) ;
+        /*0030*/                   VIMNMX R4, R4, R5, !PT ;
+        /*0040*/                   VIMNMX R6, R6, R5, !PT ;
+.L_x_2:
+        /*0050*/                   IMAD R4, R4, R7, R8 ;
+        /*0060*/                   ISETP.NE.AND P1, PT, R9, RZ, PT ;
+        /*0070*/               @P1 BRA `(.L_x_0) ;
+        /*0080*/                   EXIT ;
+"""
+
+
+def test_votes_pass_takes_the_branch_of_a_passed_vote_and_nothing_else():
+    rows = sass_loop_mix.functions(VOTED)["kernel_b"]
+    fall = [sass_loop_mix.opcode(i).split(".")[0] for i in sass_loop_mix.hot_loop(rows)]
+    assert fall == ["VIMNMX3", "VOTE", "BRA", "VIMNMX", "VIMNMX", "IMAD", "ISETP", "BRA"]  # the clamped path
+    passed = [sass_loop_mix.opcode(i).split(".")[0] for i in sass_loop_mix.hot_loop(rows, votes_pass=True)]
+    assert passed == ["VIMNMX3", "VOTE", "BRA", "IMAD", "ISETP", "BRA"]  # the loop's own branch (P1) still closes it

@@ -89,6 +89,12 @@ constexpr bool p_through_smem() {
 // tile; -2% at Wan2.2-14B and Wan2.1-1.3B, docs/kernel-notes.md section 14)
 #define VC_EXPCAST_CLAMP_CHECK 1
 #endif
+#ifndef VC_EXPCAST_CLAMP_BOUND
+// speed (variant): before the clamp check's row minima, a bound that needs none: |score| <= 128 sum_d |q_d| (the
+// INT8 codes), from the CTA's Q tile once; where no code of that whole range wraps (so the clamp changes
+// nothing) the step encodes unclamped after one 64-bit compare per row and a vote (query_code_bound)
+#define VC_EXPCAST_CLAMP_BOUND 0
+#endif
 #ifndef VC_SM90_D64_OVERLAP
 #define VC_SM90_D64_OVERLAP 1  // head dim 64 + ExpCast: the own-PV overlap (0: the single-stream loop)
 #endif
@@ -469,6 +475,28 @@ struct RowScale {
 };
 __device__ __forceinline__ RowScale operator*(const RowScale& q_sc, float k_sc) { return {{q_sc.r[0] * k_sc, q_sc.r[1] * k_sc}}; }
 
+// VC_EXPCAST_CLAMP_BOUND: an upper bound of |s| for every INT8 score of query row `row` of a warpgroup's Q tile
+// (64 rows of D code bytes, TMA-swizzled within each row: the row's bytes stay in the row), |s| = |sum_d q_d k_d|
+// <= 128 sum_d |q_d| with |k_d| <= 128; __vabsss4 saturates -128 to 127, so each byte counts |q_d| + 1 >= |q_d|.
+// The quad's four threads share the row: each sums a quarter, two shuffles add them up.
+template <int D>
+__device__ __forceinline__ int query_code_bound(const uint8_t* q_tile, int row, int t) {
+  const uint4* bytes = reinterpret_cast<const uint4*>(q_tile + row * D + t * (D / 4));
+  int sum = 0;
+#pragma unroll
+  for (int i = 0; i < D / 64; ++i) {
+    const uint4 w = bytes[i];
+    sum = __dp4a(static_cast<int>(__vabsss4(w.x)), 0x01010101, sum);
+    sum = __dp4a(static_cast<int>(__vabsss4(w.y)), 0x01010101, sum);
+    sum = __dp4a(static_cast<int>(__vabsss4(w.z)), 0x01010101, sum);
+    sum = __dp4a(static_cast<int>(__vabsss4(w.w)), 0x01010101, sum);
+  }
+  sum += D / 4;  // the +1 per byte of this thread's quarter
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+  return 128 * sum;
+}
+
 // One online-softmax step over H 128-key tiles (H = 1; H = 2: the 256-key steps of VC_SM90_STEP256)
 // -> quantized P as FP8 A fragments (k-steps 4h..4h+3 from tile h). Updates the running offset M (the
 // exact running max of the scaled scores over the step's keys, reference.running_row_offsets with
@@ -489,7 +517,7 @@ struct NoWait {
 template <bool EXPCAST, bool MASK, int H, bool KPAIR = false, typename Between = NoWait>
 __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const RowScale (&sc)[H], int valid, int t,
                                              float (&row_off)[2], float (&alpha)[2], uint32_t (&pa)[4 * H][4],
-                                             Between between = {}) {
+                                             Between between = {}, const int* qbound = nullptr) {
   static_assert(H == 1 || H == 2, "one or two tiles per online-softmax step");
   static_assert(!KPAIR || H == 2, "a shared K scale pairs the two tiles of a 256-key step");
   constexpr int HK = KPAIR ? 1 : H;  // K-scale blocks of the step
@@ -619,6 +647,27 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
         }
   };
 #if !VC_EXPCAST_BYTE_CODES
+  if constexpr (kIntCodes && !MASK && VC_EXPCAST_CLAMP_BOUND) {
+    // *qbound >= |every score of the thread's two rows| (query_code_bound), so each code's t = (s - a0) A + T0 >= (-qbound - a0) A
+    // + T0: where that is >= 0 for every row and K-scale block of the warp, no t wraps and the clamp (which only
+    // lifts t to t(lo), whose code is 0 like every t below it) changes nothing. Exact in 64 bits: a0 + qbound <
+    // 2^23, A <= 2^28.
+    if (qbound != nullptr) {
+      int in_range = 1;
+#pragma unroll
+      for (int hb = 0; hb < HK; ++hb)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const uint32_t a = irow[hb][r].mul;
+          const uint32_t t0 = irow[hb][r].add + static_cast<uint32_t>(mx[hb][r]) * a;  // T0 = t at the block max
+          in_range &= static_cast<int64_t>(mx[hb][r] + *qbound) * a <= static_cast<int64_t>(t0);
+        }
+      if (__all_sync(0xffffffffu, in_range)) {
+        encode(std::false_type{});
+        return;
+      }
+    }
+  }
   if constexpr (kIntCodes && !MASK && VC_EXPCAST_CLAMP_CHECK) {
     // the clamp changes nothing when every score is >= a_lo: the thread's row minima, one vote per warp
     // (KPAIR: one minimum per row over both tiles, against the one bound)
@@ -646,9 +695,10 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
 // One 64x128 score tile (the loops that step the online softmax by one tile).
 template <bool EXPCAST, bool MASK>
 __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], const RowScale& sc, int valid, int t,
-                                             float (&row_off)[2], float (&alpha)[2], uint32_t (&pa)[4][4]) {
+                                             float (&row_off)[2], float (&alpha)[2], uint32_t (&pa)[4][4],
+                                             const int* qbound = nullptr) {
   const RowScale scs[1] = {sc};
-  softmax_keys<EXPCAST, MASK, 1>(s, scs, valid, t, row_off, alpha, pa);
+  softmax_keys<EXPCAST, MASK, 1>(s, scs, valid, t, row_off, alpha, pa, NoWait{}, qbound);
 }
 
 // O = alpha O + (P R + l_blk mu/v_scale);  l = alpha l + l_blk. The tile's P R comes from a fresh
@@ -948,6 +998,10 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   const RowScale q_sc = {{q_row < p.n_pad ? q_sc_rows[0] : 0.f, q_row + 8 < p.n_pad ? q_sc_rows[8] : 0.f}};
   const int valid_last = p.n - (n_kv - 1) * kBlockN;  // keys in the last tile, 1..128
   const uint8_t* q_tile = smem + L::kQOff + wg * 64 * D;
+  // VC_EXPCAST_CLAMP_BOUND: one |score| bound for this thread's rows g and g + 8 (query_code_bound, once Q is in;
+  // one register: the larger of the two rows' bounds)
+  [[maybe_unused]] int q_bound = 0;
+  [[maybe_unused]] const int* q_bound_or_null = (EXPCAST && VC_EXPCAST_CLAMP_BOUND) ? &q_bound : nullptr;
   const float* mu_smem = reinterpret_cast<const float*>(smem + L::kMuOff);
   const float* ksc_smem = reinterpret_cast<const float*>(smem + L::kKscOff);
   auto k_tile = [&](int s) { return smem + L::kKOff + s * L::kKBytes; };
@@ -980,7 +1034,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     if (tail)
       softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
     else
-      softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa);
+      softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa, q_bound_or_null);
   };
 
   float o[D / 2];
@@ -1035,6 +1089,9 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
 
   mbar_wait(bar_q, 0);
   if ((kTurns || kSoftmaxTurns) && wg == 1) named_arrive(1, 256);  // warpgroup 0 takes the first turn
+  if constexpr (EXPCAST && VC_EXPCAST_CLAMP_BOUND) {  // this thread's rows of its warp's 16 in the Q tile
+    q_bound = max(query_code_bound<D>(q_tile, warp * 16 + g, t), query_code_bound<D>(q_tile, warp * 16 + g + 8, t));
+  }
 
   static_assert(!KPAIR || (kStep256 && (!kEarlyQk || VC_SM90_STEP256_EARLY_QK == 3)),
                 "paired K scales are read by the 256-key loop (with the early QK: VC_SM90_STEP256_EARLY_QK=3)");
@@ -1123,7 +1180,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       if (has_tail && last)
         softmax_keys<EXPCAST, true, 2, kKPair>(s2, sc2, valid_last, t, row_off, alpha, p2, second_tile);
       else
-        softmax_keys<EXPCAST, false, 2, kKPair>(s2, sc2, kBlockN, t, row_off, alpha, p2, second_tile);
+        softmax_keys<EXPCAST, false, 2, kKPair>(s2, sc2, kBlockN, t, row_off, alpha, p2, second_tile, q_bound_or_null);
       if constexpr (kMeanPv) deferred_mean_a(a_mean, l_prev, alpha, t);
       reg_fence(p2);
       reg_fence(pv);
@@ -1396,7 +1453,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
           softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
           publish_p(j);
         } else {
-          softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa);
+          softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa, q_bound_or_null);
           publish_p(j);
         }
         wgmma_wait<0>();
@@ -1476,7 +1533,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
             softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
           } else {  // the same two calls inside each branch keep them in one basic block
             fold_pair<D, VSMOOTH>(o, row_sum, pv, alpha_a, alpha, mu_smem + sa * D, mu_smem + sp * D, t);
-            softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa);
+            softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa, q_bound_or_null);
           }
           release(sa);
           release(sp);
@@ -1486,7 +1543,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
           if (has_tail && j == n_kv - 1)
             softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
           else
-            softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa);
+            softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa, q_bound_or_null);
           rescale_pair_accumulator<D>(pv, alpha);  // PV(j) adds to it next step
         }
       };
@@ -1518,7 +1575,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
           softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
         } else {  // the same two calls inside each branch keep them in one basic block
           fold(j - 1, alpha, sp);
-          softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa);
+          softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa, q_bound_or_null);
         }
         flush_means(j - 1);
         release(sp);
