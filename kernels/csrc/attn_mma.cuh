@@ -362,11 +362,14 @@ struct AttnMma {
 #if VC_EXPCAST_INT
   // P in the integer form (kIntEnc) from the rows' constants of the step's integer max: the float whose
   // E4M3 cast is the code, straight from the int32 score; a masked key passes INT_MIN (code 0).
-  template <bool kMask, int KEY_TILES, typename KeyOf>
+  // kClamp false: only where no score can wrap its code (VC_MMA_CLAMP_BOUND's vote), never with masked keys.
+  template <bool kMask, int KEY_TILES, typename KeyOf, bool kClamp = true>
   static __device__ __forceinline__ void encode_p_fragments_int(const int (&s)[KEY_TILES][4], const vc_p::ExpCastIntRow (&irow)[2],
                                                                 int valid, KeyOf key_of, uint32_t (&p_frag)[KEY_TILES / 4][4]) {
+    static_assert(kClamp || !kMask, "a masked key needs the clamp (INT_MIN)");
     build_p_fragments<KEY_TILES>(
         [&](int i, int e, int row) {
+          if constexpr (!kClamp) return vc_p::expcast_int_float_unclamped(s[i][e], irow[row]);
           return vc_p::expcast_int_float((kMask && key_of(i, e) >= valid) ? INT_MIN : s[i][e], irow[row]);
         },
         [](const float (&f)[4]) { return vc_p::cast_e4m3x4(f[0], f[1], f[2], f[3]); }, p_frag);

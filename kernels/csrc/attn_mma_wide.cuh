@@ -56,6 +56,12 @@ static_assert(kWideStages >= 2 && kWideStages <= 4, "VC_MMA_STAGES must be 2, 3 
 #ifndef VC_MMA_MEAN_SCALED
 #define VC_MMA_MEAN_SCALED 0
 #endif
+#ifndef VC_MMA_CLAMP_BOUND
+// speed (variant): a chunk whose scores cannot wrap their codes (vc_p::expcast_int_no_wrap with the rows' |score|
+// bound from the Q tile, vc_p::int8_row_score_bound, once per CTA; one vote per chunk) encodes without the
+// per-element clamp (one IMNMX per score)
+#define VC_MMA_CLAMP_BOUND 0
+#endif
 static_assert(VC_MMA_PV_F16 >= 0 && VC_MMA_PV_F16 <= 2, "VC_MMA_PV_F16 must be 0, 1 or 2");
 constexpr bool kPvF16 = VC_MMA_PV_F16 != 0;
 constexpr bool kPvF16MmaFold = VC_MMA_PV_F16 == 2;
@@ -151,6 +157,9 @@ struct AttnMmaWide {
   static constexpr bool kSegments = kDeferRestore && kMeanScaled;
   float l_pending[kWideChains][2];  // kDeferRestore: row sums of the tile's chunks not yet restored
   uint32_t q_frag[kQInRegs ? kWideChains : 1][kQInRegs ? kKSteps : 1][4];
+  // VC_MMA_CLAMP_BOUND: per chain, |score| <= q_bound for both of this thread's rows (set at chunk 0)
+  static constexpr bool kClampBound = VC_MMA_CLAMP_BOUND && kExpCast && !kQkFp8 && !VC_EXPCAST_BYTE_CODES;
+  int q_bound[kWideChains];
 
   __device__ __forceinline__ void run(const AttnParams& p, uint8_t* smem) {
     const int bh = blockIdx.y;
@@ -204,6 +213,19 @@ struct AttnMmaWide {
       q_scale[c][1] = q_sc_rows[16 * c + 8];
     }
 
+    if constexpr (kClampBound) {
+      // the Q tile (rows of D bytes, 16-byte chunks swizzled within a row) rides in the first commit group: wait
+      // for it once here (the loop's first wait then finds it done) and bound this thread's rows' scores
+      cp_async_wait<kWideStages - 2>();
+      __syncthreads();
+      const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+      for (int c = 0; c < kWideChains; ++c) {
+        const uint8_t* row = smem + (warp_row0 + 16 * c + g) * D;
+        q_bound[c] = max(vc_p::int8_row_score_bound<D>(row, t), vc_p::int8_row_score_bound<D>(row + 8 * D, t));
+      }
+    }
+
     for (int chunk = 0; chunk < n_chunks; ++chunk) {
       cp_async_wait<kWideStages - 2>();
       // chunk's data visible to all warps, and every warp is done with the stage refilled below
@@ -214,6 +236,7 @@ struct AttnMmaWide {
       if constexpr (kQInRegs) {
         if (chunk == 0) load_q_fragments(sbase, warp_row0, lane);
       }
+
       const int64_t tile_index = int64_t(bh) * n_tiles + chunk / kChunksPerTile;
       const float k_scale = p.k_scale[tile_index];
       float scale[kWideChains][2];
@@ -344,6 +367,28 @@ struct AttnMmaWide {
 
     // ---- P in E4M3, directly in the A-operand layout of the PV MMA
     uint32_t p_frag[kWideChains][kPSteps][4];
+#if VC_EXPCAST_INT
+    if constexpr (kClampBound && !kMask) {
+      // row_offset is this chunk's M already; no clamp where no code of the warp's chunk can wrap
+      vc_p::ExpCastIntRow irow[kWideChains][2];
+      int in_range = 1;
+#pragma unroll
+      for (int c = 0; c < kWideChains; ++c)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          irow[c][h] = vc_p::expcast_int_row(scale[c][h], chunk_max_int[c][h], row_offset[c][h]);
+          in_range &= vc_p::expcast_int_no_wrap(irow[c][h], chunk_max_int[c][h], q_bound[c]);
+        }
+      if (__all_sync(0xffffffffu, in_range)) {
+#pragma unroll
+        for (int c = 0; c < kWideChains; ++c)
+          Encoder::template encode_p_fragments_int<false, kKeyTiles, decltype(key_of), false>(s[c], irow[c], valid, key_of, p_frag[c]);
+      } else {
+#pragma unroll
+        for (int c = 0; c < kWideChains; ++c) Encoder::template encode_p_fragments_int<false>(s[c], irow[c], valid, key_of, p_frag[c]);
+      }
+    } else
+#endif
 #pragma unroll
     for (int c = 0; c < kWideChains; ++c) {
 #if VC_EXPCAST_INT

@@ -156,7 +156,35 @@ __device__ __forceinline__ float expcast_float_acc(float acc, const ExpCastFloat
 __device__ __forceinline__ float expcast_int_float_unclamped(int s, const ExpCastIntRow& r) {
   return __uint_as_float(static_cast<uint32_t>(s) * r.mul + r.add);
 }
+// The clamp checks by a bound instead of the row minima (VC_EXPCAST_CLAMP_BOUND, VC_MMA_CLAMP_BOUND): whether no
+// score s >= -bound of a row whose K-scale block max is a0 wraps its t = (s - a0) A + T0 below 0. Then the clamp
+// changes no code: it only lifts t to t(lo) >= 0, and every t in [0, t(lo)] is a float below 2^-10, code 0.
+// Exact in 64 bits (a0 + bound < 2^23, A <= 2^28); T0 = t at a0 = add + a0 A, below 2^31.
+__device__ __forceinline__ bool expcast_int_no_wrap(const ExpCastIntRow& r, int a0, int bound) {
+  const uint32_t t0 = r.add + static_cast<uint32_t>(a0) * r.mul;
+  return static_cast<int64_t>(a0 + bound) * r.mul <= static_cast<int64_t>(t0);
+}
 #endif
+// An upper bound of |s| for every INT8 score of one query row: |sum_d q_d k_d| <= 128 sum_d |q_d| with |k_d| <= 128.
+// `row`: the row's D code bytes in shared memory, in any order of 16-byte chunks (the kernels' swizzles permute
+// chunks within a row); the quad's four threads (t = lane % 4) each sum a quarter, two shuffles add them up.
+// __vabsss4 saturates -128 to 127, so each byte counts as |q_d| + 1 >= |q_d|.
+template <int D>
+__device__ __forceinline__ int int8_row_score_bound(const uint8_t* row, int t) {
+  const uint4* bytes = reinterpret_cast<const uint4*>(row + t * (D / 4));
+  int sum = D / 4;  // the +1 per byte of this thread's quarter
+#pragma unroll
+  for (int i = 0; i < D / 64; ++i) {
+    const uint4 w = bytes[i];
+    sum = __dp4a(static_cast<int>(__vabsss4(w.x)), 0x01010101, sum);
+    sum = __dp4a(static_cast<int>(__vabsss4(w.y)), 0x01010101, sum);
+    sum = __dp4a(static_cast<int>(__vabsss4(w.z)), 0x01010101, sum);
+    sum = __dp4a(static_cast<int>(__vabsss4(w.w)), 0x01010101, sum);
+  }
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+  return 128 * sum;
+}
 
 // 2^a on the FMA pipe, to keep work off MUFU.EX2 (quarter rate; the speed path's rescale factor and
 // the VC_SM90_EXP2_POLY variants of fidelity mode): a = n + f with n = rint(a) read

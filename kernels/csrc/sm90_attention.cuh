@@ -92,7 +92,7 @@ constexpr bool p_through_smem() {
 #ifndef VC_EXPCAST_CLAMP_BOUND
 // speed (variant): before the clamp check's row minima, a bound that needs none: |score| <= 128 sum_d |q_d| (the
 // INT8 codes), from the CTA's Q tile once; where no code of that whole range wraps (so the clamp changes
-// nothing) the step encodes unclamped after one 64-bit compare per row and a vote (query_code_bound)
+// nothing) the step encodes unclamped after one 64-bit compare per row and a vote (p_encoding.cuh)
 #define VC_EXPCAST_CLAMP_BOUND 0
 #endif
 #ifndef VC_SM90_D64_OVERLAP
@@ -475,28 +475,6 @@ struct RowScale {
 };
 __device__ __forceinline__ RowScale operator*(const RowScale& q_sc, float k_sc) { return {{q_sc.r[0] * k_sc, q_sc.r[1] * k_sc}}; }
 
-// VC_EXPCAST_CLAMP_BOUND: an upper bound of |s| for every INT8 score of query row `row` of a warpgroup's Q tile
-// (64 rows of D code bytes, TMA-swizzled within each row: the row's bytes stay in the row), |s| = |sum_d q_d k_d|
-// <= 128 sum_d |q_d| with |k_d| <= 128; __vabsss4 saturates -128 to 127, so each byte counts |q_d| + 1 >= |q_d|.
-// The quad's four threads share the row: each sums a quarter, two shuffles add them up.
-template <int D>
-__device__ __forceinline__ int query_code_bound(const uint8_t* q_tile, int row, int t) {
-  const uint4* bytes = reinterpret_cast<const uint4*>(q_tile + row * D + t * (D / 4));
-  int sum = 0;
-#pragma unroll
-  for (int i = 0; i < D / 64; ++i) {
-    const uint4 w = bytes[i];
-    sum = __dp4a(static_cast<int>(__vabsss4(w.x)), 0x01010101, sum);
-    sum = __dp4a(static_cast<int>(__vabsss4(w.y)), 0x01010101, sum);
-    sum = __dp4a(static_cast<int>(__vabsss4(w.z)), 0x01010101, sum);
-    sum = __dp4a(static_cast<int>(__vabsss4(w.w)), 0x01010101, sum);
-  }
-  sum += D / 4;  // the +1 per byte of this thread's quarter
-  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-  return 128 * sum;
-}
-
 // One online-softmax step over H 128-key tiles (H = 1; H = 2: the 256-key steps of VC_SM90_STEP256)
 // -> quantized P as FP8 A fragments (k-steps 4h..4h+3 from tile h). Updates the running offset M (the
 // exact running max of the scaled scores over the step's keys, reference.running_row_offsets with
@@ -648,20 +626,14 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
   };
 #if !VC_EXPCAST_BYTE_CODES
   if constexpr (kIntCodes && !MASK && VC_EXPCAST_CLAMP_BOUND) {
-    // *qbound >= |every score of the thread's two rows| (query_code_bound), so each code's t = (s - a0) A + T0 >= (-qbound - a0) A
-    // + T0: where that is >= 0 for every row and K-scale block of the warp, no t wraps and the clamp (which only
-    // lifts t to t(lo), whose code is 0 like every t below it) changes nothing. Exact in 64 bits: a0 + qbound <
-    // 2^23, A <= 2^28.
+    // *qbound >= |every score of the thread's two rows| (vc_p::int8_row_score_bound): where no code of any row and
+    // K-scale block of the warp can wrap (vc_p::expcast_int_no_wrap), the clamp changes nothing
     if (qbound != nullptr) {
       int in_range = 1;
 #pragma unroll
       for (int hb = 0; hb < HK; ++hb)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const uint32_t a = irow[hb][r].mul;
-          const uint32_t t0 = irow[hb][r].add + static_cast<uint32_t>(mx[hb][r]) * a;  // T0 = t at the block max
-          in_range &= static_cast<int64_t>(mx[hb][r] + *qbound) * a <= static_cast<int64_t>(t0);
-        }
+        for (int r = 0; r < 2; ++r) in_range &= vc_p::expcast_int_no_wrap(irow[hb][r], mx[hb][r], *qbound);
       if (__all_sync(0xffffffffu, in_range)) {
         encode(std::false_type{});
         return;
@@ -998,8 +970,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   const RowScale q_sc = {{q_row < p.n_pad ? q_sc_rows[0] : 0.f, q_row + 8 < p.n_pad ? q_sc_rows[8] : 0.f}};
   const int valid_last = p.n - (n_kv - 1) * kBlockN;  // keys in the last tile, 1..128
   const uint8_t* q_tile = smem + L::kQOff + wg * 64 * D;
-  // VC_EXPCAST_CLAMP_BOUND: one |score| bound for this thread's rows g and g + 8 (query_code_bound, once Q is in;
-  // one register: the larger of the two rows' bounds)
+  // VC_EXPCAST_CLAMP_BOUND: one |score| bound for this thread's rows g and g + 8 (vc_p::int8_row_score_bound, once
+  // Q is in; one register: the larger of the two rows' bounds)
   [[maybe_unused]] int q_bound = 0;
   [[maybe_unused]] const int* q_bound_or_null = (EXPCAST && VC_EXPCAST_CLAMP_BOUND) ? &q_bound : nullptr;
   const float* mu_smem = reinterpret_cast<const float*>(smem + L::kMuOff);
@@ -1090,7 +1062,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   mbar_wait(bar_q, 0);
   if ((kTurns || kSoftmaxTurns) && wg == 1) named_arrive(1, 256);  // warpgroup 0 takes the first turn
   if constexpr (EXPCAST && VC_EXPCAST_CLAMP_BOUND) {  // this thread's rows of its warp's 16 in the Q tile
-    q_bound = max(query_code_bound<D>(q_tile, warp * 16 + g, t), query_code_bound<D>(q_tile, warp * 16 + g + 8, t));
+    q_bound = max(vc_p::int8_row_score_bound<D>(q_tile + (warp * 16 + g) * D, t),
+                  vc_p::int8_row_score_bound<D>(q_tile + (warp * 16 + g + 8) * D, t));
   }
 
   static_assert(!KPAIR || (kStep256 && (!kEarlyQk || VC_SM90_STEP256_EARLY_QK == 3)),
