@@ -159,7 +159,7 @@ struct AttnMmaWide {
   uint32_t q_frag[kQInRegs ? kWideChains : 1][kQInRegs ? kKSteps : 1][4];
   // VC_MMA_CLAMP_BOUND: per chain, |score| <= q_bound for both of this thread's rows (set at chunk 0)
   static constexpr bool kClampBound = VC_MMA_CLAMP_BOUND && kExpCast && !kQkFp8 && !VC_EXPCAST_BYTE_CODES;
-  int q_bound[kWideChains];
+  float q_bound[kWideChains];
 
   __device__ __forceinline__ void run(const AttnParams& p, uint8_t* smem) {
     const int bh = blockIdx.y;
@@ -222,7 +222,7 @@ struct AttnMmaWide {
 #pragma unroll
       for (int c = 0; c < kWideChains; ++c) {
         const uint8_t* row = smem + (warp_row0 + 16 * c + g) * D;
-        q_bound[c] = max(vc_p::int8_row_score_bound<D>(row, t), vc_p::int8_row_score_bound<D>(row + 8 * D, t));
+        q_bound[c] = static_cast<float>(max(vc_p::int8_row_score_bound<D>(row, t), vc_p::int8_row_score_bound<D>(row + 8 * D, t)));
       }
     }
 
@@ -377,7 +377,7 @@ struct AttnMmaWide {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           irow[c][h] = vc_p::expcast_int_row(scale[c][h], chunk_max_int[c][h], row_offset[c][h]);
-          in_range &= vc_p::expcast_int_no_wrap(irow[c][h], chunk_max_int[c][h], q_bound[c]);
+          in_range &= vc_p::expcast_int_no_wrap(q_bound[c], scale[c][h], row_offset[c][h]);
         }
       if (__all_sync(0xffffffffu, in_range)) {
 #pragma unroll

@@ -157,12 +157,14 @@ __device__ __forceinline__ float expcast_int_float_unclamped(int s, const ExpCas
   return __uint_as_float(static_cast<uint32_t>(s) * r.mul + r.add);
 }
 // The clamp checks by a bound instead of the row minima (VC_EXPCAST_CLAMP_BOUND, VC_MMA_CLAMP_BOUND): whether no
-// score s >= -bound of a row whose K-scale block max is a0 wraps its t = (s - a0) A + T0 below 0. Then the clamp
-// changes no code: it only lifts t to t(lo) >= 0, and every t in [0, t(lo)] is a float below 2^-10, code 0.
-// Exact in 64 bits (a0 + bound < 2^23, A <= 2^28); T0 = t at a0 = add + a0 A, below 2^31.
-__device__ __forceinline__ bool expcast_int_no_wrap(const ExpCastIntRow& r, int a0, int bound) {
-  const uint32_t t0 = r.add + static_cast<uint32_t>(a0) * r.mul;
-  return static_cast<int64_t>(a0 + bound) * r.mul <= static_cast<int64_t>(t0);
+// score s >= -bound of a row (scale sc, running max m after this step) wraps its t = (s - a0) A + T0 below 0. Then
+// the clamp changes no code: it only lifts t to t(lo) >= 0, and every t in [0, t(lo)] is a float below 2^-10, code 0.
+// Sufficient, in the log domain: with A <= sc 2^23 + 1/2 (rint, or the cap below it) and T0 >= (Top + a0 sc - m)
+// 2^23 - 1/2 (rint of expcast_int_row's t0f; a0 sc - m rounded twice, ~1e-6), (a0 + bound) A <= T0 follows from
+// bound sc + m <= Top - 1/4 whenever a0 + bound < 2^22 (|a0| <= bound = 128 sum |q_d| <= 2^21); the test keeps a
+// whole unit of margin, which also covers this FFMA's own rounding. bound_f: the bound as a float (exact, < 2^24).
+__device__ __forceinline__ bool expcast_int_no_wrap(float bound_f, float sc, float m) {
+  return fmaf(bound_f, sc, m) <= vc::kExpCastTop - 1.f;
 }
 #endif
 // An upper bound of |s| for every INT8 score of one query row: |sum_d q_d k_d| <= 128 sum_d |q_d| with |k_d| <= 128.

@@ -495,7 +495,7 @@ struct NoWait {
 template <bool EXPCAST, bool MASK, int H, bool KPAIR = false, typename Between = NoWait>
 __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const RowScale (&sc)[H], int valid, int t,
                                              float (&row_off)[2], float (&alpha)[2], uint32_t (&pa)[4 * H][4],
-                                             Between between = {}, const int* qbound = nullptr) {
+                                             Between between = {}, const float* qbound = nullptr) {
   static_assert(H == 1 || H == 2, "one or two tiles per online-softmax step");
   static_assert(!KPAIR || H == 2, "a shared K scale pairs the two tiles of a 256-key step");
   constexpr int HK = KPAIR ? 1 : H;  // K-scale blocks of the step
@@ -627,13 +627,14 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
 #if !VC_EXPCAST_BYTE_CODES
   if constexpr (kIntCodes && !MASK && VC_EXPCAST_CLAMP_BOUND) {
     // *qbound >= |every score of the thread's two rows| (vc_p::int8_row_score_bound): where no code of any row and
-    // K-scale block of the warp can wrap (vc_p::expcast_int_no_wrap), the clamp changes nothing
+    // K-scale block of the warp can wrap (vc_p::expcast_int_no_wrap, on the step's new running max), the clamp
+    // changes nothing
     if (qbound != nullptr) {
       int in_range = 1;
 #pragma unroll
       for (int hb = 0; hb < HK; ++hb)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) in_range &= vc_p::expcast_int_no_wrap(irow[hb][r], mx[hb][r], *qbound);
+        for (int r = 0; r < 2; ++r) in_range &= vc_p::expcast_int_no_wrap(*qbound, sc[hb].r[r], m_step[r]);
       if (__all_sync(0xffffffffu, in_range)) {
         encode(std::false_type{});
         return;
@@ -668,7 +669,7 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
 template <bool EXPCAST, bool MASK>
 __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], const RowScale& sc, int valid, int t,
                                              float (&row_off)[2], float (&alpha)[2], uint32_t (&pa)[4][4],
-                                             const int* qbound = nullptr) {
+                                             const float* qbound = nullptr) {
   const RowScale scs[1] = {sc};
   softmax_keys<EXPCAST, MASK, 1>(s, scs, valid, t, row_off, alpha, pa, NoWait{}, qbound);
 }
@@ -972,8 +973,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   const uint8_t* q_tile = smem + L::kQOff + wg * 64 * D;
   // VC_EXPCAST_CLAMP_BOUND: one |score| bound for this thread's rows g and g + 8 (vc_p::int8_row_score_bound, once
   // Q is in; one register: the larger of the two rows' bounds)
-  [[maybe_unused]] int q_bound = 0;
-  [[maybe_unused]] const int* q_bound_or_null = (EXPCAST && VC_EXPCAST_CLAMP_BOUND) ? &q_bound : nullptr;
+  [[maybe_unused]] float q_bound = 0.f;
+  [[maybe_unused]] const float* q_bound_or_null = (EXPCAST && VC_EXPCAST_CLAMP_BOUND) ? &q_bound : nullptr;
   const float* mu_smem = reinterpret_cast<const float*>(smem + L::kMuOff);
   const float* ksc_smem = reinterpret_cast<const float*>(smem + L::kKscOff);
   auto k_tile = [&](int s) { return smem + L::kKOff + s * L::kKBytes; };
@@ -1062,8 +1063,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   mbar_wait(bar_q, 0);
   if ((kTurns || kSoftmaxTurns) && wg == 1) named_arrive(1, 256);  // warpgroup 0 takes the first turn
   if constexpr (EXPCAST && VC_EXPCAST_CLAMP_BOUND) {  // this thread's rows of its warp's 16 in the Q tile
-    q_bound = max(vc_p::int8_row_score_bound<D>(q_tile + (warp * 16 + g) * D, t),
-                  vc_p::int8_row_score_bound<D>(q_tile + (warp * 16 + g + 8) * D, t));
+    q_bound = static_cast<float>(max(vc_p::int8_row_score_bound<D>(q_tile + (warp * 16 + g) * D, t),
+                                     vc_p::int8_row_score_bound<D>(q_tile + (warp * 16 + g + 8) * D, t)));
   }
 
   static_assert(!KPAIR || (kStep256 && (!kEarlyQk || VC_SM90_STEP256_EARLY_QK == 3)),
