@@ -4,7 +4,7 @@ kernels skip the per-score clamp of a chunk whose codes cannot wrap (vc_p::expca
 proxy without a ptxas warning, with the same kernels, and the speed kernels' spills stay small.
 
 SASS (docs/kernel-notes.md section 33, `bench/sass_loop_mix.py --any-back-branch --votes-pass`): sm_89 chunk trip of
-the speed kernels 720 -> 670 instructions (head dim 64, V-Smooth), 949 -> 904 (128). Timed with
+the speed kernels 720 -> 642 instructions (head dim 64, V-Smooth), 949 -> 876 (128). Timed with
 `python3 bench/mma_variants.py --variants V,V+-DVC_MMA_CLAMP_BOUND=1` on a GPU.
 """
 import shutil

@@ -376,16 +376,20 @@ struct AttnMmaWide {
       for (int c = 0; c < kWideChains; ++c)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          irow[c][h] = vc_p::expcast_int_row(scale[c][h], chunk_max_int[c][h], row_offset[c][h]);
+          irow[c][h] = vc_p::expcast_int_row<false>(scale[c][h], chunk_max_int[c][h], row_offset[c][h]);
           in_range &= vc_p::expcast_int_no_wrap(q_bound[c], scale[c][h], row_offset[c][h]);
         }
       if (__all_sync(0xffffffffu, in_range)) {
 #pragma unroll
         for (int c = 0; c < kWideChains; ++c)
           Encoder::template encode_p_fragments_int<false, kKeyTiles, decltype(key_of), false>(s[c], irow[c], valid, key_of, p_frag[c]);
-      } else {
+      } else {  // a row may wrap: its clamp bound, then the clamped encode
 #pragma unroll
-        for (int c = 0; c < kWideChains; ++c) Encoder::template encode_p_fragments_int<false>(s[c], irow[c], valid, key_of, p_frag[c]);
+        for (int c = 0; c < kWideChains; ++c) {
+          irow[c][0].lo = vc_p::expcast_int_lo(scale[c][0], chunk_max_int[c][0], row_offset[c][0]);
+          irow[c][1].lo = vc_p::expcast_int_lo(scale[c][1], chunk_max_int[c][1], row_offset[c][1]);
+          Encoder::template encode_p_fragments_int<false>(s[c], irow[c], valid, key_of, p_frag[c]);
+        }
       }
     } else
 #endif

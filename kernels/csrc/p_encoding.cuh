@@ -13,6 +13,7 @@
 // of the E4M3 subnormal octaves. With 2 lines it equals the spec's codes for u >= -16.76 up to
 // rounding-boundary position (3 lines: u >= -17.76); timing candidate.
 #pragma once
+#include <climits>
 #include <cstdint>
 
 #include "vc_constants.h"
@@ -115,6 +116,17 @@ struct ExpCastIntRow {
   uint32_t mul, add;
   int lo;
 };
+// The clamp bound a_lo alone (expcast_int_row computes it unless kWithLo is false: the clamp-bound kernels take it
+// only on the path that clamps, VC_EXPCAST_CLAMP_BOUND / VC_MMA_CLAMP_BOUND).
+__device__ __forceinline__ int expcast_int_lo(float sc, int a0, float m) {
+  const float e = __fsub_rn(__fmul_rn(static_cast<float>(a0), sc), m);
+  const float a_f = fminf(sc * 8388608.f, vc::kExpCastSlopeCap);
+  const float t0f = __fadd_rn(vc::kExpCastTop, e) * 8388608.f;
+  const float inv_a = __uint_as_float(0x7EF311C7u - __float_as_uint(a_f));  // 1/a_f within 5%
+  const int k = min(max(__float2int_rz((t0f - 58.5f * 8388608.f) * inv_a), 0), 1 << 30);
+  return a0 - k;
+}
+template <bool kWithLo = true>
 __device__ __forceinline__ ExpCastIntRow expcast_int_row(float sc, int a0, float m) {
   // <= 0 (a0 is this K-scale block's own max, sc its scale): how far that max is below the running max;
   // rounded twice as the spec rounds it (no FFMA contraction: fl(fl(a0 sc) - M), the product being the
@@ -124,9 +136,8 @@ __device__ __forceinline__ ExpCastIntRow expcast_int_row(float sc, int a0, float
   const int a = __float2int_rn(a_f);
   const float t0f = __fadd_rn(vc::kExpCastTop, e) * 8388608.f;
   const int t0 = max(__float2int_rn(t0f), 0);
-  const float inv_a = __uint_as_float(0x7EF311C7u - __float_as_uint(a_f));  // 1/a_f within 5%
-  const int k = min(max(__float2int_rz((t0f - 58.5f * 8388608.f) * inv_a), 0), 1 << 30);
-  return {static_cast<uint32_t>(a), static_cast<uint32_t>(t0) - static_cast<uint32_t>(a0) * static_cast<uint32_t>(a), a0 - k};
+  const int lo = kWithLo ? expcast_int_lo(sc, a0, m) : INT_MIN;  // INT_MIN: not computed (never read)
+  return {static_cast<uint32_t>(a), static_cast<uint32_t>(t0) - static_cast<uint32_t>(a0) * static_cast<uint32_t>(a), lo};
 }
 __device__ __forceinline__ float expcast_int_float(int s, const ExpCastIntRow& r) {
   return __uint_as_float(static_cast<uint32_t>(max(s, r.lo)) * r.mul + r.add);

@@ -579,7 +579,8 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
 #else
 #pragma unroll
     for (int h = 0; h < HK; ++h)
-      if constexpr (kIntCodes) irow[h][r] = vc_p::expcast_int_row(sc[h].r[r], mx[h][r], m_new);  // reference.expcast_bits
+      if constexpr (kIntCodes)  // reference.expcast_bits; the clamp-bound build takes a_lo only where it clamps
+        irow[h][r] = vc_p::expcast_int_row<!(VC_EXPCAST_CLAMP_BOUND && !MASK)>(sc[h].r[r], mx[h][r], m_new);
 #endif
   }
   // register r of k-step kk holds row g (r even) or g+8 (r odd) at keys 32kk + 16(r/2) + 4t + 0..3,
@@ -640,6 +641,10 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
         return;
       }
     }
+#pragma unroll
+    for (int hb = 0; hb < HK; ++hb)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) irow[hb][r].lo = vc_p::expcast_int_lo(sc[hb].r[r], mx[hb][r], m_step[r]);
   }
   if constexpr (kIntCodes && !MASK && VC_EXPCAST_CLAMP_CHECK) {
     // the clamp changes nothing when every score is >= a_lo: the thread's row minima, one vote per warp
