@@ -10,7 +10,9 @@ and V together leaves the attention output unchanged, and the key's N and B make
 What is stored is kernels.grouping.CompactGrouping: labels (1 byte per token with <= 256 clusters)
 + counts, and the centroids only while the grouping window may still warm-start from them, as E4M3
 codes with a float32 scale per centroid (CompactGrouping.compact_centroids: a warm start only seeds
-the next step's first assignment).
+the next step's first assignment). A grouping with within-cluster bins (Settings.within_bins,
+kernels/grouping_within.py) keeps its centroids for the whole run: each reuse step bins its tokens
+from that step's V along the centroids' chain; the bound below already counts the centroids.
 Memory for Wan2.2-14B at 720p with CFG (40 blocks, 40 heads, N = 75,600, cond and uncond): labels
 40 * 2 * 40 * 75,600 B = 242 MB; int32 counts (64 clusters) 40 * 2 * 40 * 64 * 4 B = 0.8 MB;
 centroids while inside the window (D = 128): 40 * 2 * 40 * 64 * (128 + 4) B = 27 MB; together
