@@ -630,6 +630,36 @@ __global__ void __launch_bounds__(kOrderThreads) group_order_kernel(const GroupP
   }
 }
 
+// One step of a block's stable counting-sort scatter (kPermThreads threads, one item each, in slot order): the
+// slot of this thread's item is base[key] + the same-key items before it (in its warp by __match_any_sync, in the
+// warps before by their counts); write(slot) stores it; then base[] advances past the step's items. Valid keys are
+// < `keys`; an invalid item's key is any value no valid item has (it is matched, never indexed). Integer counts
+// only: deterministic. Block-wide: every thread of the block calls it the same number of times.
+template <int kKeys, typename Write>
+__device__ __forceinline__ void stable_scatter_step(int key, bool valid, int (&warp_count)[kPermThreads / 32][kKeys],
+                                                    int (&base)[kKeys], int keys, Write write) {
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const unsigned peers = __match_any_sync(0xffffffffu, key);
+  const int before = __popc(peers & ((1u << lane) - 1u));  // same-key items earlier in this warp
+  if (valid && before == 0) warp_count[warp][key] = __popc(peers);
+  __syncthreads();
+  if (valid) {
+    int slot = base[key] + before;
+    for (int w = 0; w < warp; ++w) slot += warp_count[w][key];
+    write(slot);
+  }
+  __syncthreads();
+  if (tid < keys) {
+    int added = 0;
+    for (int w = 0; w < kPermThreads / 32; ++w) {
+      added += warp_count[w][tid];
+      warp_count[w][tid] = 0;
+    }
+    base[tid] += added;
+  }
+  __syncthreads();
+}
+
 __global__ void __launch_bounds__(kPermThreads) group_permute_kernel(const GroupParams p) {
   constexpr int kWarps = kPermThreads / 32;
   __shared__ int warp_count[kWarps][kGroupMaxClusters];
@@ -642,8 +672,6 @@ __global__ void __launch_bounds__(kPermThreads) group_permute_kernel(const Group
   const int g = blockIdx.y;
   const int part = blockIdx.x;
   const int tid = threadIdx.x;
-  const int warp = tid / 32;
-  const int lane = tid % 32;
   int prior = 0;  // tokens of cluster tid in the ranges before this block's
   if (tid < clusters) {
     int total = 0;
@@ -670,31 +698,14 @@ __global__ void __launch_bounds__(kPermThreads) group_permute_kernel(const Group
   const int64_t tok_begin = tiles * part / p.parts * kGroupTileTokens;
   const int64_t tok_end = min(int64_t(p.n), tiles * (part + 1) / p.parts * kGroupTileTokens);
   const uint8_t* raw_labels = p.raw_labels + int64_t(g) * p.n;
-  const unsigned lower_lanes = (1u << lane) - 1u;
   for (int64_t t0 = tok_begin; t0 < tok_end; t0 += kPermThreads) {
     const int64_t t = t0 + tid;
     const bool valid = t < tok_end;
     const int raw = valid ? int(raw_labels[t]) : kGroupMaxClusters;  // a key no real label has
-    const unsigned peers = __match_any_sync(0xffffffffu, raw);
-    const int before = __popc(peers & lower_lanes);  // same-label tokens earlier in this warp
-    if (valid && before == 0) warp_count[warp][raw] = __popc(peers);
-    __syncthreads();
-    if (valid) {
-      int slot = base[raw] + before;
-      for (int w = 0; w < warp; ++w) slot += warp_count[w][raw];
+    stable_scatter_step(raw, valid, warp_count, base, clusters, [&](int slot) {
       p.perm[int64_t(g) * p.n + slot] = int32_t(t);
       if (p.labels != nullptr) p.labels[int64_t(g) * p.n + t] = uint8_t(rank[raw]);
-    }
-    __syncthreads();
-    if (tid < clusters) {
-      int added = 0;
-      for (int w = 0; w < kWarps; ++w) {
-        added += warp_count[w][tid];
-        warp_count[w][tid] = 0;
-      }
-      base[tid] += added;
-    }
-    __syncthreads();
+    });
   }
 }
 

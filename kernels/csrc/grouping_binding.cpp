@@ -18,6 +18,19 @@ void check_buffer(const torch::Tensor& t, const torch::Tensor& v, c10::ScalarTyp
   TORCH_CHECK_VALUE(t.numel() == c10::multiply_integers(shape), vc::text(name, " must hold ", shape, " elements."));
 }
 
+// The checks every kernel that reads V shares: a (B, H, N, D) fp16/bf16 CUDA tensor with 16-byte aligned rows,
+// head dim 64 or 128, N within int32.
+void check_v(const torch::Tensor& v) {
+  TORCH_CHECK_VALUE(v.is_cuda() && v.dim() == 4, "V must be a 4-D (B, H, N, D) CUDA tensor.");
+  TORCH_CHECK_VALUE(v.scalar_type() == torch::kHalf || v.scalar_type() == torch::kBFloat16, "V must be float16 or bfloat16.");
+  TORCH_CHECK_VALUE(v.stride(3) == 1, "V must have a contiguous last dimension.");
+  TORCH_CHECK_VALUE(reinterpret_cast<uintptr_t>(v.data_ptr()) % 16 == 0 && v.stride(0) % 8 == 0 && v.stride(1) % 8 == 0 &&
+                        v.stride(2) % 8 == 0,
+                    "V's rows must be 16-byte aligned.");
+  TORCH_CHECK_VALUE(v.size(3) == 64 || v.size(3) == 128, vc::text("head dim must be 64 or 128, got ", v.size(3), "."));
+  TORCH_CHECK_VALUE(v.size(2) >= 1 && v.size(2) <= INT32_MAX, vc::text("N must be between 1 and 2^31 - 1, got ", v.size(2), "."));
+}
+
 void raise_on_error(const char* err, const char* what) { TORCH_CHECK(err == nullptr, vc::text(what, " launch failed: ", err)); }
 
 // iters rounds of (assignment + sums, update), then the final assignment; tensor_cores picks the
@@ -29,15 +42,8 @@ void kmeans_group(const torch::Tensor& v, torch::Tensor centroids, torch::Tensor
                   const std::optional<torch::Tensor>& counts, const std::optional<torch::Tensor>& centroids_out,
                   const std::optional<torch::Tensor>& labels, const std::optional<torch::Tensor>& perm, int64_t iters,
                   bool chain, bool tensor_cores, int64_t max_shared_bytes, int64_t stream) {
-  TORCH_CHECK_VALUE(v.is_cuda() && v.dim() == 4, "V must be a 4-D (B, H, N, D) CUDA tensor.");
-  TORCH_CHECK_VALUE(v.scalar_type() == torch::kHalf || v.scalar_type() == torch::kBFloat16, "V must be float16 or bfloat16.");
-  TORCH_CHECK_VALUE(v.stride(3) == 1, "V must have a contiguous last dimension.");
-  TORCH_CHECK_VALUE(reinterpret_cast<uintptr_t>(v.data_ptr()) % 16 == 0 && v.stride(0) % 8 == 0 && v.stride(1) % 8 == 0 &&
-                        v.stride(2) % 8 == 0,
-                    "V's rows must be 16-byte aligned.");
+  check_v(v);
   const int64_t b = v.size(0), h = v.size(1), n = v.size(2), d = v.size(3);
-  TORCH_CHECK_VALUE(d == 64 || d == 128, vc::text("head dim must be 64 or 128, got ", d, "."));
-  TORCH_CHECK_VALUE(n >= 1 && n <= INT32_MAX, vc::text("N must be between 1 and 2^31 - 1, got ", n, "."));
   TORCH_CHECK_VALUE(iters >= 0, "iters must be >= 0.");
   const int64_t g = b * h;
   TORCH_CHECK_VALUE(g <= 65535, vc::text("B * H must be at most 65535 (one grid row per head), got ", g, "."));
@@ -134,15 +140,8 @@ void permute_labels(const torch::Tensor& labels, torch::Tensor part_counts, torc
 void refine_perm(const torch::Tensor& v, const torch::Tensor& perm_in, const torch::Tensor& counts,
                  const torch::Tensor& centroids, torch::Tensor keys, torch::Tensor perm_out, int64_t bins,
                  int64_t stream) {
-  TORCH_CHECK_VALUE(v.is_cuda() && v.dim() == 4, "V must be a 4-D (B, H, N, D) CUDA tensor.");
-  TORCH_CHECK_VALUE(v.scalar_type() == torch::kHalf || v.scalar_type() == torch::kBFloat16, "V must be float16 or bfloat16.");
-  TORCH_CHECK_VALUE(v.stride(3) == 1, "V must have a contiguous last dimension.");
-  TORCH_CHECK_VALUE(reinterpret_cast<uintptr_t>(v.data_ptr()) % 16 == 0 && v.stride(0) % 8 == 0 && v.stride(1) % 8 == 0 &&
-                        v.stride(2) % 8 == 0,
-                    "V's rows must be 16-byte aligned.");
+  check_v(v);
   const int64_t b = v.size(0), h = v.size(1), n = v.size(2), d = v.size(3);
-  TORCH_CHECK_VALUE(d == 64 || d == 128, vc::text("head dim must be 64 or 128, got ", d, "."));
-  TORCH_CHECK_VALUE(n >= 1 && n <= INT32_MAX, vc::text("N must be between 1 and 2^31 - 1, got ", n, "."));
   const int64_t g = b * h;
   TORCH_CHECK_VALUE(g <= 65535, vc::text("B * H must be at most 65535 (one grid row per head), got ", g, "."));
   TORCH_CHECK_VALUE(counts.dim() == 3, "counts must be (B, H, C) int32.");

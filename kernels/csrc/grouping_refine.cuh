@@ -20,6 +20,8 @@ __device__ __forceinline__ int within_bin(float key, float lo, float scale, int 
   return f >= 0.f ? min(bins - 1, int(f)) : 0;  // f >= 0: truncation is floor; f <= bins (1 + 2^-23)
 }
 
+static_assert(kRefineThreads == kPermThreads, "the bins' scatter is stable_scatter_step's block of kPermThreads");
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kRefineThreads) group_refine_kernel(const RefineParams p) {
   constexpr int kWarps = kRefineThreads / 32;
@@ -107,30 +109,11 @@ __global__ void __launch_bounds__(kRefineThreads) group_refine_kernel(const Refi
 
   const int32_t* perm_in = p.perm_in + row + start;
   int32_t* perm_out = p.perm_out + row + start;
-  const unsigned lower_lanes = (1u << lane) - 1u;
   for (int i0 = 0; i0 < count; i0 += kRefineThreads) {
     const int i = i0 + tid;
     const bool in_range = i < count;
     const int bin = in_range ? within_bin(keys[i], lo, scale, p.bins) : kGroupMaxWithinBins;  // no real bin
-    const unsigned peers = __match_any_sync(0xffffffffu, bin);
-    const int earlier = __popc(peers & lower_lanes);  // same-bin slots earlier in this warp
-    if (in_range && earlier == 0) warp_count[warp][bin] = __popc(peers);
-    __syncthreads();
-    if (in_range) {
-      int slot = base[bin] + earlier;
-      for (int w = 0; w < warp; ++w) slot += warp_count[w][bin];
-      perm_out[slot] = perm_in[i];
-    }
-    __syncthreads();
-    if (tid < p.bins) {
-      int added = 0;
-      for (int w = 0; w < kWarps; ++w) {
-        added += warp_count[w][tid];
-        warp_count[w][tid] = 0;
-      }
-      base[tid] += added;
-    }
-    __syncthreads();
+    stable_scatter_step(bin, in_range, warp_count, base, p.bins, [&](int slot) { perm_out[slot] = perm_in[i]; });
   }
 }
 
