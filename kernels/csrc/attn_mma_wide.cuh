@@ -59,7 +59,7 @@ static_assert(kWideStages >= 2 && kWideStages <= 4, "VC_MMA_STAGES must be 2, 3 
 #ifndef VC_MMA_CLAMP_BOUND
 // speed (variant): a chunk whose scores cannot wrap their codes (vc_p::expcast_int_no_wrap with the rows' |score|
 // bound from the Q tile, vc_p::int8_row_score_bound, once per CTA; one vote per chunk) encodes without the
-// per-element clamp (one IMNMX per score)
+// per-element clamp (one IMNMX per score) and without the rows' clamp bounds a_lo
 #define VC_MMA_CLAMP_BOUND 0
 #endif
 static_assert(VC_MMA_PV_F16 >= 0 && VC_MMA_PV_F16 <= 2, "VC_MMA_PV_F16 must be 0, 1 or 2");
@@ -157,7 +157,7 @@ struct AttnMmaWide {
   static constexpr bool kSegments = kDeferRestore && kMeanScaled;
   float l_pending[kWideChains][2];  // kDeferRestore: row sums of the tile's chunks not yet restored
   uint32_t q_frag[kQInRegs ? kWideChains : 1][kQInRegs ? kKSteps : 1][4];
-  // VC_MMA_CLAMP_BOUND: per chain, |score| <= q_bound for both of this thread's rows (set at chunk 0)
+  // VC_MMA_CLAMP_BOUND: per chain, |score| <= q_bound for both of this thread's rows (set before the chunk loop)
   static constexpr bool kClampBound = VC_MMA_CLAMP_BOUND && kExpCast && !kQkFp8 && !VC_EXPCAST_BYTE_CODES;
   float q_bound[kWideChains];
 
@@ -236,7 +236,6 @@ struct AttnMmaWide {
       if constexpr (kQInRegs) {
         if (chunk == 0) load_q_fragments(sbase, warp_row0, lane);
       }
-
       const int64_t tile_index = int64_t(bh) * n_tiles + chunk / kChunksPerTile;
       const float k_scale = p.k_scale[tile_index];
       float scale[kWideChains][2];

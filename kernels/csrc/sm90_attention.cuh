@@ -91,8 +91,9 @@ constexpr bool p_through_smem() {
 #endif
 #ifndef VC_EXPCAST_CLAMP_BOUND
 // speed (variant): before the clamp check's row minima, a bound that needs none: |score| <= 128 sum_d |q_d| (the
-// INT8 codes), from the CTA's Q tile once; where no code of that whole range wraps (so the clamp changes
-// nothing) the step encodes unclamped after one 64-bit compare per row and a vote (p_encoding.cuh)
+// INT8 codes), from the CTA's Q tile once; where no code of that whole range can wrap (so the clamp changes
+// nothing) the step encodes unclamped after one FFMA and compare per row and a vote (p_encoding.cuh); a_lo is then
+// computed only where the step clamps
 #define VC_EXPCAST_CLAMP_BOUND 0
 #endif
 #ifndef VC_SM90_D64_OVERLAP
