@@ -2,8 +2,8 @@
 // tokens, a contiguous range of the label-sorted permutation, stably sorted by their bin along the
 // cluster's chain direction c_next - c_prev. One block per (cluster, group):
 //   1. the range's start (the counts before it) and the direction (fp16 centroids -> float32);
-//   2. one warp per token: the key v_t . direction (lane-sliced dot product, xor-shuffle sum, so every
-//      lane holds the same float), written to the scratch slot; the block's min / max of the keys;
+//   2. one warp per token (four in flight per warp): the key v_t . direction (lane-sliced dot product,
+//      xor-shuffle sum, so every lane holds the same float), written to the scratch slot; the block's min / max;
 //   3. the bins' histogram (integer shared-memory adds) and its exclusive scan;
 //   4. the stable scatter in chunks of 256 slots, as group_permute_kernel does with labels.
 // Deterministic (no float atomics; the keys' summation order is fixed), no host synchronization.
@@ -62,24 +62,41 @@ __global__ void __launch_bounds__(kRefineThreads) group_refine_kernel(const Refi
   const int b = g / p.heads;
   const int h = g % p.heads;
   const uint16_t* v = static_cast<const uint16_t*>(p.v) + b * p.v_stride[0] + h * p.v_stride[1];
-  float lo = INFINITY, hi = -INFINITY;
-  for (int i = warp; i < count; i += kWarps) {
+  // the lane's slice of token row i's dot product with the direction
+  auto partial_dot = [&](int i) {
     const int64_t t = p.perm_in[row + start + i];
     const uint16_t* x = v + t * p.v_stride[2] + lane * kPerLane;
-    float dot = 0.f;
     if constexpr (kPerLane == 4) {
       const uint2 bits = *reinterpret_cast<const uint2*>(x);  // rows are 16-byte aligned (the binding checks)
       const float2 a = unpack_pair<T>(bits.x), c = unpack_pair<T>(bits.y);
       const float* d = dir + lane * 4;
-      dot = fmaf(c.y, d[3], fmaf(c.x, d[2], fmaf(a.y, d[1], a.x * d[0])));
+      return fmaf(c.y, d[3], fmaf(c.x, d[2], fmaf(a.y, d[1], a.x * d[0])));
     } else {
       const float2 a = unpack_pair<T>(*reinterpret_cast<const uint32_t*>(x));
-      dot = fmaf(a.y, dir[lane * 2 + 1], a.x * dir[lane * 2]);
+      return fmaf(a.y, dir[lane * 2 + 1], a.x * dir[lane * 2]);
     }
-    for (int off = 16; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);  // equal in every lane
-    if (lane == 0) p.keys[row + start + i] = dot;
-    lo = fminf(lo, dot);  // fminf / fmaxf drop a NaN key, as the spec does
-    hi = fmaxf(hi, dot);
+  };
+  // kUnroll tokens per warp and trip, their loads issued together: a big cluster's block is often the last one
+  // running, and one token at a time would wait a full memory latency per token
+  constexpr int kUnroll = 4;
+  float lo = INFINITY, hi = -INFINITY;
+  for (int i0 = warp; i0 < count; i0 += kUnroll * kWarps) {
+    float dot[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) dot[u] = i0 + u * kWarps < count ? partial_dot(i0 + u * kWarps) : 0.f;
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2)
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) dot[u] += __shfl_xor_sync(0xffffffffu, dot[u], off);  // equal in every lane
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = i0 + u * kWarps;
+      if (i < count) {  // warp-uniform
+        if (lane == 0) p.keys[row + start + i] = dot[u];
+        lo = fminf(lo, dot[u]);  // fminf / fmaxf drop a NaN key, as the spec does
+        hi = fmaxf(hi, dot[u]);
+      }
+    }
   }
   if (lane == 0) {
     red_lo[warp] = lo;
