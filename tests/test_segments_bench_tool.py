@@ -16,9 +16,10 @@ def _row(sage):
 
 
 def test_the_table_gives_the_ratios_against_both_peers_and_dashes_without_sageattention():
-    lines = segments_bench.table([_row(True), _row(False)]).splitlines()
-    assert len(lines) == 4 and lines[1].count("|---") == 12
+    lines = segments_bench.table([_row(True), dict(_row(False), within_bins=8)]).splitlines()
+    assert len(lines) == 4 and lines[1].count("|---") == 13
     with_sa = [c.strip() for c in lines[2].split("|")[1:-1]]
-    assert with_sa[2:10] == ["0.25", "200.000", "150.000", "120.000", "100.000", "0.833", "2.000", "1.500"]
+    assert with_sa[2:11] == ["0", "0.25", "200.000", "150.000", "120.000", "100.000", "0.833", "2.000", "1.500"]
     without = [c.strip() for c in lines[3].split("|")[1:-1]]
-    assert without[4] == "-" and without[9] == "-"
+    assert without[2] == "8"  # the within-cluster bins of the row's grouping (older rows: 0)
+    assert without[5] == "-" and without[10] == "-"
