@@ -142,7 +142,7 @@ class VCDiffusersBackend:
         self.config = config
         self.kernel_config = config.kernel_config
         self.stats = BackendStats()
-        self.steps = DenoisingSteps(config.window, config.num_clusters, config.iters, self.stats, config.within_bins)
+        self.steps = DenoisingSteps(config.window, config.num_clusters, config.iters, self.stats, config.bins)
         self._native = dispatch._AttentionBackendRegistry._backends[dispatch.AttentionBackendName.NATIVE]
         self._templated = dispatch._templated_context_parallel_attention
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..kernels.config import VCConfig
-from ..kernels.grouping import DEFAULT_WITHIN_BINS
 from ..kernels.grouping_within import check_bins
 from ..nodes.presets import PRESETS, config_from_widgets
+from ..nodes.presets import within_bins as preset_within_bins
 
 DIFFUSERS_MODES = tuple(PRESETS)  # fidelity, balanced, speed
 
@@ -25,10 +25,10 @@ class VCDiffusersConfig:
     backend: "auto" (the fastest capable kernel; calls no kernel can take run diffusers' native
     attention, counted) or a kernel backend name: every eligible call must run on it, else an error.
     within_bins: V-Smooth's within-cluster order (kernels/grouping_within.py): each cluster's tokens in
-    that many bins (2-32) along its chain direction, recomputed from each call's V on reuse steps; 0 (the
-    grouping's default, kernels/grouping.DEFAULT_WITHIN_BINS) keeps token order. Emulated -2.2% / -2.6% rel-L2
-    in fidelity mode at 32,760 / 75,600 tokens (docs/fidelity-study.md); the default becomes 8 once the H200
-    confirms it.
+    that many bins (2-32) along its chain direction, recomputed from each call's V on reuse steps; 0 keeps
+    token order; None takes the preset's (nodes/presets.WITHIN_BINS, like the node). Emulated -2.2% / -2.6%
+    rel-L2 in fidelity mode at 32,760 / 75,600 tokens (docs/fidelity-study.md); no preset takes it before the
+    H200 confirms it.
     """
 
     mode: str = "balanced"
@@ -36,10 +36,11 @@ class VCDiffusersConfig:
     clusters: Optional[int] = None
     kmeans_iters: Optional[int] = None
     backend: str = "auto"
-    within_bins: int = DEFAULT_WITHIN_BINS
+    within_bins: Optional[int] = None
 
     def __post_init__(self) -> None:
-        check_bins(self.within_bins)
+        if self.within_bins is not None:
+            check_bins(self.within_bins)
         if self.mode not in DIFFUSERS_MODES:
             raise ValueError(f"VCDiffusersConfig.mode must be one of {DIFFUSERS_MODES}, got {self.mode!r}.")
         if self.grouping_window is not None and not 0.0 <= self.grouping_window <= 1.0:
@@ -68,3 +69,8 @@ class VCDiffusersConfig:
     @property
     def iters(self) -> int:
         return int(self._preset("kmeans_iters"))
+
+    @property
+    def bins(self) -> int:
+        """The within-cluster bins the groupings take: within_bins, else the preset's."""
+        return preset_within_bins(self.mode) if self.within_bins is None else int(self.within_bins)

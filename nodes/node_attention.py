@@ -74,6 +74,7 @@ def settings_from_widgets(resolved: dict, mode: str = "custom") -> Settings:
         end_percent=float(resolved["end_percent"]),
         backend=resolved["backend"],
         avoid_slower=mode in AVOID_SLOWER_MODES,
+        within_bins=presets.within_bins(mode),
     )
 
 

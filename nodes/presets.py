@@ -37,7 +37,7 @@ import json
 from pathlib import Path
 
 from ..kernels.config import FIDELITY, PLAIN_8BIT, SPEED, VCConfig
-from ..kernels.grouping import DEFAULT_CLUSTERS, DEFAULT_ITERS
+from ..kernels.grouping import DEFAULT_CLUSTERS, DEFAULT_ITERS, DEFAULT_WITHIN_BINS
 
 MODES = ("fidelity", "balanced", "speed", "custom")
 DEFAULT_MODE = "balanced"
@@ -161,6 +161,18 @@ for _name, _value in PRESETS[DEFAULT_MODE].items():
     WIDGETS[_name]["default"] = _value
 
 PRESET_WIDGETS = tuple(PRESETS[DEFAULT_MODE])
+
+# V-Smooth's within-cluster bins per preset (kernels/grouping_within.py). Not a widget: like the cluster chain order
+# it only reorders tokens the grouping already placed, so there is nothing to tune; custom takes the grouping's
+# default. The fidelity preset gains without a speed cost (its loop restores every step's means); balanced and speed
+# pay more V-Smooth segment ends on real data (docs/fidelity-study.md, last section). All at the grouping's default
+# (0) until the H200 measures the bins on the real kernels (docs/kernel-notes.md section 33).
+WITHIN_BINS: dict[str, int] = {"fidelity": DEFAULT_WITHIN_BINS, "balanced": DEFAULT_WITHIN_BINS, "speed": DEFAULT_WITHIN_BINS}
+
+
+def within_bins(mode: str) -> int:
+    """The within-cluster bins a mode's groupings take (custom: kernels.grouping.DEFAULT_WITHIN_BINS)."""
+    return WITHIN_BINS.get(mode, DEFAULT_WITHIN_BINS)
 
 
 def validate_widget(name: str, value: object) -> None:

@@ -22,7 +22,7 @@ from vc_attention.integrations.diffusers_config import VCDiffusersConfig  # noqa
 from vc_attention.kernels import backends  # noqa: E402
 from vc_attention.kernels.api import BACKEND_CALLS  # noqa: E402
 from vc_attention.nodes.cache import LayerKey  # noqa: E402
-from vc_attention.nodes.presets import PRESETS  # noqa: E402
+from vc_attention.nodes.presets import PRESETS, within_bins  # noqa: E402
 
 GATE = 1e-3
 
@@ -177,7 +177,10 @@ def test_config_presets_and_validation():
         VCDiffusersConfig(mode="custom")
     with pytest.raises(ValueError, match="grouping_window"):
         VCDiffusersConfig(grouping_window=1.5)
-    assert VCDiffusersConfig().within_bins == 0  # no preset takes the within-cluster bins yet
+    # the within-cluster bins: the preset's (nodes/presets.WITHIN_BINS, as the node), or an explicit value
+    for mode in ("fidelity", "balanced", "speed"):
+        assert VCDiffusersConfig(mode=mode).bins == within_bins(mode)
+    assert VCDiffusersConfig(mode="speed", within_bins=8).bins == 8
     with pytest.raises(ValueError, match="within-cluster bins"):
         VCDiffusersConfig(within_bins=64)
 

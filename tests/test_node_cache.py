@@ -142,3 +142,15 @@ def test_within_cluster_bins_keep_the_centroids_and_rebin_each_reuse_from_its_ow
     for g, v, perm in reused:
         assert v is not None
         assert torch.equal(perm, grouping_within.within_perm(v, g.labels, g.counts, g.warm_centroids(), 4))
+
+
+def test_each_mode_takes_its_presets_within_bins_and_custom_the_groupings_default(monkeypatch):
+    from vc_attention.kernels.grouping import DEFAULT_WITHIN_BINS
+    from vc_attention.nodes import presets
+    from vc_attention.nodes.node_attention import settings_from_widgets
+
+    widgets = {name: spec["default"] for name, spec in presets.WIDGETS.items() if name != "mode"}
+    monkeypatch.setitem(presets.WITHIN_BINS, "fidelity", 8)
+    assert settings_from_widgets(presets.resolve("fidelity", widgets), "fidelity").within_bins == 8
+    assert settings_from_widgets(presets.resolve("speed", widgets), "speed").within_bins == presets.WITHIN_BINS["speed"]
+    assert settings_from_widgets(presets.resolve("custom", widgets), "custom").within_bins == DEFAULT_WITHIN_BINS
