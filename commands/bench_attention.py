@@ -40,6 +40,16 @@ def fidelity_grouping(method_name: str) -> tuple[int, int]:
     return PRESETS[preset]["clusters"], PRESETS[preset]["kmeans_iters"]
 
 
+def fidelity_within_bins(method_name: str) -> int:
+    """The within-cluster bins of the grouping a method's rel-L2 is measured with: those of the preset
+    fidelity_grouping names (nodes/presets.WITHIN_BINS), else kernels/grouping.py's default."""
+    from ..kernels import grouping
+    from ..nodes.presets import within_bins
+
+    preset = {"vc-fidelity": "fidelity", "vc-speed": "balanced"}.get(method_name)
+    return grouping.DEFAULT_WITHIN_BINS if preset is None else within_bins(preset)
+
+
 def _fidelity(methods, head_dim: int) -> dict[str, float]:
     """rel-L2 per method name (ours keyed 'name[backend]') on video-like data against float64."""
     import torch
@@ -49,19 +59,25 @@ def _fidelity(methods, head_dim: int) -> dict[str, float]:
 
     q, k, v = video_like_qkv(B=1, H=FIDELITY_HEADS, T=FIDELITY_GRID[0], Hgrid=FIDELITY_GRID[1],
                              Wgrid=FIDELITY_GRID[2], D=head_dim, dtype=torch.bfloat16, device="cuda")
-    perms = {}  # one grouping per (clusters, iterations) that some method uses
+    perms = {}  # one grouping per (clusters, iterations, within-cluster bins) that some method uses
     for m in methods:
-        g = fidelity_grouping(m.name)
+        g = (*fidelity_grouping(m.name), fidelity_within_bins(m.name))
         if g not in perms:
-            perms[g] = grouping.group_tokens(v, *g).perm()
+            perms[g] = grouping.group_tokens(v, g[0], g[1], within_bins=g[2]).perm()
     rows = torch.randperm(q.shape[2], generator=torch.Generator().manual_seed(0))[:FIDELITY_ROWS].to("cuda")
     qd, kd, vd = q[:, :, rows].double(), k.double(), v.double()
     exact = torch.softmax(qd @ kd.transpose(-1, -2) / head_dim ** 0.5, dim=-1) @ vd
     out = {}
     for m in methods:
-        got = m.fn(q, k, v, perms[fidelity_grouping(m.name)])[:, :, rows].double()
+        got = m.fn(q, k, v, perms[(*fidelity_grouping(m.name), fidelity_within_bins(m.name))])[:, :, rows].double()
         out[_key(m)] = float((got - exact).norm() / exact.norm())
     return out
+
+
+def _grouping_label(method_name: str) -> str:
+    """'C x I' of a method's rel-L2 grouping, with ', B bins' where it takes within-cluster bins."""
+    bins = fidelity_within_bins(method_name)
+    return "{} x {}".format(*fidelity_grouping(method_name)) + (f", {bins} bins" if bins >= 2 else "")
 
 
 def _key(method) -> str:
@@ -111,7 +127,7 @@ def attention_rows(shapes: dict, backend: str, reps: int, portable_shapes: set[s
                 x_sageattn_portable=_ratio(times.get(SAGE_PORTABLE), ms),
                 rel_l2_video_like=errors.get(d, {}).get(_key(m)),
                 # the V-Smooth grouping of that rel-L2 (our rows; peers take no permutation)
-                rel_l2_grouping=None if m.backend is None else "{} x {}".format(*fidelity_grouping(m.name)),
+                rel_l2_grouping=None if m.backend is None else _grouping_label(m.name),
             ))
         speed_ms = times[f"vc-speed[{chosen}]"]
         groupings.append(dict(shape=name, B=b, H=h, N=n, D=d, clusters=clusters, iters=iters, ms=group_ms,

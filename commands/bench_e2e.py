@@ -7,7 +7,8 @@ shape, no mask) go to VC-Attention through a scoped replacement of
 torch.nn.functional.scaled_dot_product_attention (diffusers calls it by attribute); cross-attention
 keeps SDPA. The grouping is computed on the first VC forward (a grouping step) and reused by the
 timed forwards (steps after the grouping window), so the timed number excludes grouping, exactly as
-in a sampling run after the window; the grouping forward is reported separately.
+in a sampling run after the window (a reuse step's permutation included: the label sort, and the bins
+where the mode's preset takes within-cluster bins); the grouping forward is reported separately.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import torch
 from ..kernels import grouping
 from ..kernels.api import vc_attention
 from ..kernels.config import FIDELITY, SPEED, VCConfig
+from ..nodes.presets import within_bins
 from .errors import require_cuda
 
 WAN_14B = dict(
@@ -30,20 +32,22 @@ WAN_14B = dict(
 
 
 class LayerGroupings:
-    """Per-call-index grouping cache for one forward pass (call order = layer order)."""
+    """Per-call-index grouping cache for one forward pass (call order = layer order), used as the node uses
+    its cache: a grouping step groups, a reuse step asks the cached grouping for its permutation (the label
+    sort, and with within-cluster bins the bins from this call's V)."""
 
-    def __init__(self, clusters: int, iters: int):
-        self.clusters, self.iters = clusters, iters
-        self.perms: dict[int, torch.Tensor] = {}
+    def __init__(self, clusters: int, iters: int, within_bins: int = 0):
+        self.clusters, self.iters, self.within_bins = clusters, iters, within_bins
+        self.groupings: dict[int, grouping.CompactGrouping] = {}
         self.recompute = True
         self.calls = 0
 
     def perm_for(self, v_bhnd: torch.Tensor) -> torch.Tensor:
         idx = self.calls
         self.calls += 1
-        if self.recompute or idx not in self.perms:
-            self.perms[idx] = grouping.group_tokens(v_bhnd, self.clusters, self.iters).perm()
-        return self.perms[idx]
+        if self.recompute or idx not in self.groupings:
+            self.groupings[idx] = grouping.group_tokens(v_bhnd, self.clusters, self.iters, within_bins=self.within_bins)
+        return self.groupings[idx].perm(v_bhnd)
 
 
 @contextlib.contextmanager
@@ -145,7 +149,7 @@ def run_e2e(layers: int = 40, frames: int = 81, height: int = 720, width: int = 
         log(f"[e2e] sageattn-2.2: forward {med:.0f} ms ({results['sdpa_ms'] / med:.2f}x SDPA), rel-L2 vs SDPA {err:.4f}")
         del runs
     for name, config in (("fidelity", FIDELITY), ("speed", SPEED)):
-        groups = LayerGroupings(clusters, iters)
+        groups = LayerGroupings(clusters, iters, within_bins(name))  # the preset's within-cluster bins
         with vc_sdpa(config, groups):
             group_ms, _ = _timed_forward(model, inputs)  # grouping step: k-means for every layer
             groups.recompute = False

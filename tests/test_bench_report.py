@@ -150,3 +150,16 @@ def test_each_mode_is_measured_with_its_presets_grouping():
     assert fidelity_grouping("vc-plain8") == fidelity_grouping("sageattn-2.2") == (grouping.DEFAULT_CLUSTERS,
                                                                                     grouping.DEFAULT_ITERS)
     assert fidelity_grouping("vc-fidelity") != fidelity_grouping("vc-speed")  # the presets do differ today
+
+
+def test_each_mode_is_measured_with_its_presets_within_cluster_bins(monkeypatch):
+    from vc_attention.commands import bench_attention
+    from vc_attention.kernels import grouping
+    from vc_attention.nodes import presets
+
+    monkeypatch.setitem(presets.WITHIN_BINS, "fidelity", 8)
+    assert bench_attention.fidelity_within_bins("vc-fidelity") == 8
+    assert bench_attention.fidelity_within_bins("vc-speed") == presets.WITHIN_BINS["balanced"]
+    assert bench_attention.fidelity_within_bins("vc-plain8") == grouping.DEFAULT_WITHIN_BINS
+    label = "{} x {}, 8 bins".format(presets.PRESETS["fidelity"]["clusters"], presets.PRESETS["fidelity"]["kmeans_iters"])
+    assert bench_attention._grouping_label("vc-fidelity") == label
