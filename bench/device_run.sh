@@ -9,6 +9,13 @@
 #         grouping bench/grouping_bench.py: the torch k-means path vs the fused kernels, share of a speed call
 #         comfyui `vc-attention bench --comfyui PATH --comfyui-rounds 2 --save`: sampling in real ComfyUI, default
 #                 attention vs `--use-sage-attention` vs our node's presets, every mode twice, interleaved (~5 min)
+#         within  (not in the default list) the within-cluster bins (docs/kernel-notes.md 33): their GPU tests, their rel-L2
+#                 on the real kernels beside SageAttention 2.2 and their grouping / reuse times
+#                 (bench/grouping_fidelity_gpu.py --kernel-bins), the speed kernel on video-like data with and without
+#                 them (bench/segments_bench.py --within-bins 0,8)
+#         clamp   (not in the default list) the clamp-bound variants beside the product: the Hopper kernel
+#                 (bench/sm90_variants.sh, split vs split_cb) and the portable one (bench/mma_variants.py, V vs
+#                 V+-DVC_MMA_CLAMP_BOUND=1)
 #         variants (not in the default list) the portable kernel's build-time variants side by side with
 #                 SageAttention 2.2's portable kernel (bench/mma_variants.py; $MMA_VARIANTS), the prepare
 #                 extension's variants (bench/prepare_variants.py), then one ncu
@@ -76,7 +83,19 @@ for stage in $stages; do
       step prepare_variants 150 python3 bench/prepare_variants.py --out "$OUT"
       step kernel_profile 240 python3 bench/kernel_profile.py --shape wan21-1.3b-480p --out "$OUT" \
         --targets "${PROFILE_TARGETS:-sa-portable,mma:wide:plain8,mma:wide-viaf16:plain8,mma:wide-viaf16:speed,sa-sm90,sm90:speed,sm90:fidelity}" ;;
-    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants)"; exit 2 ;;
+    within)
+      step within_gpu_tests 240 python3 -m pytest -q tests/test_grouping_within_gpu.py tests/test_grouping_fused_gpu.py
+      step within_fidelity 300 python3 bench/grouping_fidelity_gpu.py --sizes 32760 75600 --groupings 128x1 64x2 64x1 \
+        --kernel-bins 8 16 --out "$OUT/within-bins.json"
+      step within_segments 240 python3 bench/segments_bench.py --shapes wan22-14b-720p,wan21-1.3b-480p --data video \
+        --within-bins 0,8 --out "$OUT" ;;
+    clamp)
+      (export OUT SM90_VARIANTS="split split_cb" SM90_SHAPES="1,40,75600,128 1,12,32760,128 1,32,32768,64 1,32,6144,64"
+       step clamp_sm90 420 bash bench/sm90_variants.sh)
+      v=$(python3 -c "from vc_attention.kernels import mma_variants as m; print(m.default_variant('9.0a'))")
+      step clamp_mma 420 python3 bench/mma_variants.py --reps 3 --out "$OUT" --shapes d64,wan21-1.3b-480p \
+        --variants "$v,$v+-DVC_MMA_CLAMP_BOUND=1" ;;
+    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp)"; exit 2 ;;
   esac
 done
 tail -n 4 "$OUT"/*.log
