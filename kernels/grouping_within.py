@@ -66,10 +66,11 @@ def token_bins(v: torch.Tensor, labels: torch.Tensor, counts: torch.Tensor, cent
         for j in range(h):
             keys[i, j] = (v[i, j].float() * direction[i, j][labels[i, j]]).sum(-1)
     shape = (b, h, counts.shape[-1])
-    finite = torch.where(torch.isnan(keys), float("inf"), keys)
-    lo = torch.full(shape, float("inf"), device=v.device).scatter_reduce(-1, labels, finite, "amin")
+    nan = torch.isnan(keys)  # a NaN key sets no range (as fminf / fmaxf in the kernel)
+    lo = torch.full(shape, float("inf"), device=v.device).scatter_reduce(
+        -1, labels, torch.where(nan, float("inf"), keys), "amin")
     hi = torch.full(shape, float("-inf"), device=v.device).scatter_reduce(
-        -1, labels, torch.where(torch.isnan(keys), float("-inf"), keys), "amax")
+        -1, labels, torch.where(nan, float("-inf"), keys), "amax")
     width = hi - lo
     valid = (width > 0) & torch.isfinite(width)
     scale = torch.where(valid, torch.tensor(float(bins), device=v.device) / torch.where(valid, width, 1.0), 0.0)
