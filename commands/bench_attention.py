@@ -34,10 +34,15 @@ def fidelity_grouping(method_name: str) -> tuple[int, int]:
     from ..kernels import grouping
     from ..nodes.presets import PRESETS
 
-    preset = {"vc-fidelity": "fidelity", "vc-speed": "balanced"}.get(method_name)
+    preset = _preset_of(method_name)
     if preset is None:
         return grouping.DEFAULT_CLUSTERS, grouping.DEFAULT_ITERS
     return PRESETS[preset]["clusters"], PRESETS[preset]["kmeans_iters"]
+
+
+def _preset_of(method_name: str):
+    """The preset whose grouping a method's rel-L2 is measured with, or None (kernels/grouping.py's defaults)."""
+    return {"vc-fidelity": "fidelity", "vc-speed": "balanced"}.get(method_name)
 
 
 def fidelity_within_bins(method_name: str) -> int:
@@ -46,7 +51,7 @@ def fidelity_within_bins(method_name: str) -> int:
     from ..kernels import grouping
     from ..nodes.presets import within_bins
 
-    preset = {"vc-fidelity": "fidelity", "vc-speed": "balanced"}.get(method_name)
+    preset = _preset_of(method_name)
     return grouping.DEFAULT_WITHIN_BINS if preset is None else within_bins(preset)
 
 

@@ -19,7 +19,7 @@ void check_buffer(const torch::Tensor& t, const torch::Tensor& v, c10::ScalarTyp
 }
 
 // The checks every kernel that reads V shares: a (B, H, N, D) fp16/bf16 CUDA tensor with 16-byte aligned rows,
-// head dim 64 or 128, N within int32.
+// head dim 64 or 128, N within int32, B * H within the grid's y dimension.
 void check_v(const torch::Tensor& v) {
   TORCH_CHECK_VALUE(v.is_cuda() && v.dim() == 4, "V must be a 4-D (B, H, N, D) CUDA tensor.");
   TORCH_CHECK_VALUE(v.scalar_type() == torch::kHalf || v.scalar_type() == torch::kBFloat16, "V must be float16 or bfloat16.");
@@ -29,6 +29,8 @@ void check_v(const torch::Tensor& v) {
                     "V's rows must be 16-byte aligned.");
   TORCH_CHECK_VALUE(v.size(3) == 64 || v.size(3) == 128, vc::text("head dim must be 64 or 128, got ", v.size(3), "."));
   TORCH_CHECK_VALUE(v.size(2) >= 1 && v.size(2) <= INT32_MAX, vc::text("N must be between 1 and 2^31 - 1, got ", v.size(2), "."));
+  const int64_t g = v.size(0) * v.size(1);
+  TORCH_CHECK_VALUE(g <= 65535, vc::text("B * H must be at most 65535 (one grid row per head), got ", g, "."));
 }
 
 void raise_on_error(const char* err, const char* what) { TORCH_CHECK(err == nullptr, vc::text(what, " launch failed: ", err)); }
@@ -46,7 +48,6 @@ void kmeans_group(const torch::Tensor& v, torch::Tensor centroids, torch::Tensor
   const int64_t b = v.size(0), h = v.size(1), n = v.size(2), d = v.size(3);
   TORCH_CHECK_VALUE(iters >= 0, "iters must be >= 0.");
   const int64_t g = b * h;
-  TORCH_CHECK_VALUE(g <= 65535, vc::text("B * H must be at most 65535 (one grid row per head), got ", g, "."));
   TORCH_CHECK_VALUE(centroids.dim() == 3 && centroids.size(0) == g && centroids.size(2) == d,
                     "centroids must be (B*H, C, D) float32.");
   const int64_t c = centroids.size(1);
@@ -143,7 +144,6 @@ void refine_perm(const torch::Tensor& v, const torch::Tensor& perm_in, const tor
   check_v(v);
   const int64_t b = v.size(0), h = v.size(1), n = v.size(2), d = v.size(3);
   const int64_t g = b * h;
-  TORCH_CHECK_VALUE(g <= 65535, vc::text("B * H must be at most 65535 (one grid row per head), got ", g, "."));
   TORCH_CHECK_VALUE(counts.dim() == 3, "counts must be (B, H, C) int32.");
   const int64_t c = counts.size(2);
   TORCH_CHECK_VALUE(c >= 1 && c <= vc::kGroupMaxClusters, vc::text("clusters must be between 1 and ", vc::kGroupMaxClusters, "."));

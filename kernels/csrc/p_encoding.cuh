@@ -116,27 +116,33 @@ struct ExpCastIntRow {
   uint32_t mul, add;
   int lo;
 };
-// The clamp bound a_lo alone (expcast_int_row computes it unless kWithLo is false: the clamp-bound kernels take it
-// only on the path that clamps, VC_EXPCAST_CLAMP_BOUND / VC_MMA_CLAMP_BOUND).
-__device__ __forceinline__ int expcast_int_lo(float sc, int a0, float m) {
-  const float e = __fsub_rn(__fmul_rn(static_cast<float>(a0), sc), m);
-  const float a_f = fminf(sc * 8388608.f, vc::kExpCastSlopeCap);
-  const float t0f = __fadd_rn(vc::kExpCastTop, e) * 8388608.f;
-  const float inv_a = __uint_as_float(0x7EF311C7u - __float_as_uint(a_f));  // 1/a_f within 5%
-  const int k = min(max(__float2int_rz((t0f - 58.5f * 8388608.f) * inv_a), 0), 1 << 30);
-  return a0 - k;
-}
-template <bool kWithLo = true>
-__device__ __forceinline__ ExpCastIntRow expcast_int_row(float sc, int a0, float m) {
+// What a row's constants and its clamp bound share: the slope before rounding (a_f) and T0 before rounding (t0f).
+struct ExpCastIntBase {
+  float a_f, t0f;
+};
+__device__ __forceinline__ ExpCastIntBase expcast_int_base(float sc, int a0, float m) {
   // <= 0 (a0 is this K-scale block's own max, sc its scale): how far that max is below the running max;
   // rounded twice as the spec rounds it (no FFMA contraction: fl(fl(a0 sc) - M), the product being the
   // block max the running max took)
   const float e = __fsub_rn(__fmul_rn(static_cast<float>(a0), sc), m);
-  const float a_f = fminf(sc * 8388608.f, vc::kExpCastSlopeCap);
-  const int a = __float2int_rn(a_f);
-  const float t0f = __fadd_rn(vc::kExpCastTop, e) * 8388608.f;
-  const int t0 = max(__float2int_rn(t0f), 0);
-  const int lo = kWithLo ? expcast_int_lo(sc, a0, m) : INT_MIN;  // INT_MIN: not computed (never read)
+  return {fminf(sc * 8388608.f, vc::kExpCastSlopeCap), __fadd_rn(vc::kExpCastTop, e) * 8388608.f};
+}
+// The clamp bound a_lo (expcast_int_row computes it unless kWithLo is false: the clamp-bound kernels take it only on
+// the path that clamps, VC_EXPCAST_CLAMP_BOUND / VC_MMA_CLAMP_BOUND).
+__device__ __forceinline__ int expcast_int_lo(const ExpCastIntBase& base, int a0) {
+  const float inv_a = __uint_as_float(0x7EF311C7u - __float_as_uint(base.a_f));  // 1/a_f within 5%
+  const int k = min(max(__float2int_rz((base.t0f - 58.5f * 8388608.f) * inv_a), 0), 1 << 30);
+  return a0 - k;
+}
+__device__ __forceinline__ int expcast_int_lo(float sc, int a0, float m) {
+  return expcast_int_lo(expcast_int_base(sc, a0, m), a0);
+}
+template <bool kWithLo = true>
+__device__ __forceinline__ ExpCastIntRow expcast_int_row(float sc, int a0, float m) {
+  const ExpCastIntBase base = expcast_int_base(sc, a0, m);
+  const int a = __float2int_rn(base.a_f);
+  const int t0 = max(__float2int_rn(base.t0f), 0);
+  const int lo = kWithLo ? expcast_int_lo(base, a0) : INT_MIN;  // INT_MIN: not computed (never read)
   return {static_cast<uint32_t>(a), static_cast<uint32_t>(t0) - static_cast<uint32_t>(a0) * static_cast<uint32_t>(a), lo};
 }
 __device__ __forceinline__ float expcast_int_float(int s, const ExpCastIntRow& r) {
