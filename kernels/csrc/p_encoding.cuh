@@ -130,8 +130,9 @@ __device__ __forceinline__ ExpCastIntBase expcast_int_base(float sc, int a0, flo
 // The clamp bound a_lo (expcast_int_row computes it unless kWithLo is false: the clamp-bound kernels take it only on
 // the path that clamps, VC_EXPCAST_CLAMP_BOUND / VC_MMA_CLAMP_BOUND).
 __device__ __forceinline__ int expcast_int_lo(const ExpCastIntBase& base, int a0) {
-  const float inv_a = __uint_as_float(0x7EF311C7u - __float_as_uint(base.a_f));  // 1/a_f within 5%
-  const int k = min(max(__float2int_rz((base.t0f - 58.5f * 8388608.f) * inv_a), 0), 1 << 30);
+  const float a_f = base.a_f, t0f = base.t0f;
+  const float inv_a = __uint_as_float(0x7EF311C7u - __float_as_uint(a_f));  // 1/a_f within 5%
+  const int k = min(max(__float2int_rz((t0f - 58.5f * 8388608.f) * inv_a), 0), 1 << 30);
   return a0 - k;
 }
 __device__ __forceinline__ int expcast_int_lo(float sc, int a0, float m) {
