@@ -6,7 +6,7 @@ from .backends import Backend, Constraints, register
 from .config import MAX_V_RANK, VCConfig
 
 # the emulation takes any device, dtype, head dim, configuration and strides
-CONSTRAINTS = Constraints(device_type="any", max_v_rank=MAX_V_RANK)
+CONSTRAINTS = Constraints(device_type="any", max_v_rank=MAX_V_RANK, k_lane_scales=True)
 
 
 def _run(q, k, v, perm, config: VCConfig, layout: str, sm_scale, v_basis=None):

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import torch
 
-from . import jit
+from . import jit, reference
 from .config import LAYOUTS, P_ENCODINGS, QK_FORMATS, V_FORMATS, VCConfig
 from .constants import K_BLOCK
 from .operands import rows_aligned
@@ -43,6 +43,7 @@ class Constraints:
     aligned_rows: bool = False  # q, k, v: contiguous head dim, 16-byte aligned rows (operands.rows_aligned)
     max_v_rank: int = 0  # VCConfig.v_rank it implements (V-Smooth's low-rank V term)
     v_rank_head_dims: Optional[tuple[int, ...]] = None  # the head dims it implements the term for (None: all)
+    k_lane_scales: bool = False  # VCConfig.k_lane_scales where the spec takes it (reference.k_lanes)
     jit_arch: Optional[str] = None  # arch its JIT build targets ("9.0a"); None: the GPU's own
     needs_jit: bool = False  # built by kernels/jit.py: needs a toolchain (or a cached build)
 
@@ -120,6 +121,9 @@ def call_reason(c: Constraints, config: VCConfig, layout: str, q: torch.Tensor, 
     if config.v_rank and c.v_rank_head_dims is not None and q.shape[-1] not in c.v_rank_head_dims:
         return (f"the low-rank V term is not implemented in this kernel at head dim {q.shape[-1]} "
                 f"(head dims {_names(c.v_rank_head_dims)})")
+    if not c.k_lane_scales and reference.k_lanes(config, q.shape[-1]):
+        return ("K scales per MMA lane (k_lane_scales) are not implemented in this kernel (the sm90 kernel and the "
+                "spec's emulation run them)")
     if c.aligned_rows:
         for name, t in zip("qkv", (q, *kv)):
             if not rows_aligned(t):

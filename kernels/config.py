@@ -56,6 +56,12 @@ class VCConfig:
         docs/fidelity-study.md). V-Smooth only (its loops are the ones that pair). The operands keep one K scale per
         128 keys (equal in pairs at 256), so every kernel reads them alike. Head dim 128 only (reference.k_scale_rows,
         as the segments): at 64 every kernel steps 128 keys with a scale per tile.
+    k_lane_scales: one INT8 K scale per (K-scale block, MMA quad lane) instead of per block, the keys of every full
+        128-key block reordered (K and V together) by their smoothed K's amax so each lane holds one quartile
+        (kernels/k_lanes.py: free in the softmax, each lane already holds its own row constant; emulated -2.4% rel-L2
+        in fidelity mode, -3.6% in speed mode, docs/fidelity-study.md "K scales per MMA lane"). INT8 QK, V-Smooth,
+        K scales per 256 keys and no low-rank term (the Hopper loops that implement it: the presets' paired-K loops);
+        head dim 128 only (reference.k_lanes, as k_scale_rows). The operands' k_scale is then (B,H,n_pad/128,4).
     """
 
     qk: str = "int8"
@@ -66,6 +72,7 @@ class VCConfig:
     v_mean_rows: int = V_BLOCK
     v_mean_merge: bool = False
     k_scale_rows: int = K_BLOCK
+    k_lane_scales: bool = False
 
     def __post_init__(self) -> None:
         if self.qk not in QK_FORMATS:
@@ -107,6 +114,15 @@ class VCConfig:
             raise ValueError(f"VCConfig.k_scale_rows={self.k_scale_rows} needs v='vsmooth' (the Hopper loops that take one "
                              f"K scale per 256-key step are V-Smooth's), got v={self.v!r}.")
 
+        if not isinstance(self.k_lane_scales, bool):
+            raise ValueError(f"VCConfig.k_lane_scales must be True or False, got {self.k_lane_scales!r}.")
+        # the loops that read lane scales are the paired-K V-Smooth loops at head dim 128 (INT8 scores)
+        if self.k_lane_scales and (self.qk != "int8" or self.v != "vsmooth" or self.k_scale_rows != 2 * K_BLOCK
+                                   or self.v_rank):
+            raise ValueError("VCConfig.k_lane_scales=True needs qk='int8', v='vsmooth', k_scale_rows="
+                             f"{2 * K_BLOCK} and v_rank=0 (the Hopper paired-K loops read lane scales), got qk={self.qk!r}, "
+                             f"v={self.v!r}, k_scale_rows={self.k_scale_rows}, v_rank={self.v_rank}.")
+
     def with_(self, **changes) -> "VCConfig":
         return replace(self, **changes)
 
@@ -115,7 +131,8 @@ class VCConfig:
         low-rank term, and the low-rank loop anchors each 128-key tile on its own, so a rank > 0 turns
         v_mean_merge off and k_scale_rows back to 128 (the 256-row means stay)."""
         return replace(self, v_rank=v_rank, v_mean_merge=self.v_mean_merge and not v_rank,
-                       k_scale_rows=self.k_scale_rows if not v_rank else K_BLOCK)
+                       k_scale_rows=self.k_scale_rows if not v_rank else K_BLOCK,
+                       k_lane_scales=self.k_lane_scales and not v_rank)
 
     @property
     def needs_grouping(self) -> bool:
@@ -128,7 +145,8 @@ class VCConfig:
                 + (f"-rank{self.v_rank}" if self.v_rank else "")
                 + (f"-mean{self.v_mean_rows}" if self.v_mean_rows != V_BLOCK else "")
                 + ("-merged" if self.v_mean_merge else "")
-                + (f"-k{self.k_scale_rows}" if self.k_scale_rows != K_BLOCK else ""))
+                + (f"-k{self.k_scale_rows}" if self.k_scale_rows != K_BLOCK else "")
+                + ("-lanes" if self.k_lane_scales else ""))
 
 
 # The three configurations the product talks about. Fidelity takes one K scale per 256 keys (emulated error-neutral,

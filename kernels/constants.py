@@ -48,6 +48,13 @@ MAX_V_RANK = V_LOW_ROWS - V_LOW_FIRST
 # 256), which fidelity's exp2 256-key loop then reads once per step (backend_sm90.vsmooth_mode)
 VSMOOTH_PAIRED_K = 4
 
+# VCConfig.k_lane_scales: the four lanes of an MMA quad each hold a fixed quarter of a tile's keys in both kernels'
+# score layouts (csrc key_of_column: key 16 c' + 4 t + 2 e' + e belongs to lane t), so one K scale per lane class
+# costs no per-score work. Key j's lane is (j % K_LANE_PERIOD) // K_LANE_KEYS (kernels/k_lanes.py)
+K_LANES = 4
+K_LANE_KEYS = 4  # consecutive keys of one lane
+K_LANE_PERIOD = K_LANES * K_LANE_KEYS  # 16: the lane pattern repeats every 16 keys
+
 # name in CUDA (VC_<NAME>) -> value; floats are written as float literals
 SHARED_WITH_CUDA = {
     "LOG2E": LOG2E,
@@ -67,6 +74,8 @@ SHARED_WITH_CUDA = {
     "V_LOW_ROWS": V_LOW_ROWS,
     "V_LOW_FIRST": V_LOW_FIRST,
     "VSMOOTH_PAIRED_K": VSMOOTH_PAIRED_K,
+    "K_LANES": K_LANES,
+    "K_LANE_KEYS": K_LANE_KEYS,
 }
 
 

@@ -23,7 +23,8 @@ def emulate_attention(ops: PreparedOperands, config: VCConfig, out_dtype: torch.
     """
     n = ops.n_tokens
     acc, scale = reference.score_parts(ops.q_q[:, :, :n], ops.q_scale, ops.k_q[:, :, :n], ops.k_scale, n)
-    p = reference.quantize_p(acc * scale, config, offset_block, acc=acc, scale=scale).double()
+    p = reference.quantize_p(acc * scale, config, offset_block, acc=acc, scale=scale,
+                             lanes=ops.k_scale.dim() == 4).double()
     v_res = ops.v_t.float()[:, :, :, :n].transpose(-1, -2).double() * ops.v_scale.double().unsqueeze(-2)
     mean = reference.expand_rows(ops.v_mean.double(), N_ALIGN, n)
     v_hat = v_res + mean

@@ -28,6 +28,7 @@ def prepare_reference(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, l
     qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))
     if perm is not None:
         kb, vb = reference.permute_tokens(kb, perm.long()), reference.permute_tokens(vb, perm.long())
+    kb, vb = reference.lane_sorted(kb, vb, config)
     n = qb.shape[2]
     n_pad = padded_length(n)
     q_q, q_scale, k_q, k_scale = reference.quantize_qk(qb, kb, config, sm_scale)

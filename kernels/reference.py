@@ -48,6 +48,7 @@ from .constants import (  # noqa: F401 (re-exported: the spec's parameters, shar
     Q_BLOCK,
     V_BLOCK,
 )
+from . import k_lanes as k_lane_spec
 from .layout import from_bhnd, to_bhnd
 
 FP16_MAX = 65504.0  # largest finite fp16
@@ -148,13 +149,17 @@ def quantize_qk(q: torch.Tensor, k: torch.Tensor, config: VCConfig, sm_scale: fl
     (q_scale (B,H,N)); K is smoothed (config.smooth_k) and quantized in blocks of k_scale_rows(config,
     head dim) rows (after any permutation). k_scale has one entry per K_BLOCK keys either way (B,H,ceil(N/K_BLOCK)):
     with 256-row blocks each scale is stored twice, as the operands hold it (a lone last 128-key slot
-    has its own block's amax over its valid rows).
+    has its own block's amax over its valid rows). With lane scales (k_lanes) k_scale is (B,H,ceil(N/K_BLOCK),4), one
+    per (tile, lane) (kernels/k_lanes.py; K must already be in lane order: lane_sorted).
     """
     qs = q.float() * torch.tensor(qk_scale(q.shape[-1], sm_scale), dtype=torch.float32)
     ks = smooth_k(k)[0] if config.smooth_k else k.float()
     quant = quantize_int8_blocks if config.qk == "int8" else quantize_fp8_blocks
     q_q, q_sc = quant(qs, 1)
     rows = k_scale_rows(config, k.shape[-1])
+    if k_lanes(config, k.shape[-1]):  # one scale per (block, lane): k_scale (B,H,ceil(N/K_BLOCK),4)
+        k_q, k_sc = k_lane_spec.quantize_int8_lanes(ks, rows)
+        return q_q, q_sc, k_q, k_sc.repeat_interleave(rows // K_BLOCK, dim=2)[:, :, : -(-ks.shape[-2] // K_BLOCK)]
     k_q, k_sc = quant(ks, rows)
     per_tile = rows // K_BLOCK
     k_sc = k_sc.repeat_interleave(per_tile, dim=-1)[..., : -(-ks.shape[-2] // K_BLOCK)]
@@ -173,7 +178,10 @@ def score_parts(q_q, q_scale, k_q, k_scale, n_k: int) -> tuple[torch.Tensor, tor
     else:
         acc = torch.matmul(q_q.double(), k_q.double().transpose(-1, -2)).float()
     qs = q_scale[..., : q_q.shape[-2]].unsqueeze(-1)  # (B,H,Nq,1)
-    ks = expand_rows(k_scale, K_BLOCK, n_k).transpose(-1, -2)  # (B,H,1,Nk)
+    if k_scale.dim() == 4:  # one K scale per (tile, lane): k_lanes
+        ks = k_lane_spec.per_key(k_scale, n_k).unsqueeze(-2)  # (B,H,1,Nk)
+    else:
+        ks = expand_rows(k_scale, K_BLOCK, n_k).transpose(-1, -2)  # (B,H,1,Nk)
     return acc, (qs * ks).expand_as(acc)
 
 
@@ -312,7 +320,8 @@ def block_row_max(x: torch.Tensor, block: int) -> torch.Tensor:
     return _block_maxima(x.double(), block).repeat_interleave(block, dim=-1)[..., : x.shape[-1]].to(x.dtype)
 
 
-def quantize_p(s: torch.Tensor, config: VCConfig, offset_block: int = K_BLOCK, *, acc=None, scale=None) -> torch.Tensor:
+def quantize_p(s: torch.Tensor, config: VCConfig, offset_block: int = K_BLOCK, *, acc=None, scale=None,
+               lanes: bool | None = None) -> torch.Tensor:
     """Scores (log2 units) -> quantized, UNnormalized probabilities, float64, as the kernel sums them.
 
     Each key block is encoded against the running offset of the block (running_row_offsets: the
@@ -323,6 +332,7 @@ def quantize_p(s: torch.Tensor, config: VCConfig, offset_block: int = K_BLOCK, *
     config): K_BLOCK for sm90 and the 16-row mma layout, 2 K_BLOCK for sm90's head-dim-128 V-Smooth loops,
     64 for the wide mma layout the backend runs).
     acc, scale (score_parts): the exact scores behind s; the speed encoding works on them (p_expcast).
+    lanes: whether the K scales are per lane (k_lanes(config, head_dim); None: config.k_lane_scales).
     """
     run = running_row_offsets(s, offset_block)
     m_run = run.repeat_interleave(offset_block, dim=-1)[..., : s.shape[-1]]
@@ -331,7 +341,10 @@ def quantize_p(s: torch.Tensor, config: VCConfig, offset_block: int = K_BLOCK, *
         # a0: each key's block max over the step's keys within its K-scale block (a step of 256 keys
         # spans two 128-key scale blocks: anchored at the other block's max, a0 * scale could pass M;
         # with k_scale_rows 256 one scale covers the step and one max anchors it)
-        a0 = block_row_max(exact, min(offset_block, config.k_scale_rows))
+        # with lane scales (k_lanes) each lane of the quad is anchored at its own keys' max (their own scale)
+        block = min(offset_block, config.k_scale_rows)
+        per_lane = config.k_lane_scales if lanes is None else lanes
+        a0 = k_lane_spec.lane_block_row_max(exact, block) if per_lane else block_row_max(exact, block)
         p = p_expcast(s, m_run, acc=exact, scale=1.0 if acc is None else scale, a0=a0)
     else:
         p = P_ENCODERS[config.p](s, m_run)
@@ -408,6 +421,24 @@ def k_scale_rows(config: VCConfig, head_dim: int) -> int:
     """Keys per INT8 K scale of a call of this configuration and head dim (config.k_scale_rows where the
     kernel pairs them, else one scale per K_BLOCK)."""
     return config.k_scale_rows if head_dim in PAIRED_K_HEAD_DIMS else K_BLOCK
+
+
+# the head dims whose K scales are per lane (VCConfig.k_lane_scales): the paired-K Hopper loops at head dim 128
+LANE_K_HEAD_DIMS = PAIRED_K_HEAD_DIMS
+
+
+def k_lanes(config: VCConfig, head_dim: int) -> bool:
+    """Whether a call of this configuration and head dim takes K scales per lane (and the lane order)."""
+    return config.k_lane_scales and head_dim in LANE_K_HEAD_DIMS
+
+
+def lane_sorted(k: torch.Tensor, v: torch.Tensor, config: VCConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V (B,H,N,D, the grouping's order) in lane order (k_lanes.lane_order of K as quantize_qk smooths it)
+    where the call takes lane scales; unchanged otherwise."""
+    if not k_lanes(config, k.shape[-1]):
+        return k, v
+    order = k_lane_spec.lane_order(smooth_k(k)[0] if config.smooth_k else k.float())
+    return permute_tokens(k, order), permute_tokens(v, order)
 
 
 @dataclass
@@ -717,6 +748,7 @@ def vc_attention_reference(
     qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))
     if perm is not None:
         kb, vb = permute_tokens(kb, perm), permute_tokens(vb, perm)
+    kb, vb = lane_sorted(kb, vb, config)
     n_k = kb.shape[-2]
     q_q, q_sc, k_q, k_sc = quantize_qk(qb, kb, config, sm_scale)
     v_hat = dequantized_v(vb, config, v_basis).double()
@@ -728,7 +760,7 @@ def vc_attention_reference(
         q_blk = q_q[:, :, start:stop]
         acc, sc = score_parts(q_blk, q_sc[:, :, start:stop], k_q, k_sc, n_k)
         s = acc * sc
-        p = quantize_p(s, config, offset_block, acc=acc, scale=sc)
+        p = quantize_p(s, config, offset_block, acc=acc, scale=sc, lanes=k_sc.dim() == 4)
         denom = p.sum(-1, keepdim=True)
         outs.append(p @ v_hat / denom)
         if parts:

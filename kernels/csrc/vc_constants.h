@@ -11,7 +11,7 @@
     !defined(VC_E4M3_ONE_CODE) || !defined(VC_EXPCAST_MAX_CODE) || !defined(VC_EXPCAST_BIAS) ||          \
     !defined(VC_EXPCAST_BETA) || !defined(VC_EXPCAST_P_LOG2_SCALE) || !defined(VC_EXPCAST_TOP) || \
     !defined(VC_EXPCAST_SLOPE_CAP) || !defined(VC_V_LOW_ROWS) || !defined(VC_V_LOW_FIRST) ||         \
-    !defined(VC_VSMOOTH_PAIRED_K)
+    !defined(VC_VSMOOTH_PAIRED_K) || !defined(VC_K_LANES) || !defined(VC_K_LANE_KEYS)
 #error "VC-Attention numeric constants are missing: build through kernels/jit.py, or pass kernels.constants.cuda_defines() to nvcc"
 #endif
 
@@ -44,6 +44,11 @@ constexpr bool valid_vsmooth(long long vsmooth) {
   const long long mode = vsmooth & ~static_cast<long long>(kVsmoothPairedK);
   return vsmooth >= 0 && mode <= 2 && (mode != 0 || vsmooth == 0);
 }
+// VCConfig.k_lane_scales (kernels/k_lanes.py): K scales per (K-scale block, quad lane); key j of a tile belongs to
+// lane (j % (kKLanes * kKLaneKeys)) / kKLaneKeys, the lane whose score registers hold it (sm90 key_of_column)
+constexpr int kKLanes = VC_K_LANES;
+constexpr int kKLaneKeys = VC_K_LANE_KEYS;
+static_assert(kKLanes == 4 && kKLaneKeys == 4, "the lane of a key is the quad lane t of key_of_column: 16 c' + 4 t + ...");
 constexpr uint32_t kE4m3OnesX4 = uint32_t(VC_E4M3_ONE_CODE) * 0x01010101u;  // four E4M3 1.0 bytes
 
 }  // namespace vc
