@@ -16,6 +16,9 @@
 #         clamp   (not in the default list) the clamp-bound variants beside the product: the Hopper kernel
 #                 (bench/sm90_variants.sh, split vs split_cb) and the portable one (bench/mma_variants.py, V vs
 #                 V+-DVC_MMA_CLAMP_BOUND=1)
+#         lanes   (not in the default list) K scales per MMA lane (VCConfig.k_lane_scales, docs/kernel-notes.md 34): their
+#                 GPU tests with the paired-K tiers they touch, then bench/k_lanes_bench.py (time beside the presets and
+#                 SageAttention 2.2 at Wan2.2-14B / Wan2.1-1.3B, rel-L2 on the video-like data at 32,760 / 75,600)
 #         variants (not in the default list) the portable kernel's build-time variants side by side with
 #                 SageAttention 2.2's portable kernel (bench/mma_variants.py; $MMA_VARIANTS), the prepare
 #                 extension's variants (bench/prepare_variants.py), then one ncu
@@ -95,7 +98,14 @@ for stage in $stages; do
       v=$(python3 -c "from vc_attention.kernels import mma_variants as m; print(m.default_variant('9.0a'))")
       step clamp_mma 420 python3 bench/mma_variants.py --reps 3 --out "$OUT" --shapes d64,wan21-1.3b-480p \
         --variants "$v,$v+-DVC_MMA_CLAMP_BOUND=1" ;;
-    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp)"; exit 2 ;;
+    lanes)  # K scales per MMA lane (VCConfig.k_lane_scales): the GPU tier, the paired-K tier it touches, time + error
+      step lanes_gpu_tests 420 python3 -m pytest -q tests/test_k_lanes_gpu.py tests/test_k_scale_pairs_gpu.py \
+        tests/test_vsmooth_segments_gpu.py tests/test_binding_refusals_gpu.py
+      step lanes_bench 420 python3 bench/k_lanes_bench.py --shapes wan22-14b-720p,wan21-1.3b-480p --sizes 32760 75600 \
+        --out "$OUT"
+      step lanes_bench_mma 300 python3 bench/k_lanes_bench.py --backend mma --shapes wan21-1.3b-480p --sizes 32760 \
+        --seeds 0 --out "$OUT" ;;
+    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes)"; exit 2 ;;
   esac
 done
 tail -n 4 "$OUT"/*.log

@@ -28,6 +28,9 @@ CONSTRAINTS = Constraints(
     head_dims=(64, 128),
     p_encodings=KERNEL_P_ENCODINGS,
     aligned_rows=True,
+    # K scales per lane (VCConfig.k_lane_scales): the wide layout's INT8 V-Smooth head-dim-128 kernels (every default
+    # build is wide; a 16-row variant build's binding refuses them with a sentence)
+    k_lane_scales=True,
     needs_jit=True,
 )
 

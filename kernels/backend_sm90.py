@@ -14,7 +14,7 @@ import torch
 from . import jit, prepare_cuda, reference
 from .backends import Backend, Constraints, register
 from .config import KERNEL_P_ENCODINGS, MAX_V_RANK, VCConfig
-from .constants import K_BLOCK, VSMOOTH_PAIRED_K
+from .constants import K_BLOCK, VSMOOTH_K_LANES, VSMOOTH_PAIRED_K
 from .layout import to_bhnd
 from .operands import PreparedOperands
 
@@ -42,6 +42,8 @@ CONSTRAINTS = Constraints(
     # V-Smooth's low-rank term: the 256-key loops of head dim 128 (vc_sm90_low_rank in sm90_launch.cu)
     max_v_rank=MAX_V_RANK,
     v_rank_head_dims=(128,),
+    # K scales per lane (VCConfig.k_lane_scales): the paired-K 256-key loops' KLANES kernels (vc_sm90_k_lanes)
+    k_lane_scales=True,
     jit_arch=ARCH,
     needs_jit=True,
 )
@@ -73,13 +75,17 @@ def vsmooth_mode(config: VCConfig, head_dim: int = 128) -> int:
 
     Plus VSMOOTH_PAIRED_K where the K scales are equal in 128-key pairs (reference.k_scale_rows 256): fidelity's
     exp2 256-key loop then takes one K scale per step (VC_SM90_KPAIR_EXP2); per-tile K scales keep the loop
-    that reads each tile's, so a custom configuration with k_scale_rows 128 stays exact."""
+    that reads each tile's, so a custom configuration with k_scale_rows 128 stays exact.
+
+    Plus VSMOOTH_K_LANES where the K scales are per lane (reference.k_lanes: they are then also paired): the paired-K
+    loops' lane kernels (`extension().k_lanes`)."""
     if config.v != "vsmooth":
         return 0
     paired_k = VSMOOTH_PAIRED_K if reference.k_scale_rows(config, head_dim) == 2 * K_BLOCK else 0
+    lanes = VSMOOTH_K_LANES if reference.k_lanes(config, head_dim) else 0
     if config.v_mean_rows != 2 * K_BLOCK:
-        return 1 | paired_k
-    return (2 if config.p == "exp2" or paired_k else 1) | paired_k
+        return 1 | paired_k | lanes
+    return (2 if config.p == "exp2" or paired_k else 1) | paired_k | lanes
 
 
 def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.Tensor, layout: str) -> torch.Tensor:
@@ -91,7 +97,7 @@ def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.
         ops.n_tokens, config.p == "expcast", mode, torch.cuda.current_stream(out.device).cuda_stream,
         # V-Smooth segments (v_mean_merge): the mode-2 speed loop restores at their ends; the per-tile loops
         # (mode 1: K scales per 128 keys) restore every tile's slot mean, which holds the segment's mean
-        ops.v_seg_end if (mode & ~VSMOOTH_PAIRED_K) == 2 else None,
+        ops.v_seg_end if (mode & ~(VSMOOTH_PAIRED_K | VSMOOTH_K_LANES)) == 2 else None,
     )
     return out
 

@@ -122,8 +122,8 @@ def call_reason(c: Constraints, config: VCConfig, layout: str, q: torch.Tensor, 
         return (f"the low-rank V term is not implemented in this kernel at head dim {q.shape[-1]} "
                 f"(head dims {_names(c.v_rank_head_dims)})")
     if not c.k_lane_scales and reference.k_lanes(config, q.shape[-1]):
-        return ("K scales per MMA lane (k_lane_scales) are not implemented in this kernel (the sm90 kernel and the "
-                "spec's emulation run them)")
+        return ("K scales per MMA lane (k_lane_scales) are not implemented in this kernel (the sm90 and mma kernels and "
+                "the spec's emulation run them)")
     if c.aligned_rows:
         for name, t in zip("qkv", (q, *kv)):
             if not rows_aligned(t):

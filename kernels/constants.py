@@ -47,6 +47,9 @@ MAX_V_RANK = V_LOW_ROWS - V_LOW_FIRST
 # pairs); V-Smooth's 1 and 2 may add this bit: the K scales are equal in 128-key pairs (VCConfig.k_scale_rows
 # 256), which fidelity's exp2 256-key loop then reads once per step (backend_sm90.vsmooth_mode)
 VSMOOTH_PAIRED_K = 4
+# ... and on top of the paired-K bit this one: the K scales are per MMA lane (VCConfig.k_lane_scales; k_scale holds four
+# per 128-key slot), which the paired-K loops then read per lane
+VSMOOTH_K_LANES = 8
 
 # VCConfig.k_lane_scales: the four lanes of an MMA quad each hold a fixed quarter of a tile's keys in both kernels'
 # score layouts (csrc key_of_column: key 16 c' + 4 t + 2 e' + e belongs to lane t), so one K scale per lane class
@@ -74,6 +77,7 @@ SHARED_WITH_CUDA = {
     "V_LOW_ROWS": V_LOW_ROWS,
     "V_LOW_FIRST": V_LOW_FIRST,
     "VSMOOTH_PAIRED_K": VSMOOTH_PAIRED_K,
+    "VSMOOTH_K_LANES": VSMOOTH_K_LANES,
     "K_LANES": K_LANES,
     "K_LANE_KEYS": K_LANE_KEYS,
 }

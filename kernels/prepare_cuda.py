@@ -52,7 +52,7 @@ def extension(variant_flags: tuple[str, ...] = ()):
 def binding_args(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout: str, sm_scale: Optional[float],
                  basis: Optional[torch.Tensor]) -> tuple:
     """The prepare binding's arguments for a call: (q, k, v as (B,H,N,D) views, perm int32, basis, qk_scale,
-    qk_fp8, vsmooth, smooth_k, v_mean_rows, merges, k_scale_rows), shared by `prepare` and `prepare_attend`
+    qk_fp8, vsmooth, smooth_k, v_mean_rows, merges, k_scale_rows, k_lanes), shared by `prepare` and `prepare_attend`
     (the sm90 backend's one-call path). basis: None with config.v_rank > 0 computes reference.lowrank_basis's
     on the permuted V (a gather of V and an eigensolve per head: slow)."""
     qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))
@@ -64,7 +64,8 @@ def binding_args(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout
         basis = basis.contiguous()
     perm32 = None if perm is None else perm.to(device=q.device, dtype=torch.int32).contiguous()
     return (qb, kb, vb, perm32, basis, reference.qk_scale(d, sm_scale), config.qk == "fp8", config.v == "vsmooth",
-            config.smooth_k, config.v_mean_rows, reference.merges(config, d), reference.k_scale_rows(config, d))
+            config.smooth_k, config.v_mean_rows, reference.merges(config, d), reference.k_scale_rows(config, d),
+            reference.k_lanes(config, d))
 
 
 def prepare_cuda(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout: str = "bhnd",

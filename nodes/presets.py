@@ -170,6 +170,13 @@ PRESET_WIDGETS = tuple(PRESETS[DEFAULT_MODE])
 WITHIN_BINS: dict[str, int] = {"fidelity": DEFAULT_WITHIN_BINS, "balanced": DEFAULT_WITHIN_BINS, "speed": DEFAULT_WITHIN_BINS}
 
 
+# K scales per MMA lane (VCConfig.k_lane_scales, kernels/k_lanes.py) in every configuration that can take them (INT8
+# Q/K with V-Smooth: the paired-K loops of both kernels). Not a widget: it changes no trade-off a user makes (emulated
+# -2 to -3% rel-L2 in both modes at no per-score cost, docs/fidelity-study.md). Off until the H200 measures the
+# kernels' time with it (docs/kernel-notes.md section 34); then one switch here.
+K_LANE_SCALES = False
+
+
 def within_bins(mode: str) -> int:
     """The within-cluster bins a mode's groupings take (custom: kernels.grouping.DEFAULT_WITHIN_BINS)."""
     return WITHIN_BINS.get(mode, DEFAULT_WITHIN_BINS)
@@ -241,6 +248,8 @@ def config_from_widgets(widgets: dict[str, object]) -> VCConfig:
         # config.PLAIN_8BIT); fidelity pairs them for the Hopper INT8 loop only, so FP8 Q/K keep one per tile there
         k_scale_rows=(SPEED.k_scale_rows if expcast else (FIDELITY.k_scale_rows if qk == "int8" else PLAIN_8BIT.k_scale_rows))
         if vsmooth else PLAIN_8BIT.k_scale_rows,
+        # K scales per lane (K_LANE_SCALES) where the loops read paired K scales: INT8 with V-Smooth
+        k_lane_scales=K_LANE_SCALES and vsmooth and qk == "int8",
     )
 
 

@@ -28,21 +28,22 @@ def fresh_node_baselines():
     yield
 
 
-def _sm90_kernel_flags(kernel_name: str) -> tuple[bool, bool, bool]:
-    """(LOWRANK, STEPMEAN, KPAIR), the last three template arguments of an sm90 kernel name as the profiler gives
-    it, demangled ("...kernel<128, true, true, __nv_bfloat16, 4, false, true, false>(...)") or mangled
-    ("...Li4ELb0ELb1ELb0EEEv...")."""
+def _sm90_kernel_flags(kernel_name: str) -> tuple[bool, bool, bool, bool]:
+    """(LOWRANK, STEPMEAN, KPAIR, KLANES), the last four template arguments of an sm90 kernel name as the profiler
+    gives it, demangled ("...kernel<128, true, true, __nv_bfloat16, 4, false, true, false, false>(...)") or mangled
+    ("...Li4ELb0ELb1ELb0ELb0EEEv...")."""
     import re
 
-    demangled = re.search(r"vc_attention_sm90_kernel<[^>]*?, (true|false), (true|false), (true|false)>", kernel_name)
+    demangled = re.search(r"vc_attention_sm90_kernel<[^>]*?, (true|false), (true|false), (true|false), (true|false)>",
+                          kernel_name)
     if demangled:
         return tuple(group == "true" for group in demangled.groups())
-    mangled = re.search(r"vc_attention_sm90_kernelI.*?Li\d+ELb([01])ELb([01])ELb([01])EE", kernel_name)
+    mangled = re.search(r"vc_attention_sm90_kernelI.*?Li\d+ELb([01])ELb([01])ELb([01])ELb([01])EE", kernel_name)
     assert mangled, kernel_name
     return tuple(group == "1" for group in mangled.groups())
 
 
 @pytest.fixture(scope="session")
 def sm90_kernel_flags():
-    """The parser of an sm90 kernel's (LOWRANK, STEPMEAN, KPAIR) template flags from its profiler name."""
+    """The parser of an sm90 kernel's (LOWRANK, STEPMEAN, KPAIR, KLANES) template flags from its profiler name."""
     return _sm90_kernel_flags

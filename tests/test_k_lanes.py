@@ -76,7 +76,7 @@ def test_lane_block_row_max_is_the_max_over_the_block_and_lane():
 
 
 @pytest.mark.parametrize("base", [FIDELITY, SPEED], ids=["fidelity", "speed"])
-@pytest.mark.parametrize("n", [700, 1024])
+@pytest.mark.parametrize("n", [700, 1024, 2053])  # 2053: the last K-scale block has 5 keys, lanes with none
 def test_the_operand_emulation_of_the_lane_operands_is_the_reference(base, n):
     """prepare_reference writes lane-ordered K / V and (B,H,n_pad/128,4) K scales; what a kernel computes from them
     is the reference's call (the speed encoding anchored per lane)."""
@@ -140,3 +140,32 @@ def test_config_tag_and_rank():
     with pytest.raises(ValueError, match="True or False"):
         VCConfig(k_lane_scales=1)
     assert not PLAIN_8BIT.k_lane_scales and not FIDELITY.k_lane_scales
+
+
+def test_a_backend_without_lane_kernels_refuses_the_call_with_a_sentence():
+    """backends.call_reason: lane scales where the spec takes them (head dim 128) need a backend that declares them;
+    at head dim 64 the spec takes none, so nothing is refused; every registered backend declares them."""
+    from vc_attention.kernels import backends
+
+    plain = backends.Constraints(device_type="any")
+    q128, q64 = torch.zeros(1, 1, 8, 128), torch.zeros(1, 1, 8, 64)
+    reason = backends.call_reason(plain, FIDELITY.with_(k_lane_scales=True), "bhnd", q128)
+    assert reason is not None and "k_lane_scales" in reason
+    assert backends.call_reason(plain, FIDELITY.with_(k_lane_scales=True), "bhnd", q64) is None
+    assert backends.call_reason(plain, FIDELITY, "bhnd", q128) is None
+    for name in ("reference", "sm90", "mma"):
+        assert backends.get(name).constraints.k_lane_scales, name
+
+
+def test_the_presets_switch_gives_lanes_to_exactly_the_configurations_that_take_them(monkeypatch):
+    """nodes/presets.K_LANE_SCALES (off until measured) turned on: every widget combination still builds a valid
+    configuration, with lane scales exactly for INT8 Q/K with V-Smooth (the paired-K loops)."""
+    from vc_attention.nodes import presets
+
+    assert presets.K_LANE_SCALES is False
+    monkeypatch.setattr(presets, "K_LANE_SCALES", True)
+    for precision in ("int8-qk/fp8-pv", "fp8-qk/fp8-pv"):
+        for v_smooth in (True, False):
+            for expcast in (True, False):
+                config = presets.config_from_widgets(dict(precision=precision, v_smooth=v_smooth, expcast=expcast))
+                assert config.k_lane_scales == (precision.startswith("int8") and v_smooth), (precision, v_smooth, expcast)

@@ -144,12 +144,12 @@ def test_paired_fidelity_loop_matches_its_emulation_and_reads_one_scale_per_step
     assert not torch.equal(run(odd_scaled, 1), per_tile)
 
 
-# (config, the kernel's (LOWRANK, STEPMEAN, KPAIR) flags): paired K scales run the loops that read one per step
+# (config, the kernel's (LOWRANK, STEPMEAN, KPAIR, KLANES) flags): paired K scales run the loops that read one per step
 PUBLIC_CALLS = {
-    "speed": (SPEED, (False, True, False)),  # the STEPMEAN kernel (its K pairing is VC_SM90_KPAIR's)
-    "speed-128-key-scales": (PER_TILE, (False, False, False)),
-    "fidelity": (FIDELITY, (False, False, True)),  # the KPAIR kernel
-    "fidelity-128-key-scales": (FIDELITY_PER_TILE, (False, False, False)),
+    "speed": (SPEED, (False, True, False, False)),  # the STEPMEAN kernel (its K pairing is VC_SM90_KPAIR's)
+    "speed-128-key-scales": (PER_TILE, (False, False, False, False)),
+    "fidelity": (FIDELITY, (False, False, True, False)),  # the KPAIR kernel
+    "fidelity-128-key-scales": (FIDELITY_PER_TILE, (False, False, False, False)),
 }
 
 

@@ -48,7 +48,7 @@ def ptxas_report(tmp_path_factory):
 def test_every_kernel_instantiation_is_compiled(ptxas_report):
     kernels = re.findall(KERNEL_ENTRY, ptxas_report)
     # head dim {64, 128} x {exp2, ExpCast} x {V-Smooth, per-channel} x {fp16, bf16}
-    assert len({k for k in kernels if not _step_mean(k)}) == 16 and not any(_k_pair(k) for k in kernels)
+    assert len({k for k in kernels if not _step_mean(k)}) == 16 and not any(_k_pair(k) or _k_lanes(k) for k in kernels)
 
 
 # At 240 registers per consumer thread ptxas keeps a few words of the V-Smooth head-dim-128 kernels in
@@ -91,7 +91,7 @@ def test_variant_compiles_cleanly(name, tmp_path):
     kernels = set(re.findall(KERNEL_ENTRY, report))
     low_rank = {k for k in kernels if _low_rank(k)}  # the 256-key builds: the low-rank V term's kernels too
     step_mean = {k for k in kernels if _step_mean(k)}  # and the early-QK loop's one-mean-per-step kernels
-    assert len(kernels - low_rank - step_mean) == 16 and not any(_k_pair(k) for k in kernels)
+    assert len(kernels - low_rank - step_mean) == 16 and not any(_k_pair(k) or _k_lanes(k) for k in kernels)
     assert all(re.search(r"ILi128ELb\dELb1E", k) for k in low_rank), low_rank
     assert all(re.search(r"ILi128ELb1ELb1E", k) for k in step_mean) and len(step_mean) in (0, 2), step_mean
     assert "warning" not in report.lower(), report  # C7510-C7515 serialization, C7508 setmaxnreg ignored
@@ -109,7 +109,7 @@ def test_split_variant_compiles_cleanly(name, tmp_path):
     the two builds, no ptxas warning, stack within the variants' bound."""
     reports = [_ptxas_report(src, tmp_path / f"{name}-{src.stem}.cubin", VARIANTS[name], f"(variant {name})")
                for src in (LAUNCHER, LAUNCHER_C3)]
-    kernels = [k for r in reports for k in set(re.findall(KERNEL_ENTRY, r))]
+    kernels = [k for r in reports for k in set(re.findall(KERNEL_ENTRY, r)) if not _k_lanes(k)]  # lanes: below
     low_rank = [k for k in kernels if _low_rank(k)]
     step_mean = [k for k in kernels if _step_mean(k)]
     k_pair = [k for k in kernels if _k_pair(k)]
@@ -124,6 +124,8 @@ def test_split_variant_compiles_cleanly(name, tmp_path):
         assert "warning" not in report.lower(), report
         assert max(int(f) for f in re.findall(r"(\d+) bytes stack frame", report)) <= MAX_VARIANT_STACK_BYTES, report
     _check_k_pair_kernels(VARIANTS[name], reports[0])
+    _check_k_lane_kernels(VARIANTS[name], reports[0])
+    assert not any(_k_lanes(k) for k in re.findall(KERNEL_ENTRY, reports[1]))
 
 
 def _check_k_pair_kernels(flags, two_consumer_report: str) -> None:
@@ -131,7 +133,7 @@ def _check_k_pair_kernels(flags, two_consumer_report: str) -> None:
     head dim 128 V-Smooth, both output types, in the two-consumer file; the point of the pairing: its kernels keep
     the loop in registers (the per-tile loop spills 36 B; docs/kernel-notes.md section 29)."""
     kernels = set(re.findall(KERNEL_ENTRY, two_consumer_report))
-    k_pair = {k for k in kernels if _k_pair(k)}
+    k_pair = {k for k in kernels if _k_pair(k) and not _k_lanes(k)}  # the lane twins: _check_k_lane_kernels
     if "-DVC_SM90_KPAIR_EXP2=1" not in flags:
         assert not k_pair, k_pair
         return
@@ -157,11 +159,11 @@ def _spill_stores(report: str) -> dict[str, int]:
     return out
 
 
-def _flags(kernel: str) -> tuple[bool, bool, bool]:
-    """The kernel's last three template arguments (LOWRANK, STEPMEAN, KPAIR: after the stage count)."""
-    found = re.search(r"Li\d+ELb([01])ELb([01])ELb([01])EEEv", kernel)
+def _flags(kernel: str) -> tuple[bool, bool, bool, bool]:
+    """The kernel's last four template arguments (LOWRANK, STEPMEAN, KPAIR, KLANES: after the stage count)."""
+    found = re.search(r"Li\d+ELb([01])ELb([01])ELb([01])ELb([01])EEEv", kernel)
     assert found, kernel
-    return found.group(1) == "1", found.group(2) == "1", found.group(3) == "1"
+    return tuple(group == "1" for group in found.groups())
 
 
 def _low_rank(kernel: str) -> bool:
@@ -177,6 +179,30 @@ def _step_mean(kernel: str) -> bool:
 def _k_pair(kernel: str) -> bool:
     """Whether fidelity's exp2 256-key loop takes one K scale per step (KPAIR: VC_SM90_KPAIR_EXP2 builds)."""
     return _flags(kernel)[2]
+
+
+def _k_lanes(kernel: str) -> bool:
+    """Whether the kernel takes K scales per quad lane (KLANES: VCConfig.k_lane_scales)."""
+    return _flags(kernel)[3]
+
+
+def _check_k_lane_kernels(flags, report: str) -> set[str]:
+    """The lane-scale kernels (KLANES) of a build: exactly the paired-K loops' (the speed loop's STEPMEAN kernel where
+    VC_SM90_KPAIR pairs it, fidelity's KPAIR kernel of VC_SM90_KPAIR_EXP2 builds), both output types, each beside
+    its twin with per-step scales and spilling at most two words more. Returns them."""
+    kernels = set(re.findall(KERNEL_ENTRY, report))
+    lanes = {k for k in kernels if _k_lanes(k)}
+    speed = {k for k in kernels if _step_mean(k) and re.search(r"ILi128ELb1ELb1E", k) and not _k_lanes(k)}
+    expected = (len(speed) if "-DVC_SM90_KPAIR=1" in flags else 0) + \
+        (len({k for k in kernels if _k_pair(k) and not _k_lanes(k)}) if "-DVC_SM90_KPAIR_EXP2=1" in flags else 0)
+    assert len(lanes) == expected, (lanes, expected)
+    spills = _spill_stores(report)
+    for k in lanes:
+        twin = re.sub(r"ELb1EEEv", "ELb0EEEv", k)  # the same kernel with one K scale per step
+        assert twin in kernels and _step_mean(k) != _k_pair(k) and not _low_rank(k), k
+        # two words at most above the twin (measured: split_askip's speed lanes kernel 8 B against 4 B)
+        assert spills[k] <= spills[twin] + 8, (k, spills[k], spills[twin])
+    return lanes
 
 
 def test_product_library_splits_the_kernels_between_two_cta_shapes(tmp_path):
@@ -209,13 +235,18 @@ def test_product_library_splits_the_kernels_between_two_cta_shapes(tmp_path):
     low_rank = {k for k in re.findall(KERNEL_ENTRY, two) if _low_rank(k)}
     assert len(low_rank) == 4 and not any(_low_rank(k) for k in re.findall(KERNEL_ENTRY, three))
     # one mean per 256-key step (speed: ExpCast + V-Smooth at head dim 128, means equal in pairs): bf16, fp16
-    step_mean = {k for k in re.findall(KERNEL_ENTRY, two) if _step_mean(k)}
+    step_mean = {k for k in re.findall(KERNEL_ENTRY, two) if _step_mean(k) and not _k_lanes(k)}
     assert len(step_mean) == 2 and all(re.search(r"ILi128ELb1ELb1E", k) for k in step_mean), step_mean
     assert not any(_step_mean(k) for k in re.findall(KERNEL_ENTRY, three))
     # fidelity's exp2 loop with one K scale per step (paired K scales, config.FIDELITY): bf16, fp16, no spills
     assert "-DVC_SM90_KPAIR_EXP2=1" in backend_sm90.CUDA_FLAGS
     _check_k_pair_kernels(backend_sm90.CUDA_FLAGS, two)
     assert not any(_k_pair(k) for k in re.findall(KERNEL_ENTRY, three))
+    # K scales per lane (VCConfig.k_lane_scales): the speed and fidelity paired-K kernels' twins, both output types
+    lanes = _check_k_lane_kernels(backend_sm90.CUDA_FLAGS, two)
+    assert len(lanes) == 4 and backend_sm90.CONSTRAINTS.k_lane_scales
+    assert all(_spill_stores(two)[k] == 0 for k in lanes), {k: _spill_stores(two)[k] for k in lanes}
+    assert not any(_k_lanes(k) for k in re.findall(KERNEL_ENTRY, three))
     assert backend_sm90.CONSTRAINTS.v_rank_head_dims == (128,) and backend_sm90.CONSTRAINTS.max_v_rank == 6
     assert max(int(f) for f in re.findall(r"(\d+) bytes stack frame", two)) <= MAX_STACK_BYTES, two
     assert max(int(f) for f in re.findall(r"(\d+) bytes stack frame", three)) <= MAX_VARIANT_STACK_BYTES, three

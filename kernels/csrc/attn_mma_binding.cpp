@@ -36,7 +36,16 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
   TORCH_CHECK_VALUE(!vsmooth || v_mean.scalar_type() == (mean_scaled ? torch::kFloat32 : torch::kHalf),
                     vc::text("v_mean must be ", mean_scaled ? "float32 mean / v_scale (backend_mma.mean_operand)" : "the float16 mean",
                     " for this build, got ", v_mean.scalar_type(), "."));
+  // K scales per lane (VCConfig.k_lane_scales): four per 128-key tile, read by the wide layout's lane kernels
+  const bool k_lanes = k_scale.dim() == 4;
+  const int64_t tiles = q_q.size(0) * q_q.size(1) * (q_q.size(2) / vc::kKBlock);
+  TORCH_CHECK_VALUE(k_scale.numel() == tiles * (k_lanes ? vc::kKLanes : 1),
+                    k_lanes ? "k_scale must be (B, H, n_pad / 128, 4) with K scales per lane."
+                            : "k_scale must be (B, H, n_pad / 128).");
+  TORCH_CHECK_VALUE(!k_lanes || (vc::attn_mma_cta_rows() == 128 && head_dim == 128 && !qk_fp8 && vsmooth),
+                    "K scales per lane run in the wide layout's INT8 V-Smooth kernels at head dim 128 only.");
   vc::AttnParams p{};
+  p.k_lanes = k_lanes;
   p.q_q = q_q.data_ptr();
   p.q_scale = q_scale.data_ptr<float>();
   p.k_q = k_q.data_ptr();

@@ -14,9 +14,11 @@
 namespace vc {
 
 // if constexpr: only the selected layout is instantiated (and compiled)
-template <int D, bool kQkFp8, bool kExpCast, bool kVSmooth>
+template <int D, bool kQkFp8, bool kExpCast, bool kVSmooth, bool kLanes = false>
 inline void (*attn_kernel_of_build())(const AttnParams) {
-  if constexpr (VC_MMA_WIDE) {
+  if constexpr (kLanes) {  // K scales per lane: the wide layout's own instantiations (launch_attn_mma_dim asks only there)
+    return attn_mma_wide_kernel<D, kQkFp8, kExpCast, kVSmooth, true>;
+  } else if constexpr (VC_MMA_WIDE) {
 #if VC_MMA_D64_VSMOOTH_MIN_BLOCKS
     if constexpr (D == 64 && kVSmooth) {
       return attn_mma_wide_kernel_occupied<D, kQkFp8, kExpCast, kVSmooth>;
@@ -31,9 +33,9 @@ inline void (*attn_kernel_of_build())(const AttnParams) {
   }
 }
 
-template <int D, bool kQkFp8, bool kExpCast, bool kVSmooth>
+template <int D, bool kQkFp8, bool kExpCast, bool kVSmooth, bool kLanes = false>
 cudaError_t launch_attn_mma_variant(const AttnParams& p, cudaStream_t stream) {
-  auto* kernel = attn_kernel_of_build<D, kQkFp8, kExpCast, kVSmooth>();
+  auto* kernel = attn_kernel_of_build<D, kQkFp8, kExpCast, kVSmooth, kLanes>();
   constexpr int kSmem = VC_MMA_WIDE ? WideSmem<D>::kBytes : AttnSmem<D>::kBytes;
   constexpr int kRows = VC_MMA_WIDE ? kWideRows : kQBlock;
   const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
@@ -46,6 +48,13 @@ cudaError_t launch_attn_mma_variant(const AttnParams& p, cudaStream_t stream) {
 // All 8 (QK format, P encoding, V format) variants of head dim D.
 template <int D>
 cudaError_t launch_attn_mma_dim(const AttnParams& p, cudaStream_t stream) {
+  // K scales per lane: INT8, V-Smooth, head dim 128, wide builds (the binding refuses the rest with a sentence)
+  if constexpr (D == 128 && VC_MMA_WIDE) {
+    if (p.k_lanes && !p.qk_fp8 && p.vsmooth)
+      return p.expcast ? launch_attn_mma_variant<D, false, true, true, true>(p, stream)
+                       : launch_attn_mma_variant<D, false, false, true, true>(p, stream);
+  }
+  if (p.k_lanes) return cudaErrorInvalidValue;
   if (p.qk_fp8) {
     if (p.expcast) return p.vsmooth ? launch_attn_mma_variant<D, true, true, true>(p, stream) : launch_attn_mma_variant<D, true, true, false>(p, stream);
     return p.vsmooth ? launch_attn_mma_variant<D, true, false, true>(p, stream) : launch_attn_mma_variant<D, true, false, false>(p, stream);

@@ -134,8 +134,12 @@ __device__ __forceinline__ void load_rows_async(uint32_t dst, const uint8_t* src
   }
 }
 
-template <int D, bool kQkFp8, bool kExpCast, bool kVSmooth>
+// kLanes (VCConfig.k_lane_scales): the K scales are per quad lane (k_scale (B,H,n_pad/128,4)): each thread multiplies by
+// its lane's, keeps its integer row maxima as its lane's speed anchors and the quad reduces the row maximum in float,
+// after the scale (reference.quantize_p with lanes); INT8 V-Smooth only
+template <int D, bool kQkFp8, bool kExpCast, bool kVSmooth, bool kLanes = false>
 struct AttnMmaWide {
+  static_assert(!kLanes || (!kQkFp8 && kVSmooth), "K scales per lane: INT8 scores with V-Smooth");
   static constexpr int kKSteps = D / 32;             // MMA k-steps over the head dim (QK)
   static constexpr int kKeyTiles = kChunkKeys / 8;   // n-tiles of S per chunk
   static constexpr int kDimTiles = D / 8;            // n-tiles of O
@@ -237,7 +241,7 @@ struct AttnMmaWide {
         if (chunk == 0) load_q_fragments(sbase, warp_row0, lane);
       }
       const int64_t tile_index = int64_t(bh) * n_tiles + chunk / kChunksPerTile;
-      const float k_scale = p.k_scale[tile_index];
+      const float k_scale = kLanes ? p.k_scale[tile_index * kKLanes + (lane & 3)] : p.k_scale[tile_index];
       float scale[kWideChains][2];
 #pragma unroll
       for (int c = 0; c < kWideChains; ++c) {
@@ -348,16 +352,24 @@ struct AttnMmaWide {
             if (!kMask || key_of(i, e) < valid) m[e >> 1] = max(m[e >> 1], s[c][i][e]);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          m[h] = max(m[h], __shfl_xor_sync(0xffffffffu, m[h], 1));
-          m[h] = max(m[h], __shfl_xor_sync(0xffffffffu, m[h], 2));
-          chunk_max_int[c][h] = m[h];
+          if constexpr (!kLanes) {
+            m[h] = max(m[h], __shfl_xor_sync(0xffffffffu, m[h], 1));
+            m[h] = max(m[h], __shfl_xor_sync(0xffffffffu, m[h], 2));
+          }
+          chunk_max_int[c][h] = m[h];  // kLanes: this lane's own (the anchor of its codes), INT_MIN if none is valid
           tile_max[h] = small_int_to_float(m[h]);
         }
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         chunk_max[c][h] = tile_max[h];
-        const float offset = fmaxf(row_offset[c][h], tile_max[h] * scale[c][h]);
+        float step_max = tile_max[h] * scale[c][h];
+        if constexpr (kLanes) {  // the row's maximum over the quad's four lanes, each with its own scale
+          if (kMask && chunk_max_int[c][h] == INT_MIN) step_max = -INFINITY;  // a lane without a valid key of the chunk
+          step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 1));
+          step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 2));
+        }
+        const float offset = fmaxf(row_offset[c][h], step_max);
         alpha[c][h] = Encoder::rescale(row_offset[c][h] - offset);
         row_offset[c][h] = offset;
         prow[c][h] = Encoder::p_row(scale[c][h], offset);
@@ -397,8 +409,13 @@ struct AttnMmaWide {
 #if VC_EXPCAST_INT
       if constexpr (Encoder::kIntEnc) {
         // row_offset is this chunk's M already
-        const vc_p::ExpCastIntRow irow[2] = {vc_p::expcast_int_row(scale[c][0], chunk_max_int[c][0], row_offset[c][0]),
-                                             vc_p::expcast_int_row(scale[c][1], chunk_max_int[c][1], row_offset[c][1])};
+        // kLanes: a lane without a valid key of a tail chunk (kMask only) gets the constants of code 0 (expcast_int_row_lane)
+        constexpr bool kEmptyLanes = kLanes && kMask;
+        const vc_p::ExpCastIntRow irow[2] = {
+            kEmptyLanes ? vc_p::expcast_int_row_lane(scale[c][0], chunk_max_int[c][0], row_offset[c][0])
+                        : vc_p::expcast_int_row(scale[c][0], chunk_max_int[c][0], row_offset[c][0]),
+            kEmptyLanes ? vc_p::expcast_int_row_lane(scale[c][1], chunk_max_int[c][1], row_offset[c][1])
+                        : vc_p::expcast_int_row(scale[c][1], chunk_max_int[c][1], row_offset[c][1])};
         Encoder::template encode_p_fragments_int<kMask>(s[c], irow, valid, key_of, p_frag[c]);
       } else if constexpr (Encoder::kFloatEnc) {
         const vc_p::ExpCastFloatRow frow[2] = {vc_p::expcast_float_row(scale[c][0], chunk_max[c][0], row_offset[c][0]),
@@ -581,10 +598,10 @@ struct AttnMmaWide {
   }
 };
 
-template <int D, bool kQkFp8, bool kExpCast, bool kVSmooth>
+template <int D, bool kQkFp8, bool kExpCast, bool kVSmooth, bool kLanes = false>
 __global__ VC_MMA_LAUNCH_BOUNDS void attn_mma_wide_kernel(const AttnParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
-  AttnMmaWide<D, kQkFp8, kExpCast, kVSmooth> kernel;
+  AttnMmaWide<D, kQkFp8, kExpCast, kVSmooth, kLanes> kernel;
   kernel.run(p, smem);
 }
 

@@ -146,6 +146,14 @@ __device__ __forceinline__ ExpCastIntRow expcast_int_row(float sc, int a0, float
   const int lo = kWithLo ? expcast_int_lo(base, a0) : INT_MIN;  // INT_MIN: not computed (never read)
   return {static_cast<uint32_t>(a), static_cast<uint32_t>(t0) - static_cast<uint32_t>(a0) * static_cast<uint32_t>(a), lo};
 }
+// With K scales per lane (VCConfig.k_lane_scales) a lane may have no valid key in a tail tile: its anchor a0 is INT_MIN
+// and, where the whole K-scale block has none of its keys, its scale 0, so expcast_int_row's slope is 0 and every code
+// would be T0 (P of a score 0) instead of 0 for its masked keys. Such a row takes the constants that give code 0 to
+// every score: slope 0, offset 0 (the spec: masked keys have P 0).
+template <bool kWithLo = true>
+__device__ __forceinline__ ExpCastIntRow expcast_int_row_lane(float sc, int a0, float m) {
+  return a0 == INT_MIN ? ExpCastIntRow{0u, 0u, INT_MIN} : expcast_int_row<kWithLo>(sc, a0, m);
+}
 __device__ __forceinline__ float expcast_int_float(int s, const ExpCastIntRow& r) {
   return __uint_as_float(static_cast<uint32_t>(max(s, r.lo)) * r.mul + r.add);
 }

@@ -1,5 +1,6 @@
 // Launcher of the fused preprocessing kernels (prepare.cuh): dtype / head-dim / QK-format dispatch.
 #include "prepare.cuh"
+#include "prepare_k_lanes.cuh"
 #include "prepare_regs.cuh"
 #include "prepare_segments.cuh"
 
@@ -40,7 +41,7 @@ static void launch_stats_typed(const PrepareParams& p, cudaStream_t stream) {
     if constexpr (VC_PREP_STAGED_STATS) {
       prepare_stats_staged_kernel<T, D><<<grid, kPrepThreads, 0, stream>>>(p);
     } else {
-      if (p.k_pair)
+      if (p.k_pair && !p.k_lanes)  // the K extremes serve the quantize pass's pair amax (the K lanes kernel has its rows)
         prepare_stats_kernel<T, D, false, true><<<stats_grid, kPrepThreads, 0, stream>>>(p);
       else
         prepare_stats_kernel<T, D><<<stats_grid, kPrepThreads, 0, stream>>>(p);
@@ -67,6 +68,9 @@ static void launch_quantize_typed(const PrepareParams& p, cudaStream_t stream) {
     }
   } else {
     if (p.v_merge) prepare_segments_kernel<D><<<p.batch * p.heads, kSegThreads, 0, stream>>>(p);
+    // K scales per lane: K's codes, scales and lane order first (the quantize pass's V follows the order)
+    if (p.k_lanes)
+      prepare_k_lanes_kernel<T, D><<<dim3((p.n_pad + 2 * kKBlock - 1) / (2 * kKBlock), p.batch * p.heads), kPrepThreads, 0, stream>>>(p);
     if constexpr (VC_PREP_LEGACY_QUANTIZE) {
       if (p.qk_fp8) {
         prepare_quantize_kernel<T, D, true><<<grid, kPrepThreads, 0, stream>>>(p);
@@ -113,6 +117,11 @@ const char* prepare_refusal(const PrepareParams& p) {
     return "this prepare variant's statistics pass takes 128-row V means only (v_mean_rows=128)";
   if (p.v_merge && (VC_PREP_ROWS_IN_REGS || VC_PREP_STAGED_STATS || p.v_rank || !p.vsmooth || p.v_mean_rows != 2 * kKBlock))
     return "V-Smooth segments (v_mean_merge) need V-Smooth with 256-row means, no low-rank term and the default statistics pass";
+  // (the staged statistics variant gathers through block_tokens, which follows k_order once it is set)
+  if (p.k_lanes && (VC_PREP_ROWS_IN_REGS || VC_PREP_LEGACY_QUANTIZE || VC_PREP_STAGED_STATS || p.v_rank || p.qk_fp8 ||
+                    !p.k_pair || !p.k_order))
+    return "K scales per lane (k_lane_scales) need INT8 Q and K, K scales per 256 keys, no low-rank term and the default "
+           "prepare passes";
   return nullptr;
 }
 

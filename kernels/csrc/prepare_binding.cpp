@@ -46,7 +46,7 @@ using Operands = std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::
 // quantize launch, which the host does while the GPU runs the statistics.
 Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const std::optional<torch::Tensor>& perm,
                  const std::optional<torch::Tensor>& v_basis, double qk_scale, bool qk_fp8, bool vsmooth, bool smooth_k,
-                 int64_t v_mean_rows, bool v_merge, int64_t k_scale_rows) {
+                 int64_t v_mean_rows, bool v_merge, int64_t k_scale_rows, bool k_lanes) {
   TORCH_CHECK_VALUE(q.is_cuda() && q.dim() == 4, "q must be a 4-D CUDA tensor (B, H, N, D view).");
   TORCH_CHECK_VALUE(q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16, "q must be float16 or bfloat16.");
   check_input(q, "q", q);
@@ -79,6 +79,12 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
                       vc::text("v_basis must be float16 (B, H, rank, D) with rank 1..", vc::kMaxVRank, "."));
     TORCH_CHECK_VALUE(!k_pair, vc::text("K scales per ", 2 * vc::kKBlock, " keys take no low-rank V term."));
   }
+  // K scales per lane (prepare_k_lanes.cuh): the presets' paired-K V-Smooth configuration only
+  TORCH_CHECK_VALUE(!k_lanes || (k_pair && vsmooth && !qk_fp8 && !low_rank),
+                    vc::text("K scales per lane need INT8 Q and K, V-Smooth, k_scale_rows ", 2 * vc::kKBlock,
+                             " and no low-rank V term."));
+  TORCH_CHECK_VALUE(!k_lanes || !(vc::prepare_rows_in_regs() || vc::prepare_legacy_quantize() || vc::prepare_staged_stats()),
+                    "this prepare build variant has no K scales per lane.");
   if (v_merge)
     TORCH_CHECK_VALUE(vsmooth && v_mean_rows == 2 * vc::kKBlock, vc::text("V-Smooth segments need V-Smooth with ", 2 * vc::kKBlock,
                       "-row means."));
@@ -112,6 +118,7 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
   p.v_rank = static_cast<int>(rank);
   p.v_merge = v_merge;
   p.k_pair = k_pair;
+  p.k_lanes = k_lanes;
 
   // What the statistics pass writes. v_mean: per-channel V's mean restore reads zeros (operands.py).
   auto v_mean = vsmooth ? torch::empty({b, h, slots, d}, on_q.dtype(torch::kHalf))
@@ -128,8 +135,10 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
   const int64_t seg = line(v_merge ? bh * nb * (2 * d + 2) : 0);
   // K extremes per statistics block: 256 rows, or 128 with 128-row means (k_pair_amax combines a pair's two)
   const int64_t k_blocks = (n_pad + v_mean_rows - 1) / v_mean_rows;
-  const int64_t kext = k_pair ? 2 * bh * k_blocks * d : 0;
-  auto scratch = torch::empty({line(zeroed) + partial + seg + kext}, f32);
+  const int64_t kext = k_pair && !k_lanes ? 2 * bh * k_blocks * d : 0;
+  // K scales per lane: each position's source row within its 128-key block, one byte (bh * n_pad bytes)
+  const int64_t order = k_lanes ? line((bh * n_pad + 3) / 4) : 0;
+  auto scratch = torch::empty({line(zeroed) + partial + seg + kext + order}, f32);
   float* base = scratch.data_ptr<float>();
   const cudaError_t zero_rc = cudaMemsetAsync(base, 0, zeroed * sizeof(float), stream);
   TORCH_CHECK(zero_rc == cudaSuccess, vc::text("prepare: zeroing the statistics workspace failed: ", cudaGetErrorString(zero_rc)));
@@ -151,17 +160,19 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
     p.blk_seg_first = reinterpret_cast<int*>(p.blk_energy + bh * nb);
     cursor += seg;
   }
-  if (k_pair) {
+  if (kext) {
     p.k_blk_max = cursor;
     p.k_blk_min = p.k_blk_max + bh * k_blocks * d;
+    cursor += kext;
   }
+  if (k_lanes) p.k_order = reinterpret_cast<uint8_t*>(cursor);  // written by the K lanes kernel (quantize half)
   raise_on_error(vc::launch_prepare_stats(p, stream), "prepare (statistics)");
 
   // The quantized operands, allocated while the statistics pass runs
   auto q_q = torch::empty({b, h, n_pad, d}, on_q.dtype(qk_fp8 ? torch::kFloat8_e4m3fn : torch::kChar));
   auto k_q = torch::empty({b, h, n_pad, d}, q_q.options());
   auto q_scale = torch::empty({b, h, n_pad}, f32);
-  auto k_scale = torch::empty({b, h, slots}, f32);
+  auto k_scale = k_lanes ? torch::empty({b, h, slots, vc::kKLanes}, f32) : torch::empty({b, h, slots}, f32);
   auto v_t = torch::empty({b, h, d, n_pad}, on_q.dtype(torch::kFloat8_e4m3fn));
   auto v_scale = torch::empty({b, h, d}, f32);
   std::optional<torch::Tensor> v_low_t, v_low_scale, v_seg_end;
@@ -192,17 +203,17 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
 // Python and the attention binding's checks and argument parsing go (a short call's host time: its GPU waits
 // for the attention launch, docs/kernel-notes.md section 28). out: the (B, H, N, D) view of the caller's output,
 // channel stride 1, q's dtype; vsmooth_mode as the sm90 attention binding's vsmooth (0, 1, 2, the last two plus
-// vc::kVsmoothPairedK where k_scale_rows is 256; the segment ends go to mode 2 only, kernels/backend_sm90.vsmooth_mode). The operands are freed on return, after the launch that
+// vc::kVsmoothPairedK where k_scale_rows is 256, plus vc::kVsmoothKLanes with K scales per lane; the segment ends go to mode 2 only, kernels/backend_sm90.vsmooth_mode). The operands are freed on return, after the launch that
 // reads them was queued on this stream (the caching allocator hands their blocks out in stream order).
 void prepare_attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                     const std::optional<torch::Tensor>& perm, const std::optional<torch::Tensor>& v_basis,
                     double qk_scale, bool qk_fp8, bool vsmooth, bool smooth_k, int64_t v_mean_rows, bool v_merge,
-                    int64_t k_scale_rows, const torch::Tensor& out, bool expcast, int64_t vsmooth_mode,
+                    int64_t k_scale_rows, bool k_lanes, const torch::Tensor& out, bool expcast, int64_t vsmooth_mode,
                     int64_t forward_fn, int64_t error_fn) {
   TORCH_CHECK_VALUE(forward_fn != 0 && error_fn != 0, "prepare_attend needs the sm90 extension's entry addresses.");
   TORCH_CHECK_VALUE(!qk_fp8, "the Hopper kernel takes INT8 Q and K only.");
   // vc::kVsmoothPairedK on top of 1 or 2 says the K scales are equal in 128-key pairs: only where this prepare pairs them
-  const int64_t v_mode = vsmooth_mode & ~int64_t(vc::kVsmoothPairedK);
+  const int64_t v_mode = vsmooth_mode & ~int64_t(vc::kVsmoothPairedK | vc::kVsmoothKLanes);
   TORCH_CHECK_VALUE(vc::valid_vsmooth(vsmooth_mode) && (v_mode == 0) == !vsmooth,
                     vc::text("vsmooth_mode must be 0 without V-Smooth, 1 or 2 with it (optionally plus 4: paired K "
                              "scales), got ", vsmooth_mode, vsmooth ? " with V-Smooth." : " without V-Smooth."));
@@ -212,11 +223,15 @@ void prepare_attend(const torch::Tensor& q, const torch::Tensor& k, const torch:
   TORCH_CHECK_VALUE(!(expcast && v_mode == 2) || k_scale_rows == 2 * vc::kKBlock,
                     "vsmooth_mode 2 with ExpCast runs the loop that reads one K scale per 256-key step, but this prepare "
                     "keeps one K scale per 128 keys.");
+  // vc::kVsmoothKLanes says the K scales are per lane (with the paired-K bit): exactly where this prepare writes them
+  TORCH_CHECK_VALUE(bool(vsmooth_mode & vc::kVsmoothKLanes) == k_lanes,
+                    k_lanes ? "this prepare writes K scales per lane, but vsmooth_mode does not say so (bit 8)."
+                            : "vsmooth_mode says the K scales are per lane (bit 8), but this prepare keeps one per block.");
   TORCH_CHECK_VALUE(out.is_cuda() && out.dim() == 4 && out.stride(3) == 1 && out.sizes() == q.sizes() &&
                         out.scalar_type() == q.scalar_type() && out.device() == q.device(),
                     "out must be a (B, H, N, D) view with q's shape, dtype and device and unit channel stride.");
   const auto [q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_low_t, v_low_scale, v_seg_end] =
-      prepare(q, k, v, perm, v_basis, qk_scale, qk_fp8, vsmooth, smooth_k, v_mean_rows, v_merge, k_scale_rows);
+      prepare(q, k, v, perm, v_basis, qk_scale, qk_fp8, vsmooth, smooth_k, v_mean_rows, v_merge, k_scale_rows, k_lanes);
   const int64_t b = q_q.size(0), h = q_q.size(1), n_pad = q_q.size(2), d = q_q.size(3);
   TORCH_CHECK_VALUE(b * h * n_pad < (int64_t(1) << 31), "B*H*N is too large for the TMA coordinates.");
   const c10::cuda::CUDAGuard guard(q.device());

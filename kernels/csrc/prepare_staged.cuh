@@ -53,7 +53,9 @@ __device__ __forceinline__ void block_tokens(const PrepareParams& p, int bh, int
 #pragma unroll
   for (int i = 0; i < kPrepRowsPerThread<D>; ++i) {
     const int r = four_consecutive ? 4 * (row_sub + (i / 4) * kRowsPerPass) + i % 4 : row_sub + i * kRowsPerPass;
-    tok[i] = r < valid ? int(permuted ? source_token(p, bh, row0 + r) : int64_t(row0 + r)) : -1;
+    // with K scales per lane the quantize pass's V follows the lane order of K (k_order: position -> source row)
+    const int src = permuted && p.k_order ? int(p.k_order[int64_t(bh) * p.n_pad + row0 + r]) : r;
+    tok[i] = r < valid ? int(permuted ? source_token(p, bh, row0 + src) : int64_t(row0 + r)) : -1;
   }
 }
 
@@ -170,10 +172,10 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_quantize_staged_kernel(c
   }
 
   // K: smoothed by the mean over all tokens, gathered in permuted order, one scale per block; the
-  // codes from the same registers as the amax
-  block_tokens<D>(p, bh, row0, valid, row_sub, true, tok);
-  load_rows_raw<T, D>(p.k, p.k_stride, b, h, tok, c0, raw);
-  {
+  // codes from the same registers as the amax. With K scales per lane the K lanes kernel wrote them already.
+  if (!p.k_lanes) {
+    block_tokens<D>(p, bh, row0, valid, row_sub, true, tok);
+    load_rows_raw<T, D>(p.k, p.k_stride, b, h, tok, c0, raw);
     float k_mean[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) k_mean[e] = p.smooth_k ? p.k_sum[int64_t(bh) * D + c0 + e] / float(p.n) : 0.0f;

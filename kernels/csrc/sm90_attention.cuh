@@ -261,8 +261,9 @@ struct SmemLayout {
   static constexpr int kKOff = kQOff + kQBytes;
   static constexpr int kVOff = kKOff + STAGES * kKBytes;
   static constexpr int kMuOff = kVOff + STAGES * kVBytes;  // float [STAGES][D]: mean / v_scale
-  static constexpr int kKscOff = kMuOff + STAGES * D * 4;  // float [STAGES]: K tile scale
-  static constexpr int kBarOff = (kKscOff + STAGES * 4 + 7) / 8 * 8;
+  // float [STAGES]: K tile scale; [STAGES][4] with K scales per lane (KLANES kernels: one per quad lane t)
+  static constexpr int kKscOff = kMuOff + STAGES * D * 4;
+  static constexpr int kBarOff = (kKscOff + STAGES * vc::kKLanes * 4 + 7) / 8 * 8;
   // P staging (PSMEM): per consumer warpgroup two 64x128 E4M3 tiles, 128B-swizzled like Q
   static constexpr int kPTileBytes = 64 * kBlockN;
   static constexpr int kPOff = (kBarOff + (1 + 2 * STAGES) * 8 + 1023) / 1024 * 1024;
@@ -367,7 +368,7 @@ __device__ __forceinline__ float2 mu_pair(const float* mu, int i, int t) {
   return (i & 1) ? make_float2(q.z, q.w) : make_float2(q.x, q.y);
 }
 
-template <int D, bool EXPCAST, bool VSMOOTH, int STAGES, typename L, bool LOWRANK, bool STEPMEAN = false>
+template <int D, bool EXPCAST, bool VSMOOTH, int STAGES, typename L, bool LOWRANK, bool STEPMEAN = false, bool KLANES = false>
 __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                               const CUtensorMap* tm_vt, const CUtensorMap* tm_vlow, const Params& p, uint8_t* smem,
                                               uint64_t* bar_q, uint64_t* bar_full, uint64_t* bar_empty) {
@@ -433,13 +434,15 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUt
         fence_proxy_async();  // generic stores -> read by wgmma (async proxy) after the full barrier
       }
     }
-    if (lane == 0) {
-      float ksc = p.k_scale[static_cast<int64_t>(bh) * n_kv + j];
+    // KLANES: lanes 0..3 each take one of the tile's four lane scales (k_scale (B,H,n_pad/128,4)), into [s][lane]
+    if (lane < (KLANES ? vc::kKLanes : 1)) {
+      float ksc = KLANES ? p.k_scale[(static_cast<int64_t>(bh) * n_kv + j) * vc::kKLanes + lane]
+                         : p.k_scale[static_cast<int64_t>(bh) * n_kv + j];
       // STEPMEAN: the sign bit of a step's second tile's K scale (a scale is >= 0) says whether a V-Smooth
       // segment ends with that step (seg_end_of_step); no shared-memory layout change, no extra barrier
       if (STEPMEAN && (j & 1) && (p.v_seg_end == nullptr || p.v_seg_end[static_cast<int64_t>(bh) * n_kv + j]))
         ksc = __uint_as_float(__float_as_uint(ksc) | 0x80000000u);
-      ksc_smem[s] = ksc;
+      ksc_smem[KLANES ? vc::kKLanes * s + lane : s] = ksc;
     }
     __syncwarp();
     if (lane == 0) {
@@ -493,7 +496,10 @@ struct NoWait {
 // KPAIR (H = 2, ExpCast): both tiles carry the same K scale (sc[0] = sc[1]), so one integer row maximum over
 // the step's 256 keys anchors both (reference.quantize_p with a 256-key K-scale block): one row constant and
 // one clamp bound per row instead of two.
-template <bool EXPCAST, bool MASK, int H, bool KPAIR = false, typename Between = NoWait>
+// KLANES (VCConfig.k_lane_scales): sc holds this lane's own K scale (one per quad lane t), so the integer row maxima
+// stay per lane: each anchors its lane's speed codes (reference.quantize_p with lanes) and the quad reduces the row
+// maximum in float, after the scale (float(max acc) * sc per lane, then the largest of the four: the spec's max).
+template <bool EXPCAST, bool MASK, int H, bool KPAIR = false, bool KLANES = false, typename Between = NoWait>
 __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const RowScale (&sc)[H], int valid, int t,
                                              float (&row_off)[2], float (&alpha)[2], uint32_t (&pa)[4 * H][4],
                                              Between between = {}, const float* qbound = nullptr) {
@@ -537,8 +543,10 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
         int& m = mx[hk(h)][r];
         m = max(part[r][0], part[r][1]);
         if constexpr (kParts == 4) m = max(m, max(part[r][2], part[r][3]));
-        m = max(m, __shfl_xor_sync(0xffffffff, m, 1));
-        m = max(m, __shfl_xor_sync(0xffffffff, m, 2));
+        if constexpr (!KLANES) {
+          m = max(m, __shfl_xor_sync(0xffffffff, m, 1));
+          m = max(m, __shfl_xor_sync(0xffffffff, m, 2));
+        }
       }
     }
     if (H == 2 && h == 0) between();
@@ -554,7 +562,16 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
   for (int r = 0; r < 2; ++r) {
     m_step[r] = row_off[r];
 #pragma unroll
-    for (int h = 0; h < HK; ++h) m_step[r] = fmaxf(m_step[r], static_cast<float>(mx[h][r]) * sc[h].r[r]);
+    for (int h = 0; h < HK; ++h) {
+      // KLANES: a lane without a valid key of the step (a tail tile) has no maximum (INT_MIN x a 0 scale would be -0)
+      // (only a masked step can have one: the guard stays out of the full steps' code)
+      const float lane_max = KLANES && MASK && mx[h][r] == INT_MIN ? neg_inf() : static_cast<float>(mx[h][r]) * sc[h].r[r];
+      m_step[r] = fmaxf(m_step[r], lane_max);
+    }
+    if constexpr (KLANES) {  // the quad's four lanes, each with its own scale (row_off is the same in all four)
+      m_step[r] = fmaxf(m_step[r], __shfl_xor_sync(0xffffffff, m_step[r], 1));
+      m_step[r] = fmaxf(m_step[r], __shfl_xor_sync(0xffffffff, m_step[r], 2));
+    }
   }
   if constexpr (EXPCAST && VC_SM90_ALPHA_SKIP) {
     // the running max of no row of the warp moved (most steps of a long row): alpha = 2^0 = 1 exactly, as
@@ -580,8 +597,11 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
 #else
 #pragma unroll
     for (int h = 0; h < HK; ++h)
-      if constexpr (kIntCodes)  // reference.expcast_bits; the clamp-bound build takes a_lo only where it clamps
-        irow[h][r] = vc_p::expcast_int_row<!(VC_EXPCAST_CLAMP_BOUND && !MASK)>(sc[h].r[r], mx[h][r], m_new);
+      if constexpr (kIntCodes) {  // reference.expcast_bits; the clamp-bound build takes a_lo only where it clamps
+        constexpr bool kWithLo = !(VC_EXPCAST_CLAMP_BOUND && !MASK);
+        irow[h][r] = KLANES && MASK ? vc_p::expcast_int_row_lane<kWithLo>(sc[h].r[r], mx[h][r], m_new)  // empty lanes: code 0
+                                    : vc_p::expcast_int_row<kWithLo>(sc[h].r[r], mx[h][r], m_new);
+      }
 #endif
   }
   // register r of k-step kk holds row g (r even) or g+8 (r odd) at keys 32kk + 16(r/2) + 4t + 0..3,
@@ -672,12 +692,12 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
 }
 
 // One 64x128 score tile (the loops that step the online softmax by one tile).
-template <bool EXPCAST, bool MASK>
+template <bool EXPCAST, bool MASK, bool KLANES = false>
 __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], const RowScale& sc, int valid, int t,
                                              float (&row_off)[2], float (&alpha)[2], uint32_t (&pa)[4][4],
                                              const float* qbound = nullptr) {
   const RowScale scs[1] = {sc};
-  softmax_keys<EXPCAST, MASK, 1>(s, scs, valid, t, row_off, alpha, pa, NoWait{}, qbound);
+  softmax_keys<EXPCAST, MASK, 1, false, KLANES>(s, scs, valid, t, row_off, alpha, pa, NoWait{}, qbound);
 }
 
 // O = alpha O + (P R + l_blk mu/v_scale);  l = alpha l + l_blk. The tile's P R comes from a fresh
@@ -958,7 +978,9 @@ __device__ __forceinline__ void store_p_tile(uint8_t* p_tile, const uint32_t (&p
 // set live; at head dim 128 that spills under 240 registers and measured slower: kernel-notes.md.
 // The VC_SM90_P_SMEM variant gets the same overlap by staging P through shared memory instead.)
 // KPAIR: the K scales are equal in the 256-key steps' two tiles (fidelity's exp2 256-key loop takes one per step)
-template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK, bool STEPMEAN, bool KPAIR>
+// KLANES: the K scales are per quad lane (VCConfig.k_lane_scales): each thread reads its lane's, the softmax keeps
+// per-lane maxima (softmax_keys); the paired-K 256-key loops only (the presets' head-dim-128 V-Smooth kernels)
+template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK, bool STEPMEAN, bool KPAIR, bool KLANES = false>
 __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, uint64_t* bar_q, uint64_t* bar_full,
                                               uint64_t* bar_empty) {
   constexpr bool kPSmem = p_through_smem<D, EXPCAST>();
@@ -982,13 +1004,19 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   [[maybe_unused]] float q_bound = 0.f;
   [[maybe_unused]] const float* q_bound_or_null = (EXPCAST && VC_EXPCAST_CLAMP_BOUND) ? &q_bound : nullptr;
   const float* mu_smem = reinterpret_cast<const float*>(smem + L::kMuOff);
-  const float* ksc_smem = reinterpret_cast<const float*>(smem + L::kKscOff);
+  const float* ksc_smem_all = reinterpret_cast<const float*>(smem + L::kKscOff);
+  // the K scale of stage s this thread multiplies by: its lane's (KLANES) or the tile's
+  const float* ksc_smem = KLANES ? ksc_smem_all + t : ksc_smem_all;
+  constexpr int kKscStride = KLANES ? vc::kKLanes : 1;
   auto k_tile = [&](int s) { return smem + L::kKOff + s * L::kKBytes; };
   auto vt_tile = [&](int s) { return smem + L::kVOff + s * L::kVBytes; };
   constexpr bool kStep256 = step256(D, kConsumers, STAGES);
   static_assert(!kStep256 || (!kPSmem && !kMeanMma), "the 256-key loop reads P from registers and restores the means per tile");
   constexpr bool kTurns = kStep256 ? VC_SM90_STEP256_TURNS != 0 : take_turns<D, VSMOOTH>();
   constexpr bool kEarlyQk = kStep256 && early_qk_loop(EXPCAST, KPAIR);
+  // the per-tile loops below read one K scale per stage: lane scales come only with one scale per 256-key step
+  static_assert(!KLANES || (kStep256 && VSMOOTH && !LOWRANK && (KPAIR || (STEPMEAN && EXPCAST && VC_SM90_KPAIR))),
+                "K scales per lane: the paired-K 256-key loops only");
   auto turn_begin = [&]() {
     if (kTurns) named_sync(1 + wg, 256);
   };
@@ -1011,9 +1039,9 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   auto softmax = [&](const int32_t(&s_acc)[64], const RowScale& sc, bool tail, float(&row_off)[2], float(&alpha)[2],
                      uint32_t(&pa)[4][4]) {
     if (tail)
-      softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
+      softmax_tile<EXPCAST, true, KLANES>(s_acc, sc, valid_last, t, row_off, alpha, pa);
     else
-      softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa, q_bound_or_null);
+      softmax_tile<EXPCAST, false, KLANES>(s_acc, sc, kBlockN, t, row_off, alpha, pa, q_bound_or_null);
   };
 
   float o[D / 2];
@@ -1155,12 +1183,12 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
           reg_fence(s_hi);
         }
       };
-      const float ksc1 = ksc_smem[s1];  // STEPMEAN: its sign bit is the segment-end flag
-      const RowScale sc2[2] = {q_sc * ksc_smem[s0], q_sc * (STEPMEAN ? fabsf(ksc1) : ksc1)};
+      const float ksc1 = ksc_smem[kKscStride * s1];  // STEPMEAN: its sign bit is the segment-end flag
+      const RowScale sc2[2] = {q_sc * ksc_smem[kKscStride * s0], q_sc * (STEPMEAN ? fabsf(ksc1) : ksc1)};
       if (has_tail && last)
-        softmax_keys<EXPCAST, true, 2, kKPair>(s2, sc2, valid_last, t, row_off, alpha, p2, second_tile);
+        softmax_keys<EXPCAST, true, 2, kKPair, KLANES>(s2, sc2, valid_last, t, row_off, alpha, p2, second_tile);
       else
-        softmax_keys<EXPCAST, false, 2, kKPair>(s2, sc2, kBlockN, t, row_off, alpha, p2, second_tile, q_bound_or_null);
+        softmax_keys<EXPCAST, false, 2, kKPair, KLANES>(s2, sc2, kBlockN, t, row_off, alpha, p2, second_tile, q_bound_or_null);
       if constexpr (kMeanPv) deferred_mean_a(a_mean, l_prev, alpha, t);
       reg_fence(p2);
       reg_fence(pv);
@@ -1203,7 +1231,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       const int j = n_kv - 1, sj = j % STAGES;
       wgmma_wait<0>();
       reg_fence(s_lo);
-      softmax(s_lo, q_sc * ksc_smem[sj], has_tail, row_off, alpha, p_lo);
+      softmax(s_lo, q_sc * ksc_smem[kKscStride * sj], has_tail, row_off, alpha, p_lo);
       reg_fence(p_lo);
       reg_fence(pv);
       wgmma_fence();
@@ -1247,17 +1275,17 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       turn_end();
       wgmma_wait<0>();
       reg_fence(s2);
-      const float ksc1 = ksc_smem[s1];  // STEPMEAN: its sign bit is the segment-end flag
-      const RowScale sc2[2] = {q_sc * ksc_smem[s0], q_sc * (STEPMEAN ? fabsf(ksc1) : ksc1)};
+      const float ksc1 = ksc_smem[kKscStride * s1];  // STEPMEAN: its sign bit is the segment-end flag
+      const RowScale sc2[2] = {q_sc * ksc_smem[kKscStride * s0], q_sc * (STEPMEAN ? fabsf(ksc1) : ksc1)};
       // KPAIR (VC_SM90_KPAIR_EXP2 builds): the step's two K scales are equal (k_scale_rows 256): one of each per row
       constexpr bool kKPairExp2 = KPAIR;
       static_assert(!KPAIR || (!EXPCAST && VSMOOTH && !STEPMEAN && !LOWRANK && !kMeanPv),
                     "paired K scales in this loop: fidelity's exp2 two-mean fold without the low-rank term");
       softmax_turn_begin();
       if (has_tail && last)
-        softmax_keys<EXPCAST, true, 2, kKPairExp2>(s2, sc2, valid_last, t, row_off, alpha, p2);
+        softmax_keys<EXPCAST, true, 2, kKPairExp2, KLANES>(s2, sc2, valid_last, t, row_off, alpha, p2);
       else
-        softmax_keys<EXPCAST, false, 2, kKPairExp2>(s2, sc2, kBlockN, t, row_off, alpha, p2);
+        softmax_keys<EXPCAST, false, 2, kKPairExp2, KLANES>(s2, sc2, kBlockN, t, row_off, alpha, p2);
       softmax_turn_end(last);
       if constexpr (kMeanPv) deferred_mean_a(a_mean, l_prev, alpha, t);
       turn_begin();
@@ -1298,7 +1326,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       wgmma_wait<0>();
       reg_fence(s_lo);
       softmax_turn_begin();
-      softmax(s_lo, q_sc * ksc_smem[sj], has_tail, row_off, alpha, p_lo);
+      softmax(s_lo, q_sc * ksc_smem[kKscStride * sj], has_tail, row_off, alpha, p_lo);
       softmax_turn_end(true);  // the tail tile's softmax is each warpgroup's last
       turn_begin();
       reg_fence(p_lo);
@@ -1613,7 +1641,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
 }
 
 template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK = false, bool STEPMEAN = false,
-          bool KPAIR = false>
+          bool KPAIR = false, bool KLANES = false>
 __global__ void __launch_bounds__(kThreads, 1)
     vc_attention_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                              const __grid_constant__ CUtensorMap tm_vt, const __grid_constant__ CUtensorMap tm_vlow,
@@ -1653,10 +1681,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x < 128) {
     regs_dealloc<kProducerRegs>();
     if (threadIdx.x < 32)
-      producer_loop<D, EXPCAST, VSMOOTH, STAGES, L, LOWRANK, STEPMEAN>(&tm_q, &tm_k, &tm_vt, &tm_vlow, p, smem, bar_q, bar_full, bar_empty);
+      producer_loop<D, EXPCAST, VSMOOTH, STAGES, L, LOWRANK, STEPMEAN, KLANES>(&tm_q, &tm_k, &tm_vt, &tm_vlow, p, smem, bar_q, bar_full, bar_empty);
   } else {
     regs_alloc<kConsumerRegs>();
-    consumer_loop<D, EXPCAST, VSMOOTH, OutT, STAGES, LOWRANK, STEPMEAN, KPAIR>(p, smem, bar_q, bar_full, bar_empty);
+    consumer_loop<D, EXPCAST, VSMOOTH, OutT, STAGES, LOWRANK, STEPMEAN, KPAIR, KLANES>(p, smem, bar_q, bar_full, bar_empty);
   }
 }
 

@@ -21,6 +21,7 @@ extern "C" const char* vc_sm90_last_error();
 extern "C" int vc_sm90_consumers(int head_dim, int expcast, int vsmooth);
 extern "C" int vc_sm90_step_keys(int head_dim, int expcast, int vsmooth);
 extern "C" int vc_sm90_step_mean(int head_dim, int expcast);
+extern "C" int vc_sm90_k_lanes(int head_dim, int expcast);
 
 static_assert(std::is_same_v<decltype(&vc_sm90_forward_low_rank), vc::Sm90ForwardFn>,
               "the prepare extension calls vc_sm90_forward_low_rank as vc::Sm90ForwardFn (vc_params.h)");
@@ -45,10 +46,12 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
                const std::optional<torch::Tensor>& v_seg_end) {
   // vsmooth: 0 per-channel V, 1 V-Smooth, 2 V-Smooth with means equal in 128-row pairs (v_mean_rows = 256); 1 and 2
   // may add vc::kVsmoothPairedK: the K scales are equal in 128-key pairs (k_scale_rows = 256)
-  const int64_t v_mode = vsmooth & ~int64_t(vc::kVsmoothPairedK);
+  // and on top of 4, vc::kVsmoothKLanes (8): the K scales are per quad lane, k_scale (B, H, n_pad / 128, 4)
+  const int64_t v_mode = vsmooth & ~int64_t(vc::kVsmoothPairedK | vc::kVsmoothKLanes);
   TORCH_CHECK_VALUE(vc::valid_vsmooth(vsmooth),
                     vc::text("vsmooth must be 0 (per-channel V), 1 (V-Smooth) or 2 (V-Smooth, means equal in 128-row "
-                             "pairs), 1 and 2 optionally plus 4 (K scales equal in 128-key pairs), got ", vsmooth, "."));
+                             "pairs), 1 and 2 optionally plus 4 (K scales equal in 128-key pairs), that plus 8 (K scales "
+                             "per lane), got ", vsmooth, "."));
   check_operand(q_q, "q_q", torch::kChar);
   check_operand(k_q, "k_q", torch::kChar);
   check_operand(v_t, "v_t", torch::kFloat8_e4m3fn);
@@ -66,6 +69,11 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
                     "out must have shape (B, H, N, D) of the operands.");
   TORCH_CHECK_VALUE(batch * heads * n_pad < (int64_t(1) << 31), "B*H*N is too large for the TMA coordinates.");
   TORCH_CHECK_VALUE(q_scale.numel() == batch * heads * n_pad, "q_scale must hold one scale per query row, shape (B, H, n_pad).");
+  // the kernel reads k_scale by tile (and lane): its size must be what vsmooth says
+  const bool lanes = (vsmooth & vc::kVsmoothKLanes) != 0;
+  TORCH_CHECK_VALUE(k_scale.numel() == batch * heads * (n_pad / vc::kKBlock) * (lanes ? vc::kKLanes : 1),
+                    lanes ? "k_scale must be (B, H, n_pad / 128, 4) with K scales per lane (vsmooth bit 8)."
+                          : "k_scale must be (B, H, n_pad / 128).");
   // V-Smooth's low-rank term: the three operands together (kernels/operands.py)
   const bool low_rank = v_low_t.has_value();
   TORCH_CHECK_VALUE(low_rank == v_low_basis.has_value() && low_rank == v_low_scale.has_value(),
@@ -121,6 +129,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("step_keys", [](int64_t head_dim, bool expcast, bool vsmooth) {
     return vc_sm90_step_keys(static_cast<int>(head_dim), expcast, vsmooth);
   }, "keys per online-softmax step of the kernel that runs this case (its emulation's offset_block)");
+  m.def("k_lanes", [](int64_t head_dim, bool expcast) {
+    return vc_sm90_k_lanes(static_cast<int>(head_dim), expcast);
+  }, "1 if this build runs the case with K scales per lane (vsmooth plus 4 + 8; ExpCast with 2)");
   m.def("step_mean", [](int64_t head_dim, bool expcast) {
     return vc_sm90_step_mean(static_cast<int>(head_dim), expcast);
   }, "1 if this build restores one V-Smooth mean per 256-key step when the means are equal in pairs (vsmooth=2)");

@@ -35,6 +35,9 @@ constexpr int kVsmoothPairMeans = 2;  // the forward's vsmooth argument for mean
 // in 128-key pairs (VCConfig.k_scale_rows = 256). A statement about the operands: a kernel that reads per-tile
 // scales ignores it.
 using vc::kVsmoothPairedK;
+// vc::kVsmoothKLanes, on top of kVsmoothPairedK: the K scales are per quad lane (k_scale (B,H,n_pad/128,4),
+// VCConfig.k_lane_scales); only the paired-K 256-key loops read them (their KLANES instantiations)
+using vc::kVsmoothKLanes;
 
 // Which consumer count runs a (head dim, P mode, V mode) in the split build, from the side-by-side run on
 // the H200 (docs/kernel-notes.md section 17): three warpgroups won every case (Wan2.2-14B speed 124.6 vs
@@ -88,7 +91,8 @@ bool byte_map(CUtensorMap* map, const void* base, int rank, const cuuint64_t* di
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK, bool STEPMEAN, bool KPAIR = false>
+template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK, bool STEPMEAN, bool KPAIR = false,
+          bool KLANES = false>
 int launch(const void* q_q, const void* k_q, const void* v_t, const void* v_low_t, const Params& p, int bh,
            cudaStream_t stream) {
   using L = LayoutFor<D, EXPCAST, VSMOOTH, STAGES, LOWRANK>;
@@ -122,7 +126,7 @@ int launch(const void* q_q, const void* k_q, const void* v_t, const void* v_low_
   } else {
     tm_vlow = tm_vt;  // unread
   }
-  auto kernel = vc_attention_sm90_kernel<D, EXPCAST, VSMOOTH, OutT, STAGES, LOWRANK, STEPMEAN, KPAIR>;
+  auto kernel = vc_attention_sm90_kernel<D, EXPCAST, VSMOOTH, OutT, STAGES, LOWRANK, STEPMEAN, KPAIR, KLANES>;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kAlloc) != cudaSuccess)
     return fail("cudaFuncSetAttribute(max dynamic shared memory) failed");
   const dim3 grid((p.n_pad + kBlockM - 1) / kBlockM, bh);  // 192-row CTAs (3 consumers) overhang n_pad
@@ -172,16 +176,35 @@ constexpr bool has_k_pair_exp2(int head_dim, bool expcast, bool vsmooth) {
          !early_qk_loop(expcast) && !deferred_means(expcast);
 }
 
-// pair_means: the V-Smooth means are equal in 128-row pairs; pair_k: so are the K scales
+// Whether this build has the lane-scale kernel of (head dim, P mode, V mode): the paired-K 256-key loops, the speed
+// loop's one-mean-per-step kernel with VC_SM90_KPAIR and fidelity's exp2 loop with VC_SM90_KPAIR_EXP2.
+constexpr bool has_k_lanes(int head_dim, bool expcast, bool vsmooth) {
+  return expcast ? VC_SM90_KPAIR && has_step_mean(head_dim, true, vsmooth) : has_k_pair_exp2(head_dim, false, vsmooth);
+}
+
+// pair_means: the V-Smooth means are equal in 128-row pairs; pair_k: so are the K scales; lanes: the K scales are per
+// quad lane (then only the kernels has_k_lanes names run the call)
 template <int D, bool EXPCAST, bool VSMOOTH, bool LOWRANK>
 int launch_out(const void* q_q, const void* k_q, const void* v_t, const void* v_low_t, const Params& p, int bh,
-               bool out_bf16, bool pair_means, bool pair_k, cudaStream_t stream) {
+               bool out_bf16, bool pair_means, bool pair_k, bool lanes, cudaStream_t stream) {
   constexpr int kStages = stages_for<D>();
   if constexpr (VC_SM90_SPLIT && split_consumers(D, EXPCAST, VSMOOTH) != kConsumers) {
     return fail("internal: this kernel lives in the other consumer build");  // never instantiated here
   } else if constexpr (LOWRANK && !has_low_rank(D, EXPCAST, VSMOOTH)) {
     return fail("this build has no low-rank V kernel for this head dim and mode");  // never instantiated
   } else {
+    if constexpr (!LOWRANK && has_k_lanes(D, EXPCAST, VSMOOTH)) {
+      if constexpr (EXPCAST) {  // the speed loop's one-mean-per-step kernel
+        if (lanes && pair_means && pair_k)
+          return out_bf16 ? launch<D, EXPCAST, VSMOOTH, __nv_bfloat16, kStages, false, true, false, true>(q_q, k_q, v_t, v_low_t, p, bh, stream)
+                          : launch<D, EXPCAST, VSMOOTH, __half, kStages, false, true, false, true>(q_q, k_q, v_t, v_low_t, p, bh, stream);
+      } else {  // fidelity's paired-K exp2 loop (the exp2 one-mean loop, a variant, has no lane kernel)
+        if (lanes && pair_k && !(pair_means && has_step_mean(D, EXPCAST, VSMOOTH)))
+          return out_bf16 ? launch<D, EXPCAST, VSMOOTH, __nv_bfloat16, kStages, false, false, true, true>(q_q, k_q, v_t, v_low_t, p, bh, stream)
+                          : launch<D, EXPCAST, VSMOOTH, __half, kStages, false, false, true, true>(q_q, k_q, v_t, v_low_t, p, bh, stream);
+      }
+    }
+    if (lanes) return fail("this build has no kernel with K scales per lane for this head dim and mode");
     if constexpr (!LOWRANK && has_step_mean(D, EXPCAST, VSMOOTH)) {
       if (pair_means)
         return out_bf16 ? launch<D, EXPCAST, VSMOOTH, __nv_bfloat16, kStages, false, true>(q_q, k_q, v_t, v_low_t, p, bh, stream)
@@ -199,12 +222,12 @@ int launch_out(const void* q_q, const void* k_q, const void* v_t, const void* v_
 
 template <int D, bool LOWRANK>
 int launch_d(const void* q_q, const void* k_q, const void* v_t, const void* v_low_t, const Params& p, int bh,
-             bool expcast, bool vsmooth, bool pair_means, bool pair_k, bool out_bf16, cudaStream_t stream) {
+             bool expcast, bool vsmooth, bool pair_means, bool pair_k, bool lanes, bool out_bf16, cudaStream_t stream) {
   if (expcast)
-    return vsmooth ? launch_out<D, true, true, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, pair_means, pair_k, stream)
-                   : launch_out<D, true, false, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, false, false, stream);
-  return vsmooth ? launch_out<D, false, true, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, pair_means, pair_k, stream)
-                 : launch_out<D, false, false, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, false, false, stream);
+    return vsmooth ? launch_out<D, true, true, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, pair_means, pair_k, lanes, stream)
+                   : launch_out<D, true, false, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, false, false, lanes, stream);
+  return vsmooth ? launch_out<D, false, true, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, pair_means, pair_k, lanes, stream)
+                 : launch_out<D, false, false, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, false, false, lanes, stream);
 }
 
 }  // namespace
@@ -248,13 +271,21 @@ int VC_SM90_EXPORT(vc_sm90_low_rank)(int head_dim, int expcast, int vsmooth) {
 // VC_SM90_KPAIR when the means are paired (vsmooth 2, which the callers send only with paired K scales), and
 // fidelity's exp2 256-key loop in VC_SM90_KPAIR_EXP2 builds when vsmooth carries kVsmoothPairedK.
 int VC_SM90_EXPORT(vc_sm90_k_pairs)(int head_dim, int expcast, int vsmooth) {
-  const int v_mode = vsmooth & ~vc_sm90::kVsmoothPairedK;
+  const int v_mode = vsmooth & ~(vc_sm90::kVsmoothPairedK | vc_sm90::kVsmoothKLanes);
   if (head_dim != 128 || v_mode == 0) return 0;
   const int consumers = VC_SM90_EXPORT(vc_sm90_consumers)(head_dim, expcast, 1);
   if (!vc_sm90::step256(head_dim, consumers, VC_SM90_STAGES_D128) || consumers != vc_sm90::kConsumers) return 0;
   if (expcast) return VC_SM90_KPAIR && v_mode == vc_sm90::kVsmoothPairMeans && vc_sm90::has_step_mean(head_dim, true, true) ? 1 : 0;
   const bool step_mean = v_mode == vc_sm90::kVsmoothPairMeans && vc_sm90::has_step_mean(head_dim, false, true);
   return (vsmooth & vc_sm90::kVsmoothPairedK) && !step_mean && vc_sm90::has_k_pair_exp2(head_dim, false, true) ? 1 : 0;
+}
+
+// 1 where this library runs (head_dim, expcast) with K scales per lane (VCConfig.k_lane_scales) when the forward's vsmooth
+// carries kVsmoothPairedK + kVsmoothKLanes (and 2 for ExpCast, whose lane kernel is the one-mean-per-step loop)
+int VC_SM90_EXPORT(vc_sm90_k_lanes)(int head_dim, int expcast) {
+  if (head_dim != 128) return 0;
+  const int consumers = VC_SM90_EXPORT(vc_sm90_consumers)(head_dim, expcast, 1);
+  return consumers == vc_sm90::kConsumers && vc_sm90::has_k_lanes(head_dim, expcast != 0, true) ? 1 : 0;
 }
 
 // 1 where this library restores one V-Smooth mean per 256-key step for (head_dim, expcast) when the means
@@ -278,8 +309,9 @@ int VC_SM90_EXPORT(vc_sm90_forward_low_rank)(const void* q_q, const float* q_sca
   using namespace vc_sm90;
   // vsmooth: 0 per-channel V, 1 V-Smooth, 2 its means equal in 128-row pairs, each of 1 and 2 plus kVsmoothPairedK
   if (!vc::valid_vsmooth(vsmooth))
-    return fail("bad vsmooth: 0 (per-channel V), 1 or 2 (V-Smooth), the latter two optionally plus 4 (paired K scales)");
-  const int v_mode = vsmooth & ~kVsmoothPairedK;
+    return fail("bad vsmooth: 0 (per-channel V), 1 or 2 (V-Smooth), the latter two optionally plus 4 (paired K scales), "
+                "that plus 8 (K scales per lane)");
+  const int v_mode = vsmooth & ~(kVsmoothPairedK | kVsmoothKLanes);
 #if VC_SM90_SPLIT && VC_SM90_CONSUMERS == 2
   if (split_consumers(head_dim, expcast != 0, vsmooth != 0) == 3) {
     if (v_rank != 0) return fail("this build has no low-rank V kernel for this head dim and mode");
@@ -313,13 +345,14 @@ int VC_SM90_EXPORT(vc_sm90_forward_low_rank)(const void* q_q, const float* q_sca
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   // v_mode 2: V-Smooth means equal in 128-row pairs (VCConfig.v_mean_rows = 256); kVsmoothPairedK: the K scales too
   const bool e = expcast != 0, vs = v_mode != 0, pairs = v_mode == kVsmoothPairMeans, bf = out_bf16 != 0;
-  const bool pk = (vsmooth & kVsmoothPairedK) != 0;
+  const bool pk = (vsmooth & kVsmoothPairedK) != 0, lanes = (vsmooth & kVsmoothKLanes) != 0;
+  if (lanes && v_rank) return fail("K scales per lane take no low-rank V term");
   if (head_dim == 128)
-    return v_rank ? launch_d<128, true>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, pk, bf, s)
-                  : launch_d<128, false>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, pk, bf, s);
+    return v_rank ? launch_d<128, true>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, pk, lanes, bf, s)
+                  : launch_d<128, false>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, pk, lanes, bf, s);
   if (head_dim == 64)
-    return v_rank ? launch_d<64, true>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, pk, bf, s)
-                  : launch_d<64, false>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, pk, bf, s);
+    return v_rank ? launch_d<64, true>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, pk, lanes, bf, s)
+                  : launch_d<64, false>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, pk, lanes, bf, s);
   return fail("head_dim must be 64 or 128");
 }
 

@@ -11,7 +11,7 @@
     !defined(VC_E4M3_ONE_CODE) || !defined(VC_EXPCAST_MAX_CODE) || !defined(VC_EXPCAST_BIAS) ||          \
     !defined(VC_EXPCAST_BETA) || !defined(VC_EXPCAST_P_LOG2_SCALE) || !defined(VC_EXPCAST_TOP) || \
     !defined(VC_EXPCAST_SLOPE_CAP) || !defined(VC_V_LOW_ROWS) || !defined(VC_V_LOW_FIRST) ||         \
-    !defined(VC_VSMOOTH_PAIRED_K) || !defined(VC_K_LANES) || !defined(VC_K_LANE_KEYS)
+    !defined(VC_VSMOOTH_PAIRED_K) || !defined(VC_K_LANES) || !defined(VC_K_LANE_KEYS) || !defined(VC_VSMOOTH_K_LANES)
 #error "VC-Attention numeric constants are missing: build through kernels/jit.py, or pass kernels.constants.cuda_defines() to nvcc"
 #endif
 
@@ -38,11 +38,16 @@ constexpr int kE4m3OneCode = VC_E4M3_ONE_CODE;  // the E4M3 byte of 1.0
 // the Hopper forward's vsmooth bit for K scales equal in 128-key pairs (added to V-Smooth's 1 or 2)
 constexpr int kVsmoothPairedK = VC_VSMOOTH_PAIRED_K;
 static_assert(kVsmoothPairedK == 4, "the Hopper forward's and bindings' refusal sentences name the paired-K bit as 4");
+// ... and on top of the paired-K bit, K scales per MMA lane (four per 128-key slot; VCConfig.k_lane_scales)
+constexpr int kVsmoothKLanes = VC_VSMOOTH_K_LANES;
+static_assert(kVsmoothKLanes == 8, "the bindings' refusal sentences name the lane bit as 8");
 // The Hopper forward's vsmooth codes: 0 (per-channel V), 1 (V-Smooth), 2 (its means equal in 128-row pairs), and 1
-// or 2 plus kVsmoothPairedK. One definition for the forward and for the bindings that refuse a bad code first.
+// or 2 plus kVsmoothPairedK, itself optionally plus kVsmoothKLanes. One definition for the forward and for the bindings
+// that refuse a bad code first.
 constexpr bool valid_vsmooth(long long vsmooth) {
-  const long long mode = vsmooth & ~static_cast<long long>(kVsmoothPairedK);
-  return vsmooth >= 0 && mode <= 2 && (mode != 0 || vsmooth == 0);
+  const long long mode = vsmooth & ~static_cast<long long>(kVsmoothPairedK | kVsmoothKLanes);
+  const bool lanes_paired = !(vsmooth & kVsmoothKLanes) || (vsmooth & kVsmoothPairedK);
+  return vsmooth >= 0 && mode <= 2 && (mode != 0 || vsmooth == 0) && lanes_paired;
 }
 // VCConfig.k_lane_scales (kernels/k_lanes.py): K scales per (K-scale block, quad lane); key j of a tile belongs to
 // lane (j % (kKLanes * kKLaneKeys)) / kKLaneKeys, the lane whose score registers hold it (sm90 key_of_column)

@@ -18,7 +18,7 @@ struct PrepareParams {
   void* q_q;            // (B,H,n_pad,D) int8 or e4m3
   float* q_scale;       // (B,H,n_pad): one scale per query row, 0 for padded rows
   void* k_q;            // (B,H,n_pad,D)
-  float* k_scale;       // (B,H,n_pad/128)
+  float* k_scale;       // (B,H,n_pad/128), with k_lanes (B,H,n_pad/128,4)
   uint8_t* v_t;         // (B,H,D,n_pad) e4m3
   float* v_scale;       // (B,H,D)
   uint16_t* v_mean;     // (B,H,n_pad/128,D) fp16 (written only for vsmooth)
@@ -45,6 +45,11 @@ struct PrepareParams {
   float* k_blk_max;     // (B,H,nb,D)
   float* k_blk_min;     // (B,H,nb,D)
   bool k_pair;
+  // K scales per MMA lane (VCConfig.k_lane_scales; prepare_k_lanes.cuh): k_scale is then (B,H,n_pad/128,4) and the keys
+  // of each full 128-key block are in lane order; k_order (B,H,n_pad) holds each position's source row within its
+  // block (workspace written by the K lanes kernel, read by the quantize pass's V gather; nullptr otherwise)
+  bool k_lanes;
+  uint8_t* k_order;
   bool v_merge;
   int v_rank;
   int v_mean_rows;      // V-Smooth: rows per block mean, 128 or 256 (one statistics block each; v_mean keeps one mean per 128 rows)
@@ -70,6 +75,9 @@ struct AttnParams {
   float* lse;           // (B,H,N) natural-log log-sum-exp, or nullptr
   int batch, heads, n, n_pad, head_dim;
   bool out_bf16, qk_fp8, expcast, vsmooth;
+  // K scales per MMA lane (VCConfig.k_lane_scales): k_scale is (B,H,n_pad/128,4), one per (tile, quad lane); the wide
+  // layout's int8 V-Smooth head-dim-128 kernels take them (the binding refuses the rest)
+  bool k_lanes;
 };
 
 // The Hopper library's C entry (sm90_launch.cu: vc_sm90_forward_low_rank) and its error text, as the prepare
