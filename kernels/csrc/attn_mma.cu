@@ -3,9 +3,9 @@
 
 namespace vc {
 
-const char* launch_attn_mma(const AttnParams& p, void* stream) {
+const char* launch_attn_mma(const AttnParams& p, void* stream, bool k_lanes) {
   const auto s = static_cast<cudaStream_t>(stream);
-  const cudaError_t err = p.head_dim == 64 ? launch_attn_mma_d64(p, s) : launch_attn_mma_d128(p, s);
+  const cudaError_t err = p.head_dim == 64 ? launch_attn_mma_d64(p, s, k_lanes) : launch_attn_mma_d128(p, s, k_lanes);
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 

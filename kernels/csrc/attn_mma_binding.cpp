@@ -45,7 +45,6 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
   TORCH_CHECK_VALUE(!k_lanes || (vc::attn_mma_cta_rows() == 128 && head_dim == 128 && !qk_fp8 && vsmooth),
                     "K scales per lane run in the wide layout's INT8 V-Smooth kernels at head dim 128 only.");
   vc::AttnParams p{};
-  p.k_lanes = k_lanes;
   p.q_q = q_q.data_ptr();
   p.q_scale = q_scale.data_ptr<float>();
   p.k_q = k_q.data_ptr();
@@ -77,7 +76,7 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
   p.qk_fp8 = qk_fp8;
   p.expcast = expcast;
   p.vsmooth = vsmooth;
-  raise_on_error(vc::launch_attn_mma(p, reinterpret_cast<void*>(stream)), "attention");
+  raise_on_error(vc::launch_attn_mma(p, reinterpret_cast<void*>(stream), k_lanes), "attention");
 }
 
 }  // namespace

@@ -2,5 +2,7 @@
 #include "attn_mma_launch.cuh"
 
 namespace vc {
-cudaError_t launch_attn_mma_d64(const AttnParams& p, cudaStream_t stream) { return launch_attn_mma_dim<64>(p, stream); }
+cudaError_t launch_attn_mma_d64(const AttnParams& p, cudaStream_t stream, bool k_lanes) {
+  return launch_attn_mma_dim<64>(p, stream, k_lanes);
+}
 }  // namespace vc

@@ -47,14 +47,14 @@ cudaError_t launch_attn_mma_variant(const AttnParams& p, cudaStream_t stream) {
 
 // All 8 (QK format, P encoding, V format) variants of head dim D.
 template <int D>
-cudaError_t launch_attn_mma_dim(const AttnParams& p, cudaStream_t stream) {
+cudaError_t launch_attn_mma_dim(const AttnParams& p, cudaStream_t stream, bool k_lanes) {
   // K scales per lane: INT8, V-Smooth, head dim 128, wide builds (the binding refuses the rest with a sentence)
   if constexpr (D == 128 && VC_MMA_WIDE) {
-    if (p.k_lanes && !p.qk_fp8 && p.vsmooth)
+    if (k_lanes && !p.qk_fp8 && p.vsmooth)
       return p.expcast ? launch_attn_mma_variant<D, false, true, true, true>(p, stream)
                        : launch_attn_mma_variant<D, false, false, true, true>(p, stream);
   }
-  if (p.k_lanes) return cudaErrorInvalidValue;
+  if (k_lanes) return cudaErrorInvalidValue;
   if (p.qk_fp8) {
     if (p.expcast) return p.vsmooth ? launch_attn_mma_variant<D, true, true, true>(p, stream) : launch_attn_mma_variant<D, true, true, false>(p, stream);
     return p.vsmooth ? launch_attn_mma_variant<D, true, false, true>(p, stream) : launch_attn_mma_variant<D, true, false, false>(p, stream);
@@ -63,7 +63,7 @@ cudaError_t launch_attn_mma_dim(const AttnParams& p, cudaStream_t stream) {
   return p.vsmooth ? launch_attn_mma_variant<D, false, false, true>(p, stream) : launch_attn_mma_variant<D, false, false, false>(p, stream);
 }
 
-cudaError_t launch_attn_mma_d64(const AttnParams& p, cudaStream_t stream);
-cudaError_t launch_attn_mma_d128(const AttnParams& p, cudaStream_t stream);
+cudaError_t launch_attn_mma_d64(const AttnParams& p, cudaStream_t stream, bool k_lanes);
+cudaError_t launch_attn_mma_d128(const AttnParams& p, cudaStream_t stream, bool k_lanes);
 
 }  // namespace vc

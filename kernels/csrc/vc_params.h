@@ -75,9 +75,8 @@ struct AttnParams {
   float* lse;           // (B,H,N) natural-log log-sum-exp, or nullptr
   int batch, heads, n, n_pad, head_dim;
   bool out_bf16, qk_fp8, expcast, vsmooth;
-  // K scales per MMA lane (VCConfig.k_lane_scales): k_scale is (B,H,n_pad/128,4), one per (tile, quad lane); the wide
-  // layout's int8 V-Smooth head-dim-128 kernels take them (the binding refuses the rest)
-  bool k_lanes;
+  // (K scales per MMA lane are the launcher's argument, not a field: a kernel learns them from its template flag, and
+  // one more field here moved ptxas's spills in every portable kernel, e.g. sm_90a speed 32 -> 112 B: section 34)
 };
 
 // The Hopper library's C entry (sm90_launch.cu: vc_sm90_forward_low_rank) and its error text, as the prepare
@@ -107,7 +106,9 @@ int prepare_legacy_quantize();
 int prepare_staged_stats();
 // 1 if the statistics kernel loads its permutation indices first (VC_PREP_STATS_PREFETCH, prepare.cuh)
 int prepare_stats_prefetch();
-const char* launch_attn_mma(const AttnParams& p, void* stream);
+// k_lanes (VCConfig.k_lane_scales): k_scale is (B,H,n_pad/128,4), one per (tile, quad lane); the wide layout's INT8
+// V-Smooth head-dim-128 kernels take them (the binding refuses the rest)
+const char* launch_attn_mma(const AttnParams& p, void* stream, bool k_lanes = false);
 // Query rows per CTA of the attention kernel this build runs (tells the build-time variants apart).
 int attn_mma_cta_rows();
 // 1: the build takes v_mean as float32 mean / v_scale (VC_MMA_MEAN_SCALED), 0: as the fp16 mean.
