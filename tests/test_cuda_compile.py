@@ -105,14 +105,16 @@ def test_variant_compiles(compiled, source, variant, arch):
     assert "wide_kernel" in result.stderr, "the variant flags did not select the wide kernel"
     all_spills = _spills(result.stderr)
     # <D, kQkFp8, kExpCast, kVSmooth, kLanes>: the lane kernels (K scales per lane: INT8 V-Smooth at head dim 128, both
-    # P encodings) beside the 8 of every build, within the int8 kernels' bound (at the 255-register cap ptxas spills them
-    # a little differently from their twins: the default builds 0-12 B more, docs/kernel-notes.md section 34)
+    # P encodings) beside the 8 of every build, within the int8 kernels' bound or a few words of their twins (at the
+    # 255-register cap ptxas spills them a little differently: the default builds 0-12 B more, wide-restoretile's sm_90a
+    # fidelity one 292 -> 312 B; docs/kernel-notes.md section 34)
     lane_flag = {k: re.search(r"wide_kernelILi\d+ELb[01]ELb[01]ELb[01]ELb([01])E", k) for k in all_spills}
     lanes = {k: b for k, b in all_spills.items() if lane_flag[k] and lane_flag[k].group(1) == "1"}
     spills = {k: b for k, b in all_spills.items() if k not in lanes}
     assert len(spills) == 8, result.stderr  # 2 QK formats x 2 P encodings x 2 V formats
     assert len(lanes) == (2 if source == "attn_mma_d128.cu" else 0), sorted(lanes)
-    assert max(lanes.values(), default=0) <= MAX_WIDE_SPILL_BYTES, lanes
+    twin = {k: all_spills[re.sub(r"ELb1EEEv", "ELb0EEEv", k)] for k in lanes}
+    assert all(b <= max(MAX_WIDE_SPILL_BYTES, twin[k] + 32) for k, b in lanes.items()), (lanes, twin)
     int8_qk = {k: b for k, b in spills.items() if re.search(r"ILi\d+ELb0E", k)}  # <D, kQkFp8 = false, ...>
     assert len(int8_qk) == 4 and max(int8_qk.values()) <= MAX_WIDE_SPILL_BYTES, int8_qk
 
