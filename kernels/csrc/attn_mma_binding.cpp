@@ -39,9 +39,11 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
   // K scales per lane (VCConfig.k_lane_scales): four per 128-key tile, read by the wide layout's lane kernels
   const bool k_lanes = k_scale.dim() == 4;
   const int64_t tiles = q_q.size(0) * q_q.size(1) * (q_q.size(2) / vc::kKBlock);
-  TORCH_CHECK_VALUE(k_scale.numel() == tiles * (k_lanes ? vc::kKLanes : 1),
-                    k_lanes ? "k_scale must be (B, H, n_pad / 128, 4) with K scales per lane."
-                            : "k_scale must be (B, H, n_pad / 128).");
+  if (k_lanes) {
+    TORCH_CHECK_VALUE(k_scale.numel() == tiles * vc::kKLanes, "k_scale must be (B, H, n_pad / 128, 4) with K scales per lane.");
+  } else {
+    TORCH_CHECK_VALUE(k_scale.numel() == tiles, "k_scale must be (B, H, n_pad / 128).");
+  }
   TORCH_CHECK_VALUE(!k_lanes || (vc::attn_mma_cta_rows() == 128 && head_dim == 128 && !qk_fp8 && vsmooth),
                     "K scales per lane run in the wide layout's INT8 V-Smooth kernels at head dim 128 only.");
   vc::AttnParams p{};

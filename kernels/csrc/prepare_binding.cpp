@@ -224,9 +224,10 @@ void prepare_attend(const torch::Tensor& q, const torch::Tensor& k, const torch:
                     "vsmooth_mode 2 with ExpCast runs the loop that reads one K scale per 256-key step, but this prepare "
                     "keeps one K scale per 128 keys.");
   // vc::kVsmoothKLanes says the K scales are per lane (with the paired-K bit): exactly where this prepare writes them
-  TORCH_CHECK_VALUE(bool(vsmooth_mode & vc::kVsmoothKLanes) == k_lanes,
-                    k_lanes ? "this prepare writes K scales per lane, but vsmooth_mode does not say so (bit 8)."
-                            : "vsmooth_mode says the K scales are per lane (bit 8), but this prepare keeps one per block.");
+  const bool lane_bit = (vsmooth_mode & vc::kVsmoothKLanes) != 0;
+  TORCH_CHECK_VALUE(lane_bit || !k_lanes, "this prepare writes K scales per lane, but vsmooth_mode does not say so (bit 8).");
+  TORCH_CHECK_VALUE(!lane_bit || k_lanes,
+                    "vsmooth_mode says the K scales are per lane (bit 8), but this prepare keeps one per block.");
   TORCH_CHECK_VALUE(out.is_cuda() && out.dim() == 4 && out.stride(3) == 1 && out.sizes() == q.sizes() &&
                         out.scalar_type() == q.scalar_type() && out.device() == q.device(),
                     "out must be a (B, H, N, D) view with q's shape, dtype and device and unit channel stride.");

@@ -71,9 +71,13 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
   TORCH_CHECK_VALUE(q_scale.numel() == batch * heads * n_pad, "q_scale must hold one scale per query row, shape (B, H, n_pad).");
   // the kernel reads k_scale by tile (and lane): its size must be what vsmooth says
   const bool lanes = (vsmooth & vc::kVsmoothKLanes) != 0;
-  TORCH_CHECK_VALUE(k_scale.numel() == batch * heads * (n_pad / vc::kKBlock) * (lanes ? vc::kKLanes : 1),
-                    lanes ? "k_scale must be (B, H, n_pad / 128, 4) with K scales per lane (vsmooth bit 8)."
-                          : "k_scale must be (B, H, n_pad / 128).");
+  const int64_t tiles = batch * heads * (n_pad / vc::kKBlock);
+  if (lanes) {
+    TORCH_CHECK_VALUE(k_scale.numel() == tiles * vc::kKLanes,
+                      "k_scale must be (B, H, n_pad / 128, 4) with K scales per lane (vsmooth bit 8).");
+  } else {
+    TORCH_CHECK_VALUE(k_scale.numel() == tiles, "k_scale must be (B, H, n_pad / 128).");
+  }
   // V-Smooth's low-rank term: the three operands together (kernels/operands.py)
   const bool low_rank = v_low_t.has_value();
   TORCH_CHECK_VALUE(low_rank == v_low_basis.has_value() && low_rank == v_low_scale.has_value(),
