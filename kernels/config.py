@@ -58,10 +58,11 @@ class VCConfig:
         as the segments): at 64 every kernel steps 128 keys with a scale per tile.
     k_lane_scales: one INT8 K scale per (K-scale block, MMA quad lane) instead of per block, the keys of every full
         128-key block reordered (K and V together) by their smoothed K's amax so each lane holds one quartile
-        (kernels/k_lanes.py: free in the softmax, each lane already holds its own row constant; emulated -2.4% rel-L2
-        in fidelity mode, -3.6% in speed mode, docs/fidelity-study.md "K scales per MMA lane"). INT8 QK, V-Smooth,
-        K scales per 256 keys and no low-rank term (the Hopper loops that implement it: the presets' paired-K loops);
-        head dim 128 only (reference.k_lanes, as k_scale_rows). The operands' k_scale is then (B,H,n_pad/128,4).
+        (kernels/k_lanes.py: free in the softmax, each lane already holds its own row constant; emulated rel-L2 -2.4% /
+        -1.8% in fidelity mode and -3.1% / -1.9% in speed mode at 32,760 / 75,600 tokens, docs/fidelity-study.md "K
+        scales per MMA lane"). INT8 QK, V-Smooth, K scales per 256 keys and no low-rank term (the loops that implement
+        it: both kernels' paired-K loops); head dim 128 only (reference.k_lanes, as k_scale_rows). The operands'
+        k_scale is then (B,H,n_pad/128,4). Not yet in a preset (nodes/presets.K_LANE_SCALES) until the H200 times it.
     """
 
     qk: str = "int8"

@@ -20,7 +20,7 @@ Arithmetic conventions (every kernel reproduces them):
   rescales exactly, so "kernel == emulation up to float32 rounding of alpha and summation order"; P
   itself is emulated against the running offsets, subnormal tail included.
 - Q has one INT8 / FP8 scale per query row (what the softmax multiplies per row anyway), K one per
-  K_BLOCK keys.
+  K_BLOCK keys (256 with k_scale_rows; per 256 keys and MMA quad lane with k_lane_scales, kernels/k_lanes.py).
 - Output = sum_j P_q[i,j] * Vhat[j] / sum_j P_q[i,j], with the SAME quantized P in both sums.
 """
 from __future__ import annotations
