@@ -14,8 +14,8 @@
 #                 (bench/grouping_fidelity_gpu.py --kernel-bins), the speed kernel on video-like data with and without
 #                 them (bench/segments_bench.py --within-bins 0,8)
 #         clamp   (not in the default list) the clamp-bound variants beside the product: the Hopper kernel
-#                 (bench/sm90_variants.sh, split vs split_cb) and the portable one (bench/mma_variants.py, V vs
-#                 V+-DVC_MMA_CLAMP_BOUND=1)
+#                 (bench/sm90_variants.sh, split_nocb vs split) and the portable one (bench/mma_variants.py,
+#                 V+-DVC_MMA_CLAMP_BOUND=0 vs V): the bound is the default since kernel-notes section 35
 #         lanes   (not in the default list) K scales per MMA lane (VCConfig.k_lane_scales, docs/kernel-notes.md 34): their
 #                 GPU tests with the paired-K tiers they touch, then bench/k_lanes_bench.py (time beside the presets and
 #                 SageAttention 2.2 at Wan2.2-14B / Wan2.1-1.3B, rel-L2 on the video-like data at 32,760 / 75,600)
@@ -93,11 +93,11 @@ for stage in $stages; do
       step within_segments 240 python3 bench/segments_bench.py --shapes wan22-14b-720p,wan21-1.3b-480p --data video \
         --within-bins 0,8 --out "$OUT" ;;
     clamp)
-      (export OUT SM90_VARIANTS="split split_cb" SM90_SHAPES="1,40,75600,128 1,12,32760,128 1,32,32768,64 1,32,6144,64"
+      (export OUT SM90_VARIANTS="split_nocb split" SM90_SHAPES="1,40,75600,128 1,12,32760,128 1,32,32768,64 1,32,6144,64"
        step clamp_sm90 420 bash bench/sm90_variants.sh)
       v=$(python3 -c "from vc_attention.kernels import mma_variants as m; print(m.default_variant('9.0a'))")
       step clamp_mma 420 python3 bench/mma_variants.py --reps 3 --out "$OUT" --shapes d64,wan21-1.3b-480p \
-        --variants "$v,$v+-DVC_MMA_CLAMP_BOUND=1" ;;
+        --variants "$v+-DVC_MMA_CLAMP_BOUND=0,$v" ;;
     lanes)  # K scales per MMA lane (VCConfig.k_lane_scales): the GPU tier, the paired-K tier it touches, time + error
       step lanes_gpu_tests 420 python3 -m pytest -q tests/test_k_lanes_gpu.py tests/test_k_scale_pairs_gpu.py \
         tests/test_vsmooth_segments_gpu.py tests/test_binding_refusals_gpu.py

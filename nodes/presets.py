@@ -165,9 +165,11 @@ PRESET_WIDGETS = tuple(PRESETS[DEFAULT_MODE])
 # V-Smooth's within-cluster bins per preset (kernels/grouping_within.py). Not a widget: like the cluster chain order
 # it only reorders tokens the grouping already placed, so there is nothing to tune; custom takes the grouping's
 # default. The fidelity preset gains without a speed cost (its loop restores every step's means); balanced and speed
-# pay more V-Smooth segment ends on real data (docs/fidelity-study.md, last section). All at the grouping's default
-# (0) until the H200 measures the bins on the real kernels (docs/kernel-notes.md section 33).
-WITHIN_BINS: dict[str, int] = {"fidelity": DEFAULT_WITHIN_BINS, "balanced": DEFAULT_WITHIN_BINS, "speed": DEFAULT_WITHIN_BINS}
+# pay more V-Smooth segment ends on real data (docs/fidelity-study.md, last section). Measured on the H200 with the
+# real kernels (docs/kernel-notes.md section 35): 8 bins lower fidelity's rel-L2 by 1.5% / 0.2% at 32,760 / 75,600
+# tokens for a 0.5 ms reuse permutation (< 0.5% of its call); the speed loop paid +1.6% (Wan2.2-14B) and +3.9%
+# (Wan2.1-1.3B) for -1.5% / +0.7% rel-L2, so balanced and speed keep the grouping's default (0).
+WITHIN_BINS: dict[str, int] = {"fidelity": 8, "balanced": DEFAULT_WITHIN_BINS, "speed": DEFAULT_WITHIN_BINS}
 
 
 # K scales per MMA lane (VCConfig.k_lane_scales, kernels/k_lanes.py) in every configuration that can take them (INT8

@@ -200,8 +200,9 @@ def _check_k_lane_kernels(flags, report: str) -> set[str]:
     for k in lanes:
         twin = re.sub(r"ELb1EEEv", "ELb0EEEv", k)  # the same kernel with one K scale per step
         assert twin in kernels and _step_mean(k) != _k_pair(k) and not _low_rank(k), k
-        # two words at most above the twin (measured: split_askip's speed lanes kernel 8 B against 4 B)
-        assert spills[k] <= spills[twin] + 8, (k, spills[k], spills[twin])
+        # four words at most above the twin (measured with the clamp bound, the default since kernel-notes section 35:
+        # split_askip's speed lanes kernel 24 B against 12 B, the product's 12 B against 8 B)
+        assert spills[k] <= spills[twin] + 16, (k, spills[k], spills[twin])
     return lanes
 
 
@@ -245,7 +246,9 @@ def test_product_library_splits_the_kernels_between_two_cta_shapes(tmp_path):
     # K scales per lane (VCConfig.k_lane_scales): the speed and fidelity paired-K kernels' twins, both output types
     lanes = _check_k_lane_kernels(backend_sm90.CUDA_FLAGS, two)
     assert len(lanes) == 4 and backend_sm90.CONSTRAINTS.k_lane_scales
-    assert all(_spill_stores(two)[k] == 0 for k in lanes), {k: _spill_stores(two)[k] for k in lanes}
+    # the fidelity lanes kernels spill nothing; the speed ones 12 B outside the loop (the clamp bound's Q-row bounds,
+    # kernel-notes section 35: no LDL in the trip, bench/sass_loop_mix.py --votes-pass)
+    assert all(_spill_stores(two)[k] <= (16 if _step_mean(k) else 0) for k in lanes), {k: _spill_stores(two)[k] for k in lanes}
     assert not any(_k_lanes(k) for k in re.findall(KERNEL_ENTRY, three))
     assert backend_sm90.CONSTRAINTS.v_rank_head_dims == (128,) and backend_sm90.CONSTRAINTS.max_v_rank == 6
     assert max(int(f) for f in re.findall(r"(\d+) bytes stack frame", two)) <= MAX_STACK_BYTES, two

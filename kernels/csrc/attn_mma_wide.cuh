@@ -57,10 +57,12 @@ static_assert(kWideStages >= 2 && kWideStages <= 4, "VC_MMA_STAGES must be 2, 3 
 #define VC_MMA_MEAN_SCALED 0
 #endif
 #ifndef VC_MMA_CLAMP_BOUND
-// speed (variant): a chunk whose scores cannot wrap their codes (vc_p::expcast_int_no_wrap with the rows' |score|
+// speed: a chunk whose scores cannot wrap their codes (vc_p::expcast_int_no_wrap with the rows' |score|
 // bound from the Q tile, vc_p::int8_row_score_bound, once per CTA; one vote per chunk) encodes without the
-// per-element clamp (one IMNMX per score) and without the rows' clamp bounds a_lo
-#define VC_MMA_CLAMP_BOUND 0
+// per-element clamp (one IMNMX per score) and without the rows' clamp bounds a_lo. On by default since the H200
+// measured it (docs/kernel-notes.md section 35: speed -5.5% at head dim 64, -3.2% at Wan2.1-1.3B, same codes);
+// -DVC_MMA_CLAMP_BOUND=0 builds the previous check for comparison
+#define VC_MMA_CLAMP_BOUND 1
 #endif
 static_assert(VC_MMA_PV_F16 >= 0 && VC_MMA_PV_F16 <= 2, "VC_MMA_PV_F16 must be 0, 1 or 2");
 constexpr bool kPvF16 = VC_MMA_PV_F16 != 0;

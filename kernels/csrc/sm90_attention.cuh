@@ -90,11 +90,13 @@ constexpr bool p_through_smem() {
 #define VC_EXPCAST_CLAMP_CHECK 1
 #endif
 #ifndef VC_EXPCAST_CLAMP_BOUND
-// speed (variant): before the clamp check's row minima, a bound that needs none: |score| <= 128 sum_d |q_d| (the
-// INT8 codes), from the CTA's Q tile once; where no code of that whole range can wrap (so the clamp changes
-// nothing) the step encodes unclamped after one FFMA and compare per row and a vote (p_encoding.cuh); a_lo is then
-// computed only where the step clamps
-#define VC_EXPCAST_CLAMP_BOUND 0
+// speed: before the clamp check's row minima, a bound that needs none: |score| <= 128 sum_d |q_d| (the INT8
+// codes), from the CTA's Q tile once; where no code of that whole range can wrap (so the clamp changes nothing)
+// the step encodes unclamped after one FFMA and compare per row and a vote (p_encoding.cuh); a_lo is then computed
+// only where the step clamps. On by default since the H200 measured it (docs/kernel-notes.md section 35: speed
+// -5.9% at Wan2.2-14B, -2.3% at Wan2.1-1.3B, -9% at head dim 64, same codes); -DVC_EXPCAST_CLAMP_BOUND=0 builds
+// the previous check
+#define VC_EXPCAST_CLAMP_BOUND 1
 #endif
 #ifndef VC_SM90_D64_OVERLAP
 #define VC_SM90_D64_OVERLAP 1  // head dim 64 + ExpCast: the own-PV overlap (0: the single-stream loop)
