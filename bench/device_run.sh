@@ -19,6 +19,8 @@
 #         lanes   (not in the default list) K scales per MMA lane (VCConfig.k_lane_scales, docs/kernel-notes.md 34): their
 #                 GPU tests with the paired-K tiers they touch, then bench/k_lanes_bench.py (time beside the presets and
 #                 SageAttention 2.2 at Wan2.2-14B / Wan2.1-1.3B, rel-L2 on the video-like data at 32,760 / 75,600)
+#         spread  (not in the default list) bench/fidelity_spread.py: fidelity's paired-K exp2 loop against the
+#                 unpaired one and speed, in rotating rounds, with the SM clock / power after each (kernel-notes 35)
 #         variants (not in the default list) the portable kernel's build-time variants side by side with
 #                 SageAttention 2.2's portable kernel (bench/mma_variants.py; $MMA_VARIANTS), the prepare
 #                 extension's variants (bench/prepare_variants.py), then one ncu
@@ -105,7 +107,9 @@ for stage in $stages; do
         --out "$OUT"
       step lanes_bench_mma 300 python3 bench/k_lanes_bench.py --backend mma --shapes wan21-1.3b-480p --sizes 32760 \
         --seeds 0 --out "$OUT" ;;
-    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes)"; exit 2 ;;
+    spread)  # fidelity's paired-K loop against the unpaired one in rounds, with the GPU's clocks (kernel-notes 35)
+      step fidelity_spread 300 python3 bench/fidelity_spread.py --rounds 6 --out "$OUT" ;;
+    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread)"; exit 2 ;;
   esac
 done
 tail -n 4 "$OUT"/*.log
