@@ -1,4 +1,4 @@
-"""Fidelity's paired-K exp2 loop against the unpaired one, in rounds, with the GPU's clocks: where the spread comes from.
+"""Fidelity's paired-K exp2 loop against the unpaired one in rounds, with the GPU's clocks: where its spread comes from.
 
 The same paired loop (fidelity's, config.FIDELITY: one K scale per 256-key step) has measured 132.5-139.5 ms at
 Wan2.2-14B 720p in different device calls while the unpaired exp2 loop (k_scale_rows 128) stayed within 137.3-139.5
@@ -78,8 +78,8 @@ def run_shape(bhnd, rounds: int, reps: int) -> list[dict]:
                                                 warmup=2, min_total_ms=100)
                 row["gpu"][label] = gpu_sample()
             out.append(row)
-            print(f"round {i}: " + " | ".join(f"{m} {t:8.3f} ms ({(row['gpu'][m] or {}).get('clocks.sm', '-')} MHz)"
-                                              for m, t in row["ms"].items()), flush=True)
+            cells = [f"{m} {t:8.3f} ms ({(row['gpu'][m] or {}).get('clocks.sm', '-')} MHz)" for m, t in row["ms"].items()]
+            print(f"round {i}: " + " | ".join(cells), flush=True)
     return out
 
 

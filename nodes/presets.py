@@ -167,8 +167,8 @@ PRESET_WIDGETS = tuple(PRESETS[DEFAULT_MODE])
 # default. The fidelity preset gains without a speed cost (its loop restores every step's means); balanced and speed
 # pay more V-Smooth segment ends on real data (docs/fidelity-study.md, last section). Measured on the H200 with the
 # real kernels (docs/kernel-notes.md section 35): 8 bins lower fidelity's rel-L2 by 1.5% / 0.2% at 32,760 / 75,600
-# tokens for a 0.6 ms reuse permutation at Wan2.2-14B 720p (< 0.5% of its 140 ms call); the speed loop paid +1.6% (Wan2.2-14B) and +3.9%
-# (Wan2.1-1.3B) for -1.5% / +0.7% rel-L2, so balanced and speed keep the grouping's default (0).
+# tokens for a 0.6 ms reuse permutation at Wan2.2-14B 720p (< 0.5% of its 140 ms call); the speed loop paid +1.6%
+# (Wan2.2-14B) and +3.9% (Wan2.1-1.3B) for -1.5% / +0.7% rel-L2, so balanced and speed keep the grouping's default.
 WITHIN_BINS: dict[str, int] = {"fidelity": 8, "balanced": DEFAULT_WITHIN_BINS, "speed": DEFAULT_WITHIN_BINS}
 
 
