@@ -78,7 +78,8 @@ def run_shape(bhnd, rounds: int, reps: int) -> list[dict]:
                                                 warmup=2, min_total_ms=100)
                 row["gpu"][label] = gpu_sample()
             out.append(row)
-            cells = [f"{m} {t:8.3f} ms ({(row['gpu'][m] or {}).get('clocks.sm', '-')} MHz)" for m, t in row["ms"].items()]
+            clock = {m: (g or {}).get("clocks.sm", "-") for m, g in row["gpu"].items()}
+            cells = [f"{m} {t:8.3f} ms ({clock[m]} MHz)" for m, t in row["ms"].items()]
             print(f"round {i}: " + " | ".join(cells), flush=True)
     return out
 
@@ -98,8 +99,9 @@ def main(argv=None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("fidelity_spread.py needs a CUDA GPU (the sm90 backend).")
     labels = list(configs())
+    command = "python3 bench/fidelity_spread.py " + " ".join(argv if argv is not None else sys.argv[1:])
     doc = {"env": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
-                   "command": "python3 bench/fidelity_spread.py " + " ".join(argv if argv is not None else sys.argv[1:])},
+                   "command": command},
            "shapes": {}}
     for name, bhnd in parse_shapes(args.shapes).items():
         rounds = run_shape(bhnd, args.rounds, args.reps)
