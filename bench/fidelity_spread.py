@@ -2,10 +2,11 @@
 
 The same paired loop (fidelity's, config.FIDELITY: one K scale per 256-key step) has measured 132.5-139.5 ms at
 Wan2.2-14B 720p in different device calls while the unpaired exp2 loop (k_scale_rows 128) stayed within 137.3-139.5
-(docs/kernel-notes.md section 35). This times both, and speed mode as a control, round after round in one process (the
-order rotates each round), and samples the SM clock, power and temperature after every measurement, so one call shows
-whether the paired loop's time moves with the clocks (power under the MUFU load) or on its own (the two consumer
-warpgroups' phase). The public call on the sm90 backend, prepare included, random bf16 data, no grouping.
+(docs/kernel-notes.md section 35). This times both, speed mode as a control and both presets with K scales per lane,
+round after round in one process (the order rotates each round), and samples the SM clock, power and temperature
+after every measurement, so one call shows whether the paired loop's time moves with the clocks (power under the MUFU
+load) or on its own (the two consumer warpgroups' phase). The public call on the sm90 backend, prepare included,
+random bf16 data, no grouping.
 
     python3 bench/fidelity_spread.py [--shapes wan22-14b-720p,wan21-1.3b-480p] [--rounds 6] [--reps 10]
 
@@ -26,10 +27,13 @@ SMI_FIELDS = ("clocks.sm", "power.draw", "temperature.gpu")
 
 
 def configs() -> dict:
-    """label -> VCConfig: fidelity as the presets have it (paired K), the unpaired exp2 loop, speed as a control."""
+    """label -> VCConfig: fidelity as the presets have it (paired K), the unpaired exp2 loop, speed as a control, and
+    both presets with K scales per lane (their KLANES kernels: whether the lanes' +1.4% / +1.0% kernel time of session
+    25 holds against the paired loop's own spread)."""
     from vc_attention.kernels.config import FIDELITY, SPEED
 
-    return {"fidelity (paired K)": FIDELITY, "fidelity, K per 128": FIDELITY.with_(k_scale_rows=128), "speed": SPEED}
+    return {"fidelity (paired K)": FIDELITY, "fidelity, K per 128": FIDELITY.with_(k_scale_rows=128), "speed": SPEED,
+            "fidelity+lanes": FIDELITY.with_(k_lane_scales=True), "speed+lanes": SPEED.with_(k_lane_scales=True)}
 
 
 def gpu_sample() -> dict | None:

@@ -31,6 +31,7 @@ def test_the_configs_are_the_paired_and_unpaired_fidelity_loops():
     cfgs = list(fidelity_spread.configs().values())
     assert cfgs[0] == FIDELITY and FIDELITY.k_scale_rows == 256  # the paired loop: one K scale per 256-key step
     assert cfgs[1] == FIDELITY.with_(k_scale_rows=128) and cfgs[2] == SPEED
+    assert cfgs[3] == FIDELITY.with_(k_lane_scales=True) and cfgs[4] == SPEED.with_(k_lane_scales=True)
 
 
 def test_without_nvidia_smi_the_sample_is_none(monkeypatch):
