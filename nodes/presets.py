@@ -93,7 +93,8 @@ WIDGETS: dict[str, dict[str, object]] = {
     "v_smooth": {
         "kind": "boolean",
         "tooltip": "V-Smooth: regroup value tokens with k-means so each 128-token block is similar, subtract "
-        "the block mean and quantize only the residual. Most of the 8-bit fidelity gain comes from this.",
+        "the block mean and quantize only the residual. Most of the 8-bit fidelity gain comes from this. The "
+        "fidelity preset also orders each cluster's tokens in 8 bins along the cluster chain (1.5% less error).",
     },
     "expcast": {
         "kind": "boolean",
