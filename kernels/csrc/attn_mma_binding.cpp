@@ -39,11 +39,7 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
   // K scales per lane (VCConfig.k_lane_scales): four per 128-key tile, read by the wide layout's lane kernels
   const bool k_lanes = k_scale.dim() == 4;
   const int64_t tiles = q_q.size(0) * q_q.size(1) * (q_q.size(2) / vc::kKBlock);
-  if (k_lanes) {
-    TORCH_CHECK_VALUE(k_scale.numel() == tiles * vc::kKLanes, "k_scale must be (B, H, n_pad / 128, 4) with K scales per lane.");
-  } else {
-    TORCH_CHECK_VALUE(k_scale.numel() == tiles, "k_scale must be (B, H, n_pad / 128).");
-  }
+  vc::check_k_scale(k_scale, tiles, k_lanes, "");
   TORCH_CHECK_VALUE(!k_lanes || (vc::attn_mma_cta_rows() == 128 && head_dim == 128 && !qk_fp8 && vsmooth),
                     "K scales per lane run in the wide layout's INT8 V-Smooth kernels at head dim 128 only.");
   vc::AttnParams p{};

@@ -6,6 +6,7 @@
 #include <optional>
 #include <type_traits>
 
+#include "binding_checks.h"
 #include "refusal_text.h"
 #include "vc_constants.h"
 #include "vc_params.h"
@@ -72,12 +73,7 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
   // the kernel reads k_scale by tile (and lane): its size must be what vsmooth says
   const bool lanes = (vsmooth & vc::kVsmoothKLanes) != 0;
   const int64_t tiles = batch * heads * (n_pad / vc::kKBlock);
-  if (lanes) {
-    TORCH_CHECK_VALUE(k_scale.numel() == tiles * vc::kKLanes,
-                      "k_scale must be (B, H, n_pad / 128, 4) with K scales per lane (vsmooth bit 8).");
-  } else {
-    TORCH_CHECK_VALUE(k_scale.numel() == tiles, "k_scale must be (B, H, n_pad / 128).");
-  }
+  vc::check_k_scale(k_scale, tiles, lanes, " (vsmooth bit 8)");
   // V-Smooth's low-rank term: the three operands together (kernels/operands.py)
   const bool low_rank = v_low_t.has_value();
   TORCH_CHECK_VALUE(low_rank == v_low_basis.has_value() && low_rank == v_low_scale.has_value(),
