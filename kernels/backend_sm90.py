@@ -13,7 +13,7 @@ import torch
 
 from . import jit, prepare_cuda, reference
 from .backends import Backend, Constraints, register
-from .config import KERNEL_P_ENCODINGS, MAX_V_RANK, VCConfig
+from .config import EXP2_FAMILY, KERNEL_P_ENCODINGS, MAX_V_RANK, VCConfig
 from .constants import K_BLOCK, VSMOOTH_K_LANES, VSMOOTH_PAIRED_K
 from .layout import to_bhnd
 from .operands import PreparedOperands
@@ -85,7 +85,7 @@ def vsmooth_mode(config: VCConfig, head_dim: int = 128) -> int:
     lanes = VSMOOTH_K_LANES if reference.k_lanes(config, head_dim) else 0
     if config.v_mean_rows != 2 * K_BLOCK:
         return 1 | paired_k | lanes
-    return (2 if config.p == "exp2" or paired_k else 1) | paired_k | lanes
+    return (2 if config.p in EXP2_FAMILY or paired_k else 1) | paired_k | lanes
 
 
 def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.Tensor, layout: str) -> torch.Tensor:

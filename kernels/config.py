@@ -15,7 +15,8 @@ K_SCALE_ROWS = (K_BLOCK, 2 * K_BLOCK)  # keys per K scale, INT8 or FP8 (VCConfig
 
 QK_FORMATS = ("int8", "fp8")
 V_FORMATS = ("vsmooth", "per_channel")
-P_ENCODINGS = ("exp2", "expcast", "expcast_paper")
+P_ENCODINGS = ("exp2", "expcast", "mixed", "expcast_paper")
+EXP2_FAMILY = ("exp2", "mixed")  # encodings whose loops are the exp2 ones (no per-step anchor for all keys)
 KERNEL_P_ENCODINGS = ("exp2", "expcast")  # what the CUDA kernels implement; the rest is emulation only
 LAYOUTS = ("bhnd", "bnhd")
 
@@ -28,7 +29,10 @@ class VCConfig:
     v:  "vsmooth" (block mean removed, FP8 residual) or "per_channel" (SageAttention2-style FP8 V).
     p:  "exp2" (exp2 then E4M3 cast: fidelity mode), "expcast" (exp2 from float32 exponent bits
         then E4M3 cast, row max at 448, no MUFU: speed mode) or "expcast_paper" (the paper's direct E4M3 codes, whose
-        subnormal codes mis-decode; emulation only, kept for comparison).
+        subnormal codes mis-decode; emulation only, kept for comparison), or "mixed" (exp2 + cast for the first half of
+        every online-softmax step's keys, the ExpCast chord for the rest, both at row max 448: half the MUFU of exp2 for
+        +1-2% rel-L2 on the video-like data; reference.mixed_chord_keys. Spec and a kernel variant
+        (VC_SM90_EXP2_CHORD_EIGHTHS) until the H200 times it: no backend runs it yet, the reference does).
     smooth_k: subtract the per-channel mean of K over tokens (softmax-invariant, always cheap).
     v_rank: with V-Smooth, a head-global rank-`v_rank` term taken out of the residual before its FP8
         rounding (reference.lowrank_basis, quantize_v_vsmooth); 0 (the default) is V-Smooth as the
@@ -105,10 +109,10 @@ class VCConfig:
         # ExpCast anchors each step's codes at the step's K-scale block (reference.quantize_p): the loop that
         # pairs the K scales is the speed loop that pairs the means. exp2 P has no anchor, so fidelity mode may
         # pair the K scales with 128-row means (the exp2 256-key loop of VC_SM90_KPAIR_EXP2 builds)
-        if self.k_scale_rows != K_BLOCK and (self.v_rank or (self.p != "exp2" and self.v_mean_rows != 2 * V_BLOCK)):
+        if self.k_scale_rows != K_BLOCK and (self.v_rank or (self.p not in EXP2_FAMILY and self.v_mean_rows != 2 * V_BLOCK)):
             raise ValueError(f"VCConfig.k_scale_rows={self.k_scale_rows} pairs the K scales of the Hopper kernel's "
                              f"256-key steps as v_mean_rows={2 * V_BLOCK} pairs the means: it needs v_mean_rows="
-                             f"{2 * V_BLOCK} (or p='exp2') and v_rank=0, got p={self.p!r}, v_mean_rows={self.v_mean_rows}, "
+                             f"{2 * V_BLOCK} (or p='exp2' / 'mixed') and v_rank=0, got p={self.p!r}, v_mean_rows={self.v_mean_rows}, "
                              f"v_rank={self.v_rank}.")
         # the loops that read paired K scales are V-Smooth's (per-channel V runs the per-tile loops everywhere)
         if self.k_scale_rows != K_BLOCK and self.v != "vsmooth":

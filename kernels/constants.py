@@ -35,6 +35,11 @@ EXPCAST_TOP = 127.0 + EXPCAST_P_LOG2_SCALE  # float32 135.76361: t / 2^23 of the
 EXPCAST_SLOPE_BITS = 23  # t per log2 unit = 2^23: one unit of the float32 exponent field
 # A is capped at 2^28 (32 log2 units per integer step): every code a larger slope could change is 0
 EXPCAST_SLOPE_CAP = 2.0**28
+# The mixed encoding (reference.p="mixed"): exp2 + cast for the first keys of every online-softmax step and the
+# ExpCast chord for its last MIXED_CHORD_EIGHTHS eighths, so only part of the step's probabilities take the MUFU. Its
+# exp2 keys put the row max at 448 as the chord does (one row sum and one PV accumulator hold both kinds of P).
+MIXED_P_LOG2_MAX = EXPCAST_LOG2_SCALE
+MIXED_CHORD_EIGHTHS = 4
 
 # V-Smooth's low-rank term rides in the PV MMA's spare output columns: the 8 extra V^T rows after the
 # D channel rows (n = D + 8) hold E4M3 ones in row 0 for even 128-key tiles and in row 1 for odd ones (the
@@ -74,6 +79,7 @@ SHARED_WITH_CUDA = {
     "EXPCAST_P_LOG2_SCALE": EXPCAST_P_LOG2_SCALE,
     "EXPCAST_TOP": EXPCAST_TOP,
     "EXPCAST_SLOPE_CAP": EXPCAST_SLOPE_CAP,
+    "MIXED_P_LOG2_MAX": MIXED_P_LOG2_MAX,
     "V_LOW_ROWS": V_LOW_ROWS,
     "V_LOW_FIRST": V_LOW_FIRST,
     "VSMOOTH_PAIRED_K": VSMOOTH_PAIRED_K,

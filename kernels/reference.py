@@ -44,6 +44,8 @@ from .constants import (  # noqa: F401 (re-exported: the spec's parameters, shar
     INT8_MAX,
     K_BLOCK,
     LOG2E,
+    MIXED_CHORD_EIGHTHS,
+    MIXED_P_LOG2_MAX,
     P_LOG2_MAX,
     Q_BLOCK,
     V_BLOCK,
@@ -310,7 +312,29 @@ def expcast_code(s: torch.Tensor, m=0.0, **parts) -> torch.Tensor:
     return p_expcast(s, m, **parts).to(torch.float8_e4m3fn).view(torch.uint8).to(torch.int32)
 
 
+def p_exp2_cast_448(s: torch.Tensor, m=0.0) -> torch.Tensor:
+    """The mixed encoding's exp2 keys: P = E4M3(exp2(s + float32(log2(448) - M))), the row max at 448 as the chord's
+    (at u = 0 exactly 448, code 126); the same instructions as p_exp2_cast, another row constant."""
+    return fp8_e4m3(torch.exp2(s.float() + row_constant(MIXED_P_LOG2_MAX, m)))
+
+
+def mixed_chord_keys(n: int, offset_block: int, chord_eighths: int = MIXED_CHORD_EIGHTHS, device=None) -> torch.Tensor:
+    """(n,) bool: the keys the mixed encoding (p="mixed") gives the ExpCast chord, the last chord_eighths eighths of
+    every online-softmax step of offset_block keys (steps start at key 0, so a partial last step keeps the rule by its
+    keys' positions). The rest take exp2 + cast at row max 448 (p_exp2_cast_448).
+
+    Why by position: a kernel thread's keys sit in fixed MMA k-steps, so the split is static code, no per-score
+    select; which keys are exact does not matter for the error (video-like data, docs/fidelity-study.md "The mixed
+    encoding"), only how many."""
+    if not 0 <= chord_eighths <= 8 or (offset_block * chord_eighths) % 8:
+        raise ValueError(f"chord_eighths must be 0..8 with offset_block * chord_eighths a multiple of 8, got "
+                         f"{chord_eighths} for offset_block {offset_block}.")
+    first_chord = offset_block - offset_block * chord_eighths // 8
+    return torch.arange(n, device=device) % offset_block >= first_chord
+
+
 # encoder(s, m): P of the scores s against the row offset m (broadcast); m = 0 makes s the argument u
+# ("mixed" is quantize_p's: it needs the keys' positions and the chord's anchors)
 P_ENCODERS = {"exp2": p_exp2_cast, "expcast": p_expcast, "expcast_paper": p_expcast_paper}
 
 
@@ -321,7 +345,7 @@ def block_row_max(x: torch.Tensor, block: int) -> torch.Tensor:
 
 
 def quantize_p(s: torch.Tensor, config: VCConfig, offset_block: int = K_BLOCK, *, acc=None, scale=None,
-               lanes: bool | None = None) -> torch.Tensor:
+               lanes: bool | None = None, chord_eighths: int = MIXED_CHORD_EIGHTHS) -> torch.Tensor:
     """Scores (log2 units) -> quantized, UNnormalized probabilities, float64, as the kernel sums them.
 
     Each key block is encoded against the running offset of the block (running_row_offsets: the
@@ -333,10 +357,12 @@ def quantize_p(s: torch.Tensor, config: VCConfig, offset_block: int = K_BLOCK, *
     64 for the wide mma layout the backend runs).
     acc, scale (score_parts): the exact scores behind s; the speed encoding works on them (p_expcast).
     lanes: whether the K scales are per lane (k_lanes(config, head_dim); None: config.k_lane_scales).
+    chord_eighths: p="mixed" only, the chord's share of every step (mixed_chord_keys; a kernel variant may build
+    another than MIXED_CHORD_EIGHTHS).
     """
     run = running_row_offsets(s, offset_block)
     m_run = run.repeat_interleave(offset_block, dim=-1)[..., : s.shape[-1]]
-    if config.p == "expcast":
+    if config.p in ("expcast", "mixed"):
         exact = s.float() if acc is None else acc
         # a0: each key's block max over the step's keys within its K-scale block (a step of 256 keys
         # spans two 128-key scale blocks: anchored at the other block's max, a0 * scale could pass M;
@@ -346,6 +372,9 @@ def quantize_p(s: torch.Tensor, config: VCConfig, offset_block: int = K_BLOCK, *
         per_lane = config.k_lane_scales if lanes is None else lanes
         a0 = k_lane_spec.lane_block_row_max(exact, block) if per_lane else block_row_max(exact, block)
         p = p_expcast(s, m_run, acc=exact, scale=1.0 if acc is None else scale, a0=a0)
+        if config.p == "mixed":
+            chord = mixed_chord_keys(s.shape[-1], offset_block, chord_eighths, device=s.device)
+            p = torch.where(chord, p, p_exp2_cast_448(s, m_run))
     else:
         p = P_ENCODERS[config.p](s, m_run)
     return p.double() * torch.exp2(m_run.double() - run[..., -1:].double())
@@ -735,6 +764,7 @@ def vc_attention_reference(
     parts: bool = False,
     offset_block: int = K_BLOCK,
     v_basis: torch.Tensor | None = None,
+    chord_eighths: int = MIXED_CHORD_EIGHTHS,
 ):
     """Emulate one VC-Attention call exactly (quantizers bit-exact, sums in float64).
 
@@ -743,6 +773,7 @@ def vc_attention_reference(
     Query rows are processed in chunks so memory is O(query_chunk * N). offset_block: keys per
     online-softmax step of the kernel being emulated (Backend.softmax_step(head_dim, config)).
     v_basis: the low-rank term's W (B,H,config.v_rank,D) fp16; None: lowrank_basis's.
+    chord_eighths: p="mixed" only, the chord's eighths of every step (quantize_p).
     """
     check_inputs(q, k, v)
     qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))
@@ -760,7 +791,7 @@ def vc_attention_reference(
         q_blk = q_q[:, :, start:stop]
         acc, sc = score_parts(q_blk, q_sc[:, :, start:stop], k_q, k_sc, n_k)
         s = acc * sc
-        p = quantize_p(s, config, offset_block, acc=acc, scale=sc, lanes=k_sc.dim() == 4)
+        p = quantize_p(s, config, offset_block, acc=acc, scale=sc, lanes=k_sc.dim() == 4, chord_eighths=chord_eighths)
         denom = p.sum(-1, keepdim=True)
         outs.append(p @ v_hat / denom)
         if parts:

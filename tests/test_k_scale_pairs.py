@@ -28,9 +28,9 @@ def test_config_field_its_values_and_its_pairing():
         with pytest.raises(ValueError, match="k_scale_rows must be one of"):
             SPEED.with_(k_scale_rows=bad)
     # the loop that pairs the K scales is the one that pairs the means: 256 needs 256-row means, no rank
-    with pytest.raises(ValueError, match=r"needs v_mean_rows=256 \(or p='exp2'\) and v_rank=0"):
+    with pytest.raises(ValueError, match=r"needs v_mean_rows=256 \(or p='exp2' / 'mixed'\) and v_rank=0"):
         VCConfig(p="expcast", k_scale_rows=256)
-    with pytest.raises(ValueError, match=r"needs v_mean_rows=256 \(or p='exp2'\) and v_rank=0"):
+    with pytest.raises(ValueError, match=r"needs v_mean_rows=256 \(or p='exp2' / 'mixed'\) and v_rank=0"):
         SPEED.with_(v_mean_merge=False, v_mean_rows=128)
     with pytest.raises(ValueError, match="and v_rank=0"):
         FIDELITY.with_(k_scale_rows=256, v_rank=2)

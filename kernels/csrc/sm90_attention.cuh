@@ -167,6 +167,15 @@ constexpr bool pair_accumulation() {
 // spills -> 0, loop trip 1017 -> 992 instructions; Wan2.2-14B kernel -2.5%: docs/kernel-notes.md sections 29-30)
 #define VC_SM90_KPAIR_EXP2 0
 #endif
+#ifndef VC_SM90_EXP2_CHORD_EIGHTHS
+// C in 1..8 (variant; reference p="mixed", reference.mixed_chord_keys): the exp2 loops encode the last C eighths of
+// every online-softmax step's keys with the speed chord (p_encoding.cuh, on the integer scores: one IMAD instead of
+// I2FP + FFMA + MUFU.EX2) and the rest with exp2 + cast at row max 448: C/8 of fidelity's MUFU work and a third of
+// its per-score instructions go (docs/kernel-notes.md section 36). The steps' key positions are static per k-step,
+// so the split costs no select. 0 (default): exp2 for every key (p="exp2")
+#define VC_SM90_EXP2_CHORD_EIGHTHS 0
+#endif
+static_assert(VC_SM90_EXP2_CHORD_EIGHTHS >= 0 && VC_SM90_EXP2_CHORD_EIGHTHS <= 8, "the chord takes 0..8 eighths of a step");
 #ifndef VC_SM90_ALPHA_SKIP
 // 1: the speed steps skip the rescale polynomial when no row of the warp moved its running max (warp vote;
 // bit-identical: alpha is exactly 1 there either way). Variant, measured slower (docs/kernel-notes.md section 27).
@@ -501,16 +510,30 @@ struct NoWait {
 // KLANES (VCConfig.k_lane_scales): sc holds this lane's own K scale (one per quad lane t), so the integer row maxima
 // stay per lane: each anchors its lane's speed codes (reference.quantize_p with lanes) and the quad reduces the row
 // maximum in float, after the scale (float(max acc) * sc per lane, then the largest of the four: the spec's max).
-template <bool EXPCAST, bool MASK, int H, bool KPAIR = false, bool KLANES = false, typename Between = NoWait>
+// WKK (VC_SM90_EXP2_CHORD_EIGHTHS builds): 32-key k-steps of the online-softmax step these tiles belong to (4 H; 8
+// for the odd last tile of a 256-key loop, the first half of its step): the mixed encoding's chord takes its last
+// eighths by position within the step (reference.mixed_chord_keys).
+template <bool EXPCAST, bool MASK, int H, bool KPAIR = false, bool KLANES = false, typename Between = NoWait, int WKK = 4 * H>
 __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const RowScale (&sc)[H], int valid, int t,
                                              float (&row_off)[2], float (&alpha)[2], uint32_t (&pa)[4 * H][4],
                                              Between between = {}, const float* qbound = nullptr) {
   static_assert(H == 1 || H == 2, "one or two tiles per online-softmax step");
   static_assert(!KPAIR || H == 2, "a shared K scale pairs the two tiles of a 256-key step");
+  static_assert(WKK >= 4 * H, "a step holds its tiles' k-steps");
   constexpr int HK = KPAIR ? 1 : H;  // K-scale blocks of the step
   auto hk = [](int h) { return KPAIR ? 0 : h; };
+  // the mixed encoding (exp2 builds with VC_SM90_EXP2_CHORD_EIGHTHS): k-steps from kFirstChordKk of the step on take
+  // the chord; this call's k-step 4h + kk is the step's k-step 4h + kk (a lone tile is the first of its step)
+  constexpr int kChordKk = EXPCAST ? 0 : VC_SM90_EXP2_CHORD_EIGHTHS * WKK / 8;
+  static_assert(EXPCAST || VC_SM90_EXP2_CHORD_EIGHTHS * WKK % 8 == 0,
+                "the chord's share of a step must be whole 32-key k-steps (head dim 64 steps 128 keys: even eighths)");
+  constexpr int kFirstChordKk = WKK - kChordKk;
+  constexpr bool kMixed = kChordKk > 0 && kFirstChordKk < 4 * H;  // some k-step of this call takes the chord
+  static_assert(!kMixed || !VC_EXPCAST_BYTE_CODES, "the mixed encoding's chord is the integer-score one");
   // the speed encoding works on the integer scores (p_encoding.cuh) unless a byte-code variant is built
-  [[maybe_unused]] constexpr bool kIntCodes = EXPCAST && !VC_EXPCAST_BYTE_CODES;
+  [[maybe_unused]] constexpr bool kIntCodes = (EXPCAST || kMixed) && !VC_EXPCAST_BYTE_CODES;
+  // whether k-step kk of tile h is encoded by the chord (every one in speed mode)
+  auto chord_kk = [](int h, int kk) { return EXPCAST || (kMixed && 4 * h + kk >= kFirstChordKk); };
   static_assert(H == 1 || !EXPCAST || !VC_EXPCAST_BYTE_CODES, "the byte-code ExpCast variants take one tile per step");
   // whether key column (c, e) of tile h is past the valid keys (only the step's last tile is partial)
   auto masked = [&](int h, int c, int e) { return MASK && h == H - 1 && key_of_column(c, t, e) >= valid; };
@@ -593,7 +616,8 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
   for (int r = 0; r < 2; ++r) {
     const float m_new = m_step[r];
     row_off[r] = m_new;
-    base[r] = vc::kPLog2Max - m_new;  // fidelity: arg = s + float32(8 - M), reference.p_exp2_cast
+    // fidelity: arg = s + float32(8 - M), reference.p_exp2_cast; mixed: row max 448, reference.p_exp2_cast_448
+    base[r] = (kMixed ? vc::kMixedPLog2Max : vc::kPLog2Max) - m_new;
 #if VC_EXPCAST_BYTE_CODES
     prow[r] = vc_p::expcast_row(sc[0].r[r], m_new);
 #else
@@ -624,7 +648,7 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
             const bool off = masked(h, chunk, e);
             const int32_t acc = s[64 * h + 4 * chunk + 2 * row + e];
 #if !VC_EXPCAST_BYTE_CODES
-            if constexpr (kIntCodes) {  // one integer max + one IMAD on the raw accumulator; masked: code 0
+            if (kIntCodes && chord_kk(h, kk)) {  // one integer max + one IMAD on the raw accumulator; masked: code 0
               if constexpr (kClamp)
                 a[q] = vc_p::expcast_int_float(off ? INT_MIN : acc, irow[hk(h)][row]);
               else
@@ -644,7 +668,7 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
 #if VC_EXPCAST_BYTE_CODES
           pa[4 * h + kk][r] = EXPCAST ? vc_p::expcast_pack4(a[0], a[1], a[2], a[3]) : encode_exp2(a[0], a[1], a[2], a[3]);
 #else
-          pa[4 * h + kk][r] = EXPCAST ? vc_p::cast_e4m3x4(a[0], a[1], a[2], a[3]) : encode_exp2(a[0], a[1], a[2], a[3]);
+          pa[4 * h + kk][r] = chord_kk(h, kk) ? vc_p::cast_e4m3x4(a[0], a[1], a[2], a[3]) : encode_exp2(a[0], a[1], a[2], a[3]);
 #endif
         }
   };
@@ -694,12 +718,13 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
 }
 
 // One 64x128 score tile (the loops that step the online softmax by one tile).
-template <bool EXPCAST, bool MASK, bool KLANES = false>
+// WKK: the k-steps of the online-softmax step the tile belongs to (8: the odd last tile of a 256-key loop)
+template <bool EXPCAST, bool MASK, bool KLANES = false, int WKK = 4>
 __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], const RowScale& sc, int valid, int t,
                                              float (&row_off)[2], float (&alpha)[2], uint32_t (&pa)[4][4],
                                              const float* qbound = nullptr) {
   const RowScale scs[1] = {sc};
-  softmax_keys<EXPCAST, MASK, 1, false, KLANES>(s, scs, valid, t, row_off, alpha, pa, NoWait{}, qbound);
+  softmax_keys<EXPCAST, MASK, 1, false, KLANES, NoWait, WKK>(s, scs, valid, t, row_off, alpha, pa, NoWait{}, qbound);
 }
 
 // O = alpha O + (P R + l_blk mu/v_scale);  l = alpha l + l_blk. The tile's P R comes from a fresh
@@ -1004,7 +1029,9 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   // VC_EXPCAST_CLAMP_BOUND: one |score| bound for this thread's rows g and g + 8 (vc_p::int8_row_score_bound, once
   // Q is in; one register: the larger of the two rows' bounds)
   [[maybe_unused]] float q_bound = 0.f;
-  [[maybe_unused]] const float* q_bound_or_null = (EXPCAST && VC_EXPCAST_CLAMP_BOUND) ? &q_bound : nullptr;
+  // (and the mixed encoding's chord keys: VC_SM90_EXP2_CHORD_EIGHTHS builds)
+  constexpr bool kChordCodes = EXPCAST || VC_SM90_EXP2_CHORD_EIGHTHS > 0;
+  [[maybe_unused]] const float* q_bound_or_null = (kChordCodes && VC_EXPCAST_CLAMP_BOUND) ? &q_bound : nullptr;
   const float* mu_smem = reinterpret_cast<const float*>(smem + L::kMuOff);
   const float* ksc_smem_all = reinterpret_cast<const float*>(smem + L::kKscOff);
   // the K scale of stage s this thread multiplies by: its lane's (KLANES) or the tile's
@@ -1040,10 +1067,12 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   };
   auto softmax = [&](const int32_t(&s_acc)[64], const RowScale& sc, bool tail, float(&row_off)[2], float(&alpha)[2],
                      uint32_t(&pa)[4][4]) {
+    // the 256-key loops call it for their odd last tile only: the first half of a 256-key step
+    constexpr int kWkk = kStep256 ? 8 : 4;
     if (tail)
-      softmax_tile<EXPCAST, true, KLANES>(s_acc, sc, valid_last, t, row_off, alpha, pa);
+      softmax_tile<EXPCAST, true, KLANES, kWkk>(s_acc, sc, valid_last, t, row_off, alpha, pa);
     else
-      softmax_tile<EXPCAST, false, KLANES>(s_acc, sc, kBlockN, t, row_off, alpha, pa, q_bound_or_null);
+      softmax_tile<EXPCAST, false, KLANES, kWkk>(s_acc, sc, kBlockN, t, row_off, alpha, pa, q_bound_or_null);
   };
 
   float o[D / 2];
@@ -1098,7 +1127,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
 
   mbar_wait(bar_q, 0);
   if ((kTurns || kSoftmaxTurns) && wg == 1) named_arrive(1, 256);  // warpgroup 0 takes the first turn
-  if constexpr (EXPCAST && VC_EXPCAST_CLAMP_BOUND) {  // this thread's rows of its warp's 16 in the Q tile
+  if constexpr (kChordCodes && VC_EXPCAST_CLAMP_BOUND) {  // this thread's rows of its warp's 16 in the Q tile
     q_bound = static_cast<float>(max(vc_p::int8_row_score_bound<D>(q_tile + (warp * 16 + g) * D, t),
                                      vc_p::int8_row_score_bound<D>(q_tile + (warp * 16 + g + 8) * D, t)));
   }
@@ -1287,7 +1316,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       if (has_tail && last)
         softmax_keys<EXPCAST, true, 2, kKPairExp2, KLANES>(s2, sc2, valid_last, t, row_off, alpha, p2);
       else
-        softmax_keys<EXPCAST, false, 2, kKPairExp2, KLANES>(s2, sc2, kBlockN, t, row_off, alpha, p2);
+        softmax_keys<EXPCAST, false, 2, kKPairExp2, KLANES>(s2, sc2, kBlockN, t, row_off, alpha, p2, NoWait{}, q_bound_or_null);
       softmax_turn_end(last);
       if constexpr (kMeanPv) deferred_mean_a(a_mean, l_prev, alpha, t);
       turn_begin();

@@ -260,6 +260,10 @@ int VC_SM90_EXPORT(vc_sm90_step_keys)(int head_dim, int expcast, int vsmooth) {
   return vc_sm90::step256(head_dim, consumers, stages) ? 2 * vc_sm90::kBlockN : vc_sm90::kBlockN;
 }
 
+// The eighths of every online-softmax step whose keys this library's exp2 kernels encode with the speed chord
+// (VC_SM90_EXP2_CHORD_EIGHTHS: reference p="mixed" with that chord_eighths); 0: exp2 for every key (p="exp2").
+int VC_SM90_EXPORT(vc_sm90_chord_eighths)() { return VC_SM90_EXP2_CHORD_EIGHTHS; }
+
 // 1 where this library runs (head_dim, expcast, vsmooth) with the low-rank V term (vc_sm90_forward_low_rank).
 int VC_SM90_EXPORT(vc_sm90_low_rank)(int head_dim, int expcast, int vsmooth) {
   if (head_dim != 64 && head_dim != 128) return 0;

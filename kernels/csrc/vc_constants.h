@@ -10,7 +10,7 @@
     !defined(VC_K_BLOCK) || !defined(VC_P_LOG2_MAX) || !defined(VC_E4M3_OCTAVE_CODES) ||                \
     !defined(VC_E4M3_ONE_CODE) || !defined(VC_EXPCAST_MAX_CODE) || !defined(VC_EXPCAST_BIAS) ||          \
     !defined(VC_EXPCAST_BETA) || !defined(VC_EXPCAST_P_LOG2_SCALE) || !defined(VC_EXPCAST_TOP) || \
-    !defined(VC_EXPCAST_SLOPE_CAP) || !defined(VC_V_LOW_ROWS) || !defined(VC_V_LOW_FIRST) ||         \
+    !defined(VC_EXPCAST_SLOPE_CAP) || !defined(VC_MIXED_P_LOG2_MAX) || !defined(VC_V_LOW_ROWS) || !defined(VC_V_LOW_FIRST) ||         \
     !defined(VC_VSMOOTH_PAIRED_K) || !defined(VC_K_LANES) || !defined(VC_K_LANE_KEYS) || !defined(VC_VSMOOTH_K_LANES)
 #error "VC-Attention numeric constants are missing: build through kernels/jit.py, or pass kernels.constants.cuda_defines() to nvcc"
 #endif
@@ -30,6 +30,8 @@ constexpr float kExpCastBeta = VC_EXPCAST_BETA;
 constexpr float kExpCastPLog2Scale = VC_EXPCAST_P_LOG2_SCALE;  // log2(448) + beta/8: P ~ 2^(u + this)
 constexpr float kExpCastTop = VC_EXPCAST_TOP;  // 127 + log2(448) + beta/8: t / 2^23 at the row max
 constexpr float kExpCastSlopeCap = VC_EXPCAST_SLOPE_CAP;  // A <= 2^28
+// the mixed encoding's exp2 keys (reference p="mixed"): the row max at 448 = 2^this, as the chord keys beside them
+constexpr float kMixedPLog2Max = VC_MIXED_P_LOG2_MAX;
 constexpr int kExpCastMaxCode = VC_EXPCAST_MAX_CODE;
 constexpr int kVLowRows = VC_V_LOW_ROWS;  // extra V^T rows: two parity row-sum rows, then coefficients
 constexpr int kVLowFirst = VC_V_LOW_FIRST;  // the first coefficient row
