@@ -21,9 +21,10 @@
 #                 SageAttention 2.2 at Wan2.2-14B / Wan2.1-1.3B, rel-L2 on the video-like data at 32,760 / 75,600)
 #         spread  (not in the default list) bench/fidelity_spread.py: fidelity's paired-K exp2 loop against the
 #                 unpaired one and speed, in rotating rounds, with the SM clock / power after each (kernel-notes 35)
-#         mixed   (not in the default list) the mixed encoding (reference p="mixed", docs/kernel-notes.md 36): the Hopper
-#                 variants split_ch4 / split_ch6 / split_ch8 beside the product (bench/sm90_variants.sh: kernel time at the issue-11
-#                 shapes, gated against their spec), then their rel-L2 on the video-like data, with and without lane
+#         mixed   (not in the default list) fidelity's two variants of docs/kernel-notes.md 36: the mixed encoding
+#                 (reference p="mixed"; split_ch4 / ch6 / ch8) and the V residual's second term (v_lo_channels;
+#                 split_lo16 / lo32, ch4_lo32) beside the product (bench/sm90_variants.sh: kernel time at the issue-11
+#                 shapes, gated against their specs), then their rel-L2 on the video-like data, with and without lane
 #                 scales, beside SageAttention 2.2 and the product's modes (bench/mixed_fidelity_gpu.py)
 #         variants (not in the default list) the portable kernel's build-time variants side by side with
 #                 SageAttention 2.2's portable kernel (bench/mma_variants.py; $MMA_VARIANTS), the prepare
@@ -112,11 +113,17 @@ for stage in $stages; do
       step lanes_bench_mma 300 python3 bench/k_lanes_bench.py --backend mma --shapes wan21-1.3b-480p --sizes 32760 \
         --seeds 0 --out "$OUT" ;;
     mixed)  # the mixed encoding (kernel-notes 36): kernel time + spec gate beside the product, then its error with lanes
-      (export OUT SM90_VARIANTS="split split_ch4 split_ch6 split_ch8" SM90_SHAPES="1,40,75600,128 1,12,32760,128 1,32,32768,64 1,32,6144,64"
-       step mixed_sm90 420 bash bench/sm90_variants.sh)
+      # every library built at once first (nvcc in parallel), then two gated timing runs that reuse them
+      (export OUT SM90_VARIANTS="split split_ch4 split_ch6 split_ch8 split_lo16 split_lo32 split_ch4_lo32" SM90_BUILD_ONLY=1
+       step fidelity_variants_build 300 bash bench/sm90_variants.sh)
+      (export OUT SM90_REUSE_BUILD=1 SM90_VARIANTS="split split_ch4 split_ch6 split_ch8" SM90_SHAPES="1,40,75600,128 1,12,32760,128 1,32,32768,64 1,32,6144,64"
+       step mixed_sm90 420 bash bench/sm90_variants.sh; mv "$OUT/sm90_check.json" "$OUT/sm90_check_mixed.json")
+      (export OUT SM90_REUSE_BUILD=1 SM90_VARIANTS="split split_lo16 split_lo32 split_ch4_lo32" SM90_SHAPES="1,40,75600,128 1,12,32760,128"
+       step lo_sm90 420 bash bench/sm90_variants.sh; mv "$OUT/sm90_check.json" "$OUT/sm90_check_lo.json")
       b=${SM90_BUILD_DIR:-build/sm90_variants}
-      step mixed_fidelity 420 python3 bench/mixed_fidelity_gpu.py --lib "$b/sm90_split.so" --lib "$b/sm90_split_ch4.so" \
-        --lib "$b/sm90_split_ch6.so" --lib "$b/sm90_split_ch8.so" --sizes 32760 75600 --seeds 0 1 --lanes --out "$OUT" ;;
+      step fidelity_variants_error 420 python3 bench/mixed_fidelity_gpu.py --lib "$b/sm90_split.so" --lib "$b/sm90_split_ch4.so" \
+        --lib "$b/sm90_split_ch6.so" --lib "$b/sm90_split_lo16.so" --lib "$b/sm90_split_lo32.so" --lib "$b/sm90_split_ch4_lo32.so" \
+        --sizes 32760 75600 --seeds 0 1 --lanes --out "$OUT" ;;
     spread)  # fidelity's paired-K loop against the unpaired one in rounds, with the GPU's clocks (kernel-notes 35)
       step fidelity_spread 300 python3 bench/fidelity_spread.py --rounds 6 --out "$OUT" ;;
     *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed)"; exit 2 ;;

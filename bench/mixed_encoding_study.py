@@ -48,10 +48,12 @@ def case_rows(case: fs.Case) -> dict[str, float]:
     return rows
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def sweep(case_rows_of, argv, default_seeds, description: str) -> tuple[dict[int, dict[str, float]], argparse.Namespace]:
+    """The studies' shared loop (this one and bench/v_lo_study.py): {size: {row label: rel-L2 mean over the seeds}}
+    of case_rows_of(case) on the video-like data with the fidelity preset's clusters (128 x 1, chain ids)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--sizes", type=int, nargs="+", default=[32760], choices=[32760, 75600])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=default_seeds)
     parser.add_argument("--rows", type=int, default=256, help="query rows sampled per head")
     parser.add_argument("--heads", type=int, default=2)
     args = parser.parse_args(argv)
@@ -61,20 +63,29 @@ def main(argv=None) -> None:
         for seed in args.seeds:
             start = time.time()
             case = fs.make_case("video", n, args.heads, args.rows, seed, fs.Grouping(128, 1, "chain"))
-            for label, err in case_rows(case).items():
+            for label, err in case_rows_of(case).items():
                 means.setdefault(n, {})[label] = means.get(n, {}).get(label, 0.0) + err / len(args.seeds)
             print(f"N={n} seed={seed}: {time.time() - start:.0f} s", flush=True)
-    print(f"\nrel-L2 of the bf16 output vs float64 (video-like data, {args.rows} rows x {args.heads} heads, mean of seeds "
-          f"{args.seeds}; fidelity's quantizers, 128 x 1 grouping, 256-key steps)")
-    print("| P encoding | " + " | ".join(f"N = {n:,}" for n in means) + " |")
+    return means, args
+
+
+def print_table(means: dict[int, dict[str, float]], first_column: str) -> None:
+    """One markdown row per label: each size's rel-L2 and its ratio to the first row."""
+    print(f"| {first_column} | " + " | ".join(f"N = {n:,}" for n in means) + " |")
     print("|---" * (len(means) + 1) + "|")
-    first = next(iter(means.values()))
-    for label in first:
+    for label in next(iter(means.values())):
         cells = []
-        for n, rows in means.items():
+        for rows in means.values():
             base = next(iter(rows.values()))
             cells.append(f"{rows[label]:.5f} ({rows[label] / base:.3f}x)")
         print(f"| {label} | " + " | ".join(cells) + " |")
+
+
+def main(argv=None) -> None:
+    means, args = sweep(case_rows, argv, [0, 1, 2], __doc__.splitlines()[0])
+    print(f"\nrel-L2 of the bf16 output vs float64 (video-like data, {args.rows} rows x {args.heads} heads, mean of seeds "
+          f"{args.seeds}; fidelity's quantizers, 128 x 1 grouping, 256-key steps)")
+    print_table(means, "P encoding")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
-"""The mixed encoding's error on the real kernel: rel-L2 of prebuilt Hopper variant libraries on video-like data.
+"""Fidelity variants' error on the real kernel: rel-L2 of prebuilt Hopper variant libraries on video-like data.
 
-A VC_SM90_EXP2_CHORD_EIGHTHS build (bench/sm90_variants.sh split_ch2 / split_ch4) runs fidelity mode with the chord for
-the last eighths of every step's keys (reference p="mixed"); `bench/sm90_variants.sh` times it and gates it against its
-spec, this tool measures what the trade costs in error where issue 10 measures it: `vc-attention bench`'s video-like
+A VC_SM90_EXP2_CHORD_EIGHTHS build (bench/sm90_variants.sh split_ch4 / split_ch6 / split_ch8) runs fidelity mode with
+the chord for the last eighths of every step's keys (reference p="mixed"); a VC_SM90_V_LO build (split_lo16 /
+split_lo32) adds the V-Smooth residual's second E4M3 term on 16 / 32 channels (VCConfig.v_lo_channels; its operands
+from the reference prepare, which has them). `bench/sm90_variants.sh` times them and gates them against their specs;
+this tool measures what each trade does to the error where issue 10 measures it: `vc-attention bench`'s video-like
 data (Wan 480p / 720p grids, 2 heads, 1,024 sampled query rows against float64 exact attention), the fidelity preset's
 grouping (nodes/presets.py: 128 clusters x 1 iteration, 8 within-cluster bins), the CUDA prepare, each library's
 kernel through its C entry. Beside them SageAttention 2.2 (when importable) and the product's fidelity and speed modes
@@ -28,6 +30,7 @@ from vc_attention.commands.bench_peers import sageattention_module
 from vc_attention.kernels import grouping, prepare_cuda
 from vc_attention.kernels.api import vc_attention
 from vc_attention.kernels.config import FIDELITY, SPEED
+from vc_attention.kernels.prepare_reference import prepare_reference
 from vc_attention.nodes import presets
 from vc_attention.study.videodata import video_like_qkv
 
@@ -64,13 +67,17 @@ def rel_l2_table(libs: list[Sm90Library], sizes: list[int], seeds: list[int], la
             add("product speed (public op, fidelity's grouping)", vc_attention(q, k, v, config=SPEED, perm=perm,
                                                                                perm_from_grouping=True))
             for config in (FIDELITY, FIDELITY.with_(k_lane_scales=True)) if lanes else (FIDELITY,):
-                ops = prepare_cuda.prepare_cuda(q, k, v, perm, config)
+                operand_sets: dict = {}
                 for lib in libs:
+                    spec = lib.spec(config)
+                    operands = spec.with_(p=config.p)  # the P encoding changes no operand; the second V term does
+                    if operands.tag not in operand_sets:  # the CUDA prepare has no second V term: the reference's
+                        operand_sets[operands.tag] = (prepare_cuda.prepare_cuda(q, k, v, perm, config) if operands == config
+                                                      else prepare_reference(q, k, v, perm, operands))
                     out = torch.full_like(q, float("nan"))
-                    lib.run(ops, out, "bhnd", config)
-                    add(f"{lib.name}: {lib.spec(config).tag}" + (f" (chord {lib.chord_eighths}/8)" if lib.chord_eighths else ""),
-                        out)
-                del ops
+                    lib.run(operand_sets[operands.tag], out, "bhnd", spec)
+                    add(f"{lib.name}: {spec.tag}" + (f" (chord {lib.chord_eighths}/8)" if lib.chord_eighths else ""), out)
+                del operand_sets
             torch.cuda.synchronize()
         table[n] = rows_out
     return table

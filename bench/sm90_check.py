@@ -55,6 +55,14 @@ class Sm90Library:
         # VC_SM90_EXP2_CHORD_EIGHTHS builds: their exp2 kernels run the mixed encoding (reference p="mixed")
         eighths = getattr(self.lib, "vc_sm90_chord_eighths", None)
         self.chord_eighths = int(eighths()) if eighths is not None else 0
+        # VC_SM90_V_LO builds: fidelity's paired-K exp2 kernel takes the V residual's second term (v_lo_channels)
+        lo = getattr(self.lib, "vc_sm90_v_lo_channels", None)
+        self.v_lo_channels = int(lo()) if lo is not None else 0
+        self.forward_v_lo = getattr(self.lib, "vc_sm90_forward_v_lo", None) if self.v_lo_channels else None
+        if self.forward_v_lo is not None:
+            self.forward_v_lo.restype = ctypes.c_int
+            self.forward_v_lo.argtypes = ([ctypes.c_void_p] * 10 + [ctypes.c_int] * 5 + [ctypes.c_longlong] * 3
+                                          + [ctypes.c_int] * 3 + [ctypes.c_void_p])
         # the forward with the low-rank V term (libraries built before it existed have none)
         self.low_rank = getattr(self.lib, "vc_sm90_forward_low_rank", None)
         if self.low_rank is not None:
@@ -77,10 +85,17 @@ class Sm90Library:
             return True
         return not f(d, int(config.p == "expcast"), vsmooth_mode(config, d)) or reference.k_scale_rows(config, d) == 256
 
-    def spec(self, config):
-        """The configuration this library's kernel for `config` implements: p="mixed" where its exp2 kernels take
-        the chord for part of every step (the reference then needs chord_eighths=self.chord_eighths)."""
-        return config.with_(p="mixed") if self.chord_eighths and config.p == "exp2" else config
+    def spec(self, config, d: int = 128):
+        """The configuration this library's kernel for (d, `config`) implements: p="mixed" where its exp2 kernels
+        take the chord for part of every step (the reference then needs chord_eighths=self.chord_eighths), and
+        v_lo_channels where fidelity's paired-K exp2 kernel takes the residual's second term (VC_SM90_V_LO: head dim
+        128, V-Smooth, exp2 P, K scales per 256 keys, no low-rank term)."""
+        if self.chord_eighths and config.p == "exp2":
+            config = config.with_(p="mixed")
+        if (self.v_lo_channels and d == 128 and config.v == "vsmooth" and config.p in ("exp2", "mixed")
+                and not config.v_rank and reference.k_scale_rows(config, d) == 2 * reference.K_BLOCK):
+            config = config.with_(v_lo_channels=self.v_lo_channels)
+        return config
 
     def run(self, ops, out: torch.Tensor, layout: str, config) -> None:
         b, h, n_pad, d = ops.q_q.shape
@@ -94,6 +109,17 @@ class Sm90Library:
                 ops.v_low_scale.data_ptr(), ops.v_low_scale.shape[-1], out.data_ptr(), b, h, ops.n_tokens, n_pad, d,
                 sb, sh, sn, int(config.p == "expcast"), 1, int(out.dtype == torch.bfloat16),
                 torch.cuda.current_stream().cuda_stream)
+            if rc:
+                raise RuntimeError(f"{self.name}: {self.lib.vc_sm90_last_error().decode()}")
+            return
+        if ops.v_lo_t is not None:  # the residual's second term (a VC_SM90_V_LO library)
+            if self.forward_v_lo is None:
+                raise RuntimeError(f"{self.name}: this library has no forward with the V residual's second term")
+            rc = self.forward_v_lo(
+                ops.q_q.data_ptr(), ops.q_scale.data_ptr(), ops.k_q.data_ptr(), ops.k_scale.data_ptr(), ops.v_t.data_ptr(),
+                ops.v_scale.data_ptr(), ops.v_mean.data_ptr(), ops.v_lo_t.data_ptr(), ops.v_lo_sel.data_ptr(),
+                out.data_ptr(), b, h, ops.n_tokens, n_pad, d, sb, sh, sn, int(config.p == "expcast"),
+                vsmooth_mode(config, d), int(out.dtype == torch.bfloat16), torch.cuda.current_stream().cuda_stream)
             if rc:
                 raise RuntimeError(f"{self.name}: {self.lib.vc_sm90_last_error().decode()}")
             return
@@ -147,9 +173,10 @@ def check_case(lib, config, b, h, n, d, dtype, layout, seed, scale_blocks=False)
     perm = torch.stack([torch.randperm(n, device="cuda") for _ in range(b * h)]).view(b, h, n) if config.v == "vsmooth" else None
     if scale_blocks and perm is not None:  # keep the blocks' layout: the identity grouping
         perm = torch.arange(n, device="cuda").expand(b, h, n).contiguous()
-    ops = prepare_reference(q, k, v, perm, config, layout)
+    spec = lib.spec(config, d)  # the operands of what this library's kernel implements (the second V term's rows)
+    ops = prepare_reference(q, k, v, perm, spec, layout)
     out = torch.full_like(q, float("nan"))
-    lib.run(ops, out, layout, config)
+    lib.run(ops, out, layout, spec)
     torch.cuda.synchronize()
     step = lib.step_keys(d, config)  # the variant's online-softmax step for this case
 
@@ -158,12 +185,12 @@ def check_case(lib, config, b, h, n, d, dtype, layout, seed, scale_blocks=False)
                                                           offset_block=step, chord_eighths=lib.chord_eighths or reference.MIXED_CHORD_EIGHTHS).out,
                          layout)
 
-    ref = emulated(lib.spec(config))
+    ref = emulated(spec)
     # rel-L2 against the float64 emulation; the output dtype's own rounding is the floor under it
     floor = rel_l2(ref.to(out.dtype), ref)
     # a mixed library is also measured against the all-exp2 spec: its distance to the mixed spec must be the smaller
     # (the gate alone, floor + 1e-3, would pass either encoding)
-    other = rel_l2(out, emulated(config)) if lib.spec(config) != config else None
+    other = rel_l2(out, emulated(config)) if spec != config else None
     return rel_l2(out, ref), floor, bool(torch.isfinite(out).all()), other
 
 
@@ -180,7 +207,7 @@ def correctness(lib):
             if not lib.runs(d, config):  # a K-pairing build: its fidelity kernel needs paired K scales
                 continue
             err, floor, finite, other = check_case(lib, config, b, h, n, d, dtype, layout, seed=len(cases))
-            cases.append(dict(config=lib.spec(config).tag, shape=[b, h, n, d], dtype=str(dtype), layout=layout,
+            cases.append(dict(config=lib.spec(config, d).tag, shape=[b, h, n, d], dtype=str(dtype), layout=layout,
                               rel_l2=err, dtype_floor=floor, finite=finite, rel_l2_vs_exp2_spec=other,
                               ok=finite and err <= floor + 1e-3 and (other is None or err < other)))
         # K-scale blocks ~9x apart next to each other (the 256-key step's anchor case)
@@ -188,7 +215,7 @@ def correctness(lib):
             continue
         err, floor, finite, other = check_case(lib, config, 1, 2, 1000, 128, torch.bfloat16, "bhnd", seed=len(cases),
                                                scale_blocks=True)
-        cases.append(dict(config=lib.spec(config).tag, shape=[1, 2, 1000, 128], dtype="torch.bfloat16", layout="bhnd",
+        cases.append(dict(config=lib.spec(config, 128).tag, shape=[1, 2, 1000, 128], dtype="torch.bfloat16", layout="bhnd",
                           data="two-scale-blocks", rel_l2=err, dtype_floor=floor, finite=finite, rel_l2_vs_exp2_spec=other,
                           ok=finite and err <= floor + 1e-3 and (other is None or err < other)))
     return cases
@@ -242,19 +269,25 @@ def timing(libs, shape, iters, fused_prepare=True, rank=0):
         if prepare is not prepare_reference:
             prep_ms = cuda_time_ms(lambda: prepare(q, k, v, p, config), iters, warmup=3)
         out = torch.empty_like(q)
+        spec_ops = {config.tag: ops}  # a library whose kernel implements another spec (the second V term) gets its own
         for lib in libs:
             if not lib.runs(d, config):
                 continue
-            ms = cuda_time_ms(lambda: lib.run(ops, out, "bhnd", config), iters, warmup=3)
+            spec = lib.spec(config, d)
+            operands = spec.with_(p=config.p)  # the P encoding changes no operand; the second V term does
+            if operands.tag not in spec_ops:  # the fused prepare has no second V term: the reference's operands
+                spec_ops[operands.tag] = prepare_reference(q, k, v, p, operands)
+            ops_l = spec_ops[operands.tag]
+            ms = cuda_time_ms(lambda: lib.run(ops_l, out, "bhnd", spec), iters, warmup=3)
             rows.append(dict(method=f"{lib.name}:{config.tag} kernel", ms=ms, tflops=flops / ms / 1e9, speedup=base / ms,
                              vs_sage=None if sage_ms is None else sage_ms / ms))
-            if prepare is prepare_reference:
+            if prepare is prepare_reference or operands != config:  # (its prepare is not the timed one)
                 continue
             total = ms + prep_ms
             rows.append(dict(method=f"{lib.name}:{config.tag} +prepare", ms=total, tflops=flops / total / 1e9,
                              speedup=base / total, prepare_ms=prep_ms,
                              vs_sage=None if sage_ms is None else sage_ms / total))
-        del ops
+        del ops, spec_ops
         torch.cuda.empty_cache()
     return rows
 

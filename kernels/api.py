@@ -80,6 +80,7 @@ def _attention_op(
     v_mean_merge: bool,
     k_scale_rows: int,
     k_lane_scales: bool,
+    v_lo_channels: int,
     sm_scale: Optional[float],
     backend: str,
     selected: bool,
@@ -88,14 +89,15 @@ def _attention_op(
     # every field of the caller's config (a field left out here silently ran its default: session 14's
     # v_mean_rows did, until tests/test_api.py's round trip checked each field)
     config = VCConfig(qk=qk, v=v_format, p=p, smooth_k=smooth_k, v_rank=v_rank, v_mean_rows=v_mean_rows,
-                      v_mean_merge=v_mean_merge, k_scale_rows=k_scale_rows, k_lane_scales=k_lane_scales)
+                      v_mean_merge=v_mean_merge, k_scale_rows=k_scale_rows, k_lane_scales=k_lane_scales,
+                      v_lo_channels=v_lo_channels)
     return _run(q, k, v, perm, v_basis, layout, config, sm_scale, backends.get(backend) if selected else backend,
                 perm_from_grouping)
 
 
 @_attention_op.register_fake
 def _attention_fake(q, k, v, perm, v_basis, layout, qk, v_format, p, smooth_k, v_rank, v_mean_rows, v_mean_merge, k_scale_rows,
-                    k_lane_scales, sm_scale, backend, selected, perm_from_grouping):
+                    k_lane_scales, v_lo_channels, sm_scale, backend, selected, perm_from_grouping):
     return torch.empty_like(q)
 
 
@@ -147,6 +149,7 @@ def vc_attention(
         return _run(q, k, v, perm, v_basis, layout, config, sm_scale, backend, perm_from_grouping)
     selected = isinstance(backend, backends.Backend)
     return _attention_op(q, k, v, perm, v_basis, layout, config.qk, config.v, config.p, config.smooth_k, config.v_rank,
-                         config.v_mean_rows, config.v_mean_merge, config.k_scale_rows, config.k_lane_scales, sm_scale,
+                         config.v_mean_rows, config.v_mean_merge, config.k_scale_rows, config.k_lane_scales,
+                         config.v_lo_channels, sm_scale,
                          backend.name if selected else backend, selected,
                          perm_from_grouping)

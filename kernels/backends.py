@@ -17,7 +17,7 @@ from typing import Callable, Optional
 import torch
 
 from . import jit, reference
-from .config import LAYOUTS, P_ENCODINGS, QK_FORMATS, V_FORMATS, VCConfig
+from .config import LAYOUTS, P_ENCODINGS, QK_FORMATS, V_FORMATS, V_LO_CHANNELS, VCConfig
 from .constants import K_BLOCK
 from .operands import rows_aligned
 from .prepared_run import AttendFn, prepared_run
@@ -44,6 +44,7 @@ class Constraints:
     max_v_rank: int = 0  # VCConfig.v_rank it implements (V-Smooth's low-rank V term)
     v_rank_head_dims: Optional[tuple[int, ...]] = None  # the head dims it implements the term for (None: all)
     k_lane_scales: bool = False  # VCConfig.k_lane_scales where the spec takes it (reference.k_lanes)
+    v_lo_channels: tuple[int, ...] = V_LO_CHANNELS  # VCConfig.v_lo_channels it implements (0: without the term)
     jit_arch: Optional[str] = None  # arch its JIT build targets ("9.0a"); None: the GPU's own
     needs_jit: bool = False  # built by kernels/jit.py: needs a toolchain (or a cached build)
 
@@ -124,6 +125,9 @@ def call_reason(c: Constraints, config: VCConfig, layout: str, q: torch.Tensor, 
     if not c.k_lane_scales and reference.k_lanes(config, q.shape[-1]):
         return ("K scales per MMA lane (k_lane_scales) are not implemented in this kernel (the sm90 and mma kernels and "
                 "the spec's emulation run them)")
+    if config.v_lo_channels not in c.v_lo_channels:
+        return (f"a second E4M3 residual term on {config.v_lo_channels} V channels (v_lo_channels) is not implemented "
+                f"in this kernel (the spec's emulation runs it)")
     if c.aligned_rows:
         for name, t in zip("qkv", (q, *kv)):
             if not rows_aligned(t):

@@ -12,6 +12,7 @@ from .constants import K_BLOCK, V_BLOCK
 
 V_MEAN_ROWS = (V_BLOCK, 2 * V_BLOCK)  # rows per V-Smooth block mean (VCConfig.v_mean_rows)
 K_SCALE_ROWS = (K_BLOCK, 2 * K_BLOCK)  # keys per K scale, INT8 or FP8 (VCConfig.k_scale_rows)
+V_LO_CHANNELS = (0, 16, 32)  # channels whose V-Smooth residual keeps a second E4M3 term (VCConfig.v_lo_channels)
 
 QK_FORMATS = ("int8", "fp8")
 V_FORMATS = ("vsmooth", "per_channel")
@@ -67,6 +68,13 @@ class VCConfig:
         scales per MMA lane"). INT8 QK, V-Smooth, K scales per 256 keys and no low-rank term (the loops that implement
         it: both kernels' paired-K loops); head dim 128 only (reference.k_lanes, as k_scale_rows). The operands'
         k_scale is then (B,H,n_pad/128,4). Not yet in a preset (nodes/presets.K_LANE_SCALES) until the H200 times it.
+    v_lo_channels: with V-Smooth, this many channels per head (0, 16 or 32) keep the E4M3 rounding error of their
+        residual as a second E4M3 term with the same scale (reference.quantize_v_vsmooth: hi + lo, ~2^-8 relative
+        instead of 2^-4), the channels with the largest residual energy (reference.v_lo_channel_policy). The V term is
+        most of the output error: emulated rel-L2 -5% (16) / -10% (32) on the video-like data at 32,760 and 75,600
+        tokens (docs/fidelity-study.md "A second E4M3 term for the residual's busiest channels"). A kernel pays one
+        narrow PV MMA more per step (n = 16 / 32 next to n = D + 8). Spec and a Hopper kernel variant (VC_SM90_V_LO,
+        docs/kernel-notes.md section 36) until the H200 times it: no backend declares it yet, the reference runs it.
     """
 
     qk: str = "int8"
@@ -78,6 +86,7 @@ class VCConfig:
     v_mean_merge: bool = False
     k_scale_rows: int = K_BLOCK
     k_lane_scales: bool = False
+    v_lo_channels: int = 0
 
     def __post_init__(self) -> None:
         if self.qk not in QK_FORMATS:
@@ -128,16 +137,24 @@ class VCConfig:
                              f"{2 * K_BLOCK} and v_rank=0 (the Hopper paired-K loops read lane scales), got qk={self.qk!r}, "
                              f"v={self.v!r}, k_scale_rows={self.k_scale_rows}, v_rank={self.v_rank}.")
 
+        if isinstance(self.v_lo_channels, bool) or self.v_lo_channels not in V_LO_CHANNELS:
+            raise ValueError(f"VCConfig.v_lo_channels must be one of {V_LO_CHANNELS}, got {self.v_lo_channels!r}.")
+        if self.v_lo_channels and (self.v != "vsmooth" or self.v_rank):
+            raise ValueError("VCConfig.v_lo_channels keeps a second E4M3 term of the V-Smooth residual: it needs "
+                             f"v='vsmooth' and v_rank=0, got v={self.v!r}, v_rank={self.v_rank}.")
+
     def with_(self, **changes) -> "VCConfig":
         return replace(self, **changes)
 
     def with_rank(self, v_rank: int) -> "VCConfig":
         """This configuration with a rank-`v_rank` low-rank V term (0: none). V-Smooth segments take no
         low-rank term, and the low-rank loop anchors each 128-key tile on its own, so a rank > 0 turns
-        v_mean_merge off and k_scale_rows back to 128 (the 256-row means stay)."""
+        v_mean_merge off and k_scale_rows back to 128 (the 256-row means stay), and the residual's second term
+        (v_lo_channels) off."""
         return replace(self, v_rank=v_rank, v_mean_merge=self.v_mean_merge and not v_rank,
                        k_scale_rows=self.k_scale_rows if not v_rank else K_BLOCK,
-                       k_lane_scales=self.k_lane_scales and not v_rank)
+                       k_lane_scales=self.k_lane_scales and not v_rank,
+                       v_lo_channels=self.v_lo_channels if not v_rank else 0)
 
     @property
     def needs_grouping(self) -> bool:
@@ -151,7 +168,8 @@ class VCConfig:
                 + (f"-mean{self.v_mean_rows}" if self.v_mean_rows != V_BLOCK else "")
                 + ("-merged" if self.v_mean_merge else "")
                 + (f"-k{self.k_scale_rows}" if self.k_scale_rows != K_BLOCK else "")
-                + ("-lanes" if self.k_lane_scales else ""))
+                + ("-lanes" if self.k_lane_scales else "")
+                + (f"-lo{self.v_lo_channels}" if self.v_lo_channels else ""))
 
 
 # The three configurations the product talks about. Fidelity takes one K scale per 256 keys (emulated error-neutral,

@@ -35,9 +35,13 @@ def prepare_reference(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, l
     low = {}
     if config.v == "vsmooth":
         basis = reference.resolve_basis(vb, config.v_rank, basis)
-        vs = reference.quantize_v_vsmooth(vb, basis, config.v_mean_rows, reference.merges(config, vb.shape[-1]))
+        vs = reference.quantize_v_vsmooth(vb, basis, config.v_mean_rows, reference.merges(config, vb.shape[-1]),
+                                          config.v_lo_channels)
         if vs.seg_end is not None:
             low["v_seg_end"] = vs.seg_end
+        if vs.lo_q is not None:
+            low["v_lo_t"] = _pad_to_length(vs.lo_q, n_pad).transpose(-1, -2).contiguous().to(torch.float8_e4m3fn)
+            low["v_lo_sel"] = vs.lo_sel.to(torch.int32).contiguous()
         resid, scale, mean = vs.residual_q, vs.scale, vs.mean
         if basis is not None:
             low = dict(v_low_t=low_rows(vs.coeff_q, n_pad),

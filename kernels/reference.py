@@ -546,6 +546,15 @@ class VSmoothV:
     coeff_q: torch.Tensor | None = None  # (B,H,N,k) float32 values of E4M3 codes of A
     coeff_scale: torch.Tensor | None = None  # (B,H,1,k) float32 scale per head and component
     seg_end: torch.Tensor | None = None  # (B,H,nb) uint8 with V-Smooth segments (vsmooth_segments)
+    # the residual's second E4M3 term on the channels lo_sel (quantize_v_vsmooth with lo_channels)
+    lo_q: torch.Tensor | None = None  # (B,H,N,L) float32 values of E4M3 codes of the first term's rounding error
+    lo_sel: torch.Tensor | None = None  # (B,H,L) int64 channel of each lo column
+
+    def residual(self) -> torch.Tensor:
+        """(B,H,N,D) float32: the residual's codes as the PV product sums them (hi, plus lo on lo_sel), unscaled."""
+        if self.lo_q is None:
+            return self.residual_q
+        return self.residual_q.scatter_add(-1, self.lo_sel.unsqueeze(-2).expand_as(self.lo_q), self.lo_q)
 
     def low_rank(self) -> torch.Tensor:
         """(B,H,N,D) float32: A W as the kernels restore it (zeros without a basis)."""
@@ -555,7 +564,7 @@ class VSmoothV:
 
     def dequantized(self) -> torch.Tensor:
         n = self.residual_q.shape[-2]
-        v = self.residual_q * self.scale + expand_rows(self.mean.float(), V_BLOCK, n)
+        v = self.residual() * self.scale + expand_rows(self.mean.float(), V_BLOCK, n)
         return v if self.basis is None else v + self.low_rank()
 
 
@@ -607,8 +616,19 @@ def resolve_basis(v_perm: torch.Tensor, rank: int, basis: torch.Tensor | None) -
     return basis
 
 
+def v_lo_channel_policy(resid: torch.Tensor, count: int) -> torch.Tensor:
+    """The channels that keep a second E4M3 term (VCConfig.v_lo_channels), (B,H,count) int64 in ascending order: the
+    `count` channels of each head with the largest residual energy sum_j r_jc^2 (float64 sums; ties to the lower
+    channel). A policy, not the quantizer's arithmetic: kernels take the channels as an operand and any choice gives
+    a correct V (a channel without the term keeps its first term's error). On the video-like data the energy ranking
+    is as good as ranking by the first term's actual error and better than by the channel amax (docs/fidelity-study.md)."""
+    energy = resid.double().pow(2).sum(-2)  # (B,H,D)
+    order = torch.sort(-energy, dim=-1, stable=True).indices[..., :count]
+    return order.sort(dim=-1).values
+
+
 def quantize_v_vsmooth(v_perm: torch.Tensor, basis: torch.Tensor | None = None, mean_rows: int = V_BLOCK,
-                       merge: bool = False) -> VSmoothV:
+                       merge: bool = False, lo_channels: int = 0, lo_sel: torch.Tensor | None = None) -> VSmoothV:
     """V-Smooth on an already permuted V: R = V - mu (fp16 mean as float32), then per-channel FP8.
     mean_rows: the rows one mean covers (VCConfig.v_mean_rows; vsmooth_means). merge: the means of
     vsmooth_segments instead (VCConfig.v_mean_merge; no basis), the residual scaled by its amax bound.
@@ -623,19 +643,26 @@ def quantize_v_vsmooth(v_perm: torch.Tensor, basis: torch.Tensor | None = None, 
     scale is known: (amax over tokens of |R - A W| + 2^-4 sum_k amax|A_k| |W_kd|) / 448 (an E4M3
     rounding moves A by at most 2^-4 of its magnitude). On the video-like data it is within 2% of the
     exact amax and the output error is the same (docs/fidelity-study.md).
+
+    lo_channels (VCConfig.v_lo_channels; no basis): on that many channels, lo_sel (default v_lo_channel_policy) the
+    first term's rounding error is kept as a second E4M3 term of the same scale: with x = r * 448 / amax the scaled
+    residual and hi = E4M3(x), lo = E4M3(x - hi) (x - hi is exact in float32), so those channels carry hi + lo,
+    within ~2^-8 of x instead of 2^-4.
     """
+    if lo_channels and basis is not None:
+        raise ValueError("the residual's second E4M3 term (v_lo_channels) takes no low-rank term.")
     if merge:
         if basis is not None:
             raise ValueError("V-Smooth segments (v_mean_merge) take no low-rank term.")
         seg = vsmooth_segments(v_perm)
         resid = v_perm.float() - expand_rows(seg.mean.float(), V_BLOCK, v_perm.shape[-2])
         r_q, r_scale = quantize_fp8_per_channel(resid, seg.amax)
-        return VSmoothV(seg.mean, r_q, r_scale, seg_end=seg.seg_end)
+        return _with_lo(VSmoothV(seg.mean, r_q, r_scale, seg_end=seg.seg_end), resid, seg.amax, lo_channels, lo_sel)
     mean = vsmooth_means(v_perm, mean_rows)
     resid = v_perm.float() - expand_rows(mean.float(), V_BLOCK, v_perm.shape[-2])
     if basis is None:
         r_q, r_scale = quantize_fp8_per_channel(resid)
-        return VSmoothV(mean, r_q, r_scale)
+        return _with_lo(VSmoothV(mean, r_q, r_scale), resid, None, lo_channels, lo_sel)
     w = basis.float()
     coeff = resid @ w.transpose(-1, -2)
     c_q, c_scale = quantize_fp8_per_channel(coeff)  # one scale per head and component
@@ -644,12 +671,34 @@ def quantize_v_vsmooth(v_perm: torch.Tensor, basis: torch.Tensor | None = None, 
     return VSmoothV(mean, r_q, r_scale, basis, c_q, c_scale)
 
 
+def _with_lo(vs: VSmoothV, resid: torch.Tensor, amax: torch.Tensor | None, lo_channels: int,
+             lo_sel: torch.Tensor | None) -> VSmoothV:
+    """vs with the second E4M3 term on lo_channels channels (quantize_v_vsmooth's lo_channels); amax: the one the
+    first term was scaled by (None: the channel amax, as quantize_fp8_per_channel's default)."""
+    if not lo_channels:
+        return vs
+    if lo_sel is None:
+        lo_sel = v_lo_channel_policy(resid, lo_channels)
+    if lo_sel.shape != (*resid.shape[:2], lo_channels):
+        raise ValueError(f"lo_sel must be (B,H,{lo_channels}) channel indices, got {tuple(lo_sel.shape)}.")
+    lo_sel = lo_sel.long()
+    amax = channel_absmax(resid) if amax is None else amax
+    # the first term's own scaled residual x (quantize_fp8_per_channel's inv = 448 / amax, float32)
+    inv = torch.where(amax > 0, E4M3_MAX / amax, torch.zeros_like(amax)).expand(*resid.shape[:2], 1, resid.shape[-1])
+    pick = lo_sel.unsqueeze(-2)
+    x = resid.gather(-1, pick.expand(*resid.shape[:-1], lo_channels)) * inv.gather(-1, pick)
+    hi = vs.residual_q.gather(-1, pick.expand(*resid.shape[:-1], lo_channels))
+    vs.lo_q, vs.lo_sel = fp8_e4m3(x - hi), lo_sel
+    return vs
+
+
 def dequantized_v(v_perm: torch.Tensor, config: VCConfig, basis: torch.Tensor | None = None) -> torch.Tensor:
     """The V the PV product effectively uses, float32 (mean restore included for V-Smooth; with
     config.v_rank the low-rank term on `basis`, by default the one lowrank_basis proposes)."""
     if config.v == "vsmooth":
         basis = resolve_basis(v_perm, config.v_rank, basis)
-        return quantize_v_vsmooth(v_perm, basis, config.v_mean_rows, merges(config, v_perm.shape[-1])).dequantized()
+        return quantize_v_vsmooth(v_perm, basis, config.v_mean_rows, merges(config, v_perm.shape[-1]),
+                                  config.v_lo_channels).dequantized()
     v_q, v_scale = quantize_fp8_per_channel(v_perm)
     return v_q * v_scale
 

@@ -49,8 +49,8 @@ def test_a_second_copy_of_the_package_gets_its_own_op(tmp_path):
         q = torch.randn(1, 1, 20, 64)
         before = api.BACKEND_CALLS["reference"]
         api2.vc_attention(q, q, q, backend="reference")
-        api2._attention_op(q, q, q, None, None, "bhnd", "int8", "vsmooth", "exp2", True, 0, 128, False, 128, False, None, "reference", False,
-                           False)  # the registered op of the copy (eager calls of plain tensors skip it)
+        api2._attention_op(q, q, q, None, None, "bhnd", "int8", "vsmooth", "exp2", True, 0, 128, False, 128, False, 0, None,
+                           "reference", False, False)  # the registered op of the copy (eager calls of plain tensors skip it)
         assert api2.BACKEND_CALLS["reference"] == 2 and api.BACKEND_CALLS["reference"] == before
     finally:
         for name in [n for n in sys.modules if n.startswith(spec.name)]:
@@ -202,7 +202,7 @@ def test_the_checks_leave_the_op_traceable_in_one_graph():
 @pytest.mark.parametrize("through_the_op", [True, False], ids=["custom-op", "eager"])
 @pytest.mark.parametrize("config", [FIDELITY, SPEED, PLAIN_8BIT, SPEED.with_(v_mean_merge=False, v_mean_rows=128, k_scale_rows=128, smooth_k=False),
                                     FIDELITY.with_(v_mean_rows=256).with_rank(2), SPEED.with_(v_mean_merge=False),
-                                    FIDELITY.with_(k_lane_scales=True)])
+                                    FIDELITY.with_(k_lane_scales=True), FIDELITY.with_(p="mixed", v_lo_channels=16)])
 def test_the_backend_runs_the_callers_config_field_for_field(config, through_the_op, monkeypatch):
     """The custom op carries the config as separate fields: each one must arrive (a field the op dropped
     ran its default silently: speed mode's v_mean_rows did, and ran the two-mean kernel). Both paths: the
@@ -216,7 +216,7 @@ def test_the_backend_runs_the_callers_config_field_for_field(config, through_the
     api.vc_attention(q, q, q, config=config, backend="reference")
     assert seen == [config]
     assert {f.name for f in dataclasses.fields(VCConfig)} == {"qk", "v", "p", "smooth_k", "v_rank", "v_mean_rows",
-                                                      "v_mean_merge", "k_scale_rows", "k_lane_scales"}, \
+                                                      "v_mean_merge", "k_scale_rows", "k_lane_scales", "v_lo_channels"}, \
         "a new VCConfig field: pass it through kernels/api._attention_op"
 
 

@@ -70,6 +70,10 @@ struct Params {
   // V-Smooth segments (STEPMEAN kernels; VCConfig.v_mean_merge): (BH, n_pad/128) uint8, 1 on each segment's
   // last 128-key tile; nullptr: every 256-key step ends one (one mean per step)
   const uint8_t* v_seg_end;
+#if VC_SM90_V_LO
+  // the residual's second term (VC_SM90_V_LO builds): (BH, VC_SM90_V_LO) int32, the channel of each v_lo_t row
+  const int* v_lo_sel;
+#endif
 };
 
 
@@ -176,6 +180,15 @@ constexpr bool pair_accumulation() {
 #define VC_SM90_EXP2_CHORD_EIGHTHS 0
 #endif
 static_assert(VC_SM90_EXP2_CHORD_EIGHTHS >= 0 && VC_SM90_EXP2_CHORD_EIGHTHS <= 8, "the chord takes 0..8 eighths of a step");
+#ifndef VC_SM90_V_LO
+// L in {16, 32} (variant; VCConfig.v_lo_channels, reference.quantize_v_vsmooth's lo_channels): fidelity's paired-K exp2
+// kernels add the V-Smooth residual's second E4M3 term on L channels (operands v_lo_t, v_lo_sel). Its L rows ride after
+// the ones rows of every V^T stage (one more TMA box), one m64nLk32 wgmma per k-step beside the PV MMA (the same P
+// registers) fills a fresh accumulator, the fold keeps its running sum (L/2 FFMA per step), and the epilogue adds it to
+// O's columns v_lo_sel. 0 (default): no second term (docs/kernel-notes.md section 36)
+#define VC_SM90_V_LO 0
+#endif
+static_assert(VC_SM90_V_LO == 0 || VC_SM90_V_LO == 16 || VC_SM90_V_LO == 32, "the residual's second term: 16 or 32 channels");
 #ifndef VC_SM90_ALPHA_SKIP
 // 1: the speed steps skip the rescale polynomial when no row of the warp moved its running max (warp vote;
 // bit-identical: alpha is exactly 1 there either way). Variant, measured slower (docs/kernel-notes.md section 27).
@@ -223,6 +236,10 @@ constexpr bool early_qk_loop(bool expcast, bool kpair = false) {
 // So the PV MMA returns, at no extra tensor work, the row sums of the two tiles of a step in columns D
 // and D + 1 (lane t = 0 of each quad) and sum_j P_j A_jk in columns D + 2 + k (lanes t = 1..3, two each),
 // which each lane keeps in O's running scale; the epilogue adds (sum P A_q) W once.
+// The rows of the residual's second term in a kernel's V^T stages (VC_SM90_V_LO: fidelity's paired-K exp2 kernels).
+constexpr int v_lo_rows(bool expcast, bool vsmooth, bool lowrank, bool kpair) {
+  return (!expcast && vsmooth && !lowrank && kpair) ? VC_SM90_V_LO : 0;
+}
 constexpr bool low_rank_loop(int head_dim, bool vsmooth, int consumers, int stages) {
   return vsmooth && step256(head_dim, consumers, stages);
 }
@@ -262,12 +279,13 @@ __device__ __forceinline__ int mean_b_offset(int n, int k) {
   return (n >> 3) * 256 + (k >> 2) * 128 + (n & 7) * 16 + (k & 3) * 4;
 }
 
-template <int D, int STAGES, bool PSMEM = false, bool MEANMMA = false, bool MEANPV = false, bool LOWRANK = false>
+template <int D, int STAGES, bool PSMEM = false, bool MEANMMA = false, bool MEANPV = false, bool LOWRANK = false, int VLO = 0>
 struct SmemLayout {
+  static constexpr int kVLo = VLO;  // rows of the residual's second term after the ones rows (VC_SM90_V_LO)
   static constexpr int kQBytes = kBlockM * D;
   static constexpr int kKBytes = kBlockN * D;
   static constexpr int kVLoadBytes = D * kBlockN;         // V^T rows written by TMA
-  static constexpr int kVBytes = kVLoadBytes + 8 * kBlockN;  // + 8 rows of E4M3 ones (row sums)
+  static constexpr int kVBytes = kVLoadBytes + (8 + VLO) * kBlockN;  // + 8 rows of E4M3 ones (row sums) + VLO by TMA
   static constexpr int kQOff = 0;
   static constexpr int kKOff = kQOff + kQBytes;
   static constexpr int kVOff = kKOff + STAGES * kKBytes;
@@ -289,16 +307,22 @@ struct SmemLayout {
   // LOWRANK: float4 per consumer thread, its running sum_j P_j A_jk (low_rank_columns: kept here, not in
   // registers, across the softmax: four more live registers made ptxas serialize the wgmmas, C7511)
   static constexpr int kLowOff = kLPrevOff + (MEANPV ? 128 * kConsumers * 16 : 0);
-  static constexpr int kBytes = (PSMEM || MEANMMA || MEANPV || LOWRANK) ? kLowOff + (LOWRANK ? 128 * kConsumers * 16 : 0)
-                                                                        : kBarOff + (1 + 2 * STAGES) * 8;
+  static constexpr int kCoreBytes = (PSMEM || MEANMMA || MEANPV || LOWRANK) ? kLowOff + (LOWRANK ? 128 * kConsumers * 16 : 0)
+                                                                            : kBarOff + (1 + 2 * STAGES) * 8;
+  // VLO: int8 [D], each channel's column of the second term (-1: none), written by the producer before its first stage;
+  // then float [consumer thread][VLO / 2], each consumer thread's running sum of the term (kept here, not in registers,
+  // across the softmax: 8 more live registers spilled 104 B inside the loop at 168)
+  static constexpr int kLoPosOff = kCoreBytes;
+  static constexpr int kLoRunOff = (kLoPosOff + D + 15) / 16 * 16;
+  static constexpr int kBytes = VLO ? kLoRunOff + 128 * kConsumers * (VLO / 2) * 4 : kCoreBytes;
   static constexpr int kAlloc = kBytes + 1024;  // slack: tiles need 1024-byte (swizzle atom) alignment
   static_assert(kKBytes % 1024 == 0 && kVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tile alignment");
 };
 
 // The shared-memory layout of one kernel instantiation.
-template <int D, bool EXPCAST, bool VSMOOTH, int STAGES, bool LOWRANK = false>
+template <int D, bool EXPCAST, bool VSMOOTH, int STAGES, bool LOWRANK = false, int VLO = 0>
 using LayoutFor = SmemLayout<D, STAGES, p_through_smem<D, EXPCAST>(), mean_by_mma<D, EXPCAST, VSMOOTH>(),
-                             mean_in_pv<D, EXPCAST, VSMOOTH, STAGES>(), LOWRANK>;
+                             mean_in_pv<D, EXPCAST, VSMOOTH, STAGES>(), LOWRANK, VLO>;
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
@@ -397,6 +421,15 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUt
   }
   float* mu_smem = reinterpret_cast<float*>(smem + L::kMuOff);
   float* ksc_smem = reinterpret_cast<float*>(smem + L::kKscOff);
+#if VC_SM90_V_LO
+  if constexpr (L::kVLo > 0) {  // each channel's column of the second term (-1: none), seen after the first full barrier
+    int8_t* pos = reinterpret_cast<int8_t*>(smem + L::kLoPosOff);
+    for (int c = lane; c < D; c += 32) pos[c] = -1;
+    __syncwarp();
+    if (lane < L::kVLo) pos[p.v_lo_sel[static_cast<int64_t>(bh) * L::kVLo + lane]] = static_cast<int8_t>(lane);
+    __syncwarp();
+  }
+#endif
   for (int j = 0; j < n_kv; ++j) {
     const int s = j % STAGES;
     mbar_wait(&bar_empty[s], ((j / STAGES) & 1) ^ 1);
@@ -458,12 +491,16 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUt
     __syncwarp();
     if (lane == 0) {
       constexpr bool kLowRows = LOWRANK && !(VC_SM90_LOWRANK_DIAG & 4);
-      mbar_arrive_expect_tx(&bar_full[s], L::kKBytes + L::kVLoadBytes + (kLowRows ? vc::kVLowRows * kBlockN : 0));
+      mbar_arrive_expect_tx(&bar_full[s], L::kKBytes + L::kVLoadBytes + (kLowRows ? vc::kVLowRows * kBlockN : 0) +
+                                              L::kVLo * kBlockN);
       tma_load_5d(smem + L::kKOff + s * L::kKBytes, tm_k, &bar_full[s], 0, 0, 0, 0,
                   (bh * p.n_pad + j * kBlockN) / 16);
       tma_load_2d(smem + L::kVOff + s * L::kVBytes, tm_vt, &bar_full[s], j * kBlockN, bh * D);
       if constexpr (kLowRows)  // the extra B rows: parity ones + coefficient codes (one 128B-swizzle atom)
         tma_load_2d(smem + L::kVOff + s * L::kVBytes + L::kVLoadBytes, tm_vlow, &bar_full[s], j * kBlockN, bh * vc::kVLowRows);
+      if constexpr (L::kVLo > 0)  // the residual's second term (v_lo_t through the same map slot): after the ones rows
+        tma_load_2d(smem + L::kVOff + s * L::kVBytes + L::kVLoadBytes + 8 * kBlockN, tm_vlow, &bar_full[s], j * kBlockN,
+                    bh * L::kVLo);
     }
   }
 }
@@ -1012,7 +1049,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
                                               uint64_t* bar_empty) {
   constexpr bool kPSmem = p_through_smem<D, EXPCAST>();
   constexpr bool kMeanMma = mean_by_mma<D, EXPCAST, VSMOOTH>();
-  using L = LayoutFor<D, EXPCAST, VSMOOTH, STAGES, LOWRANK>;
+  constexpr int kVLo = v_lo_rows(EXPCAST, VSMOOTH, LOWRANK, KPAIR);
+  using L = LayoutFor<D, EXPCAST, VSMOOTH, STAGES, LOWRANK, kVLo>;
   static_assert(!kMeanMma || STAGES <= kMeanChunk, "a mean chunk buffer is rewritten STAGES tiles after its flush");
   const int wg = threadIdx.x / 128 - 1;
   const int tid = threadIdx.x % 128;
@@ -1043,6 +1081,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   static_assert(!kStep256 || (!kPSmem && !kMeanMma), "the 256-key loop reads P from registers and restores the means per tile");
   constexpr bool kTurns = kStep256 ? VC_SM90_STEP256_TURNS != 0 : take_turns<D, VSMOOTH>();
   constexpr bool kEarlyQk = kStep256 && early_qk_loop(EXPCAST, KPAIR);
+  static_assert(kVLo == 0 || (kStep256 && !kEarlyQk && !kPSmem && !kMeanMma && !mean_in_pv<D, EXPCAST, VSMOOTH, STAGES>()),
+                "the residual's second term: fidelity's paired-K exp2 256-key loop (its pair steps and odd tail tile)");
   // the per-tile loops below read one K scale per stage: lane scales come only with one scale per 256-key step
   static_assert(!KLANES || (kStep256 && VSMOOTH && !LOWRANK && (KPAIR || (STEPMEAN && EXPCAST && VC_SM90_KPAIR))),
                 "K scales per lane: the paired-K 256-key loops only");
@@ -1085,6 +1125,41 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   float pv[D / 2 + 4];
   uint32_t pa[4][4];
   const bool has_tail = valid_last < kBlockN;
+  // VC_SM90_V_LO: the residual's second term, P x (its kVLo rows after the ones rows of the stage) per step into a fresh
+  // accumulator (rows g, g + 8 x columns 8i + 2t, +1, as any wgmma accumulator), live only through the PV batch; the
+  // fold keeps its running sum in O's scale in shared memory (L::kLoRunOff), rescaled by the step's alpha
+  constexpr int kLoRegs = kVLo ? kVLo / 2 : 1;
+  [[maybe_unused]] float lo_acc[kLoRegs];
+  [[maybe_unused]] float4* lo_slot = reinterpret_cast<float4*>(smem + L::kLoRunOff) + (threadIdx.x - 128) * (kLoRegs / 4);
+  if constexpr (kVLo > 0) {
+#pragma unroll
+    for (int i = 0; i < kLoRegs / 4; ++i) lo_slot[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  [[maybe_unused]] auto issue_lo = [&](const uint32_t(&pt)[4][4], int s, bool accumulate) {
+    if constexpr (kVLo > 0) {
+      const TileDesc<128> lo(vt_tile(s) + L::kVLoadBytes + 8 * kBlockN);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        if constexpr (kVLo == 16)
+          wgmma_e4m3_m64n16k32(lo_acc, pt[kk], lo.k_step(kk), kk > 0 || accumulate);
+        else
+          wgmma_e4m3_m64n32k32(lo_acc, pt[kk], lo.k_step(kk), kk > 0 || accumulate);
+      }
+    }
+  };
+  [[maybe_unused]] auto fold_lo = [&](const float(&alpha_j)[2]) {  // running sum = alpha running sum + lo_acc, per row
+    if constexpr (kVLo > 0) {
+#pragma unroll
+      for (int i = 0; i < kLoRegs / 4; ++i) {
+        float4 run = lo_slot[i];
+        run.x = fmaf(run.x, alpha_j[0], lo_acc[4 * i]);  // registers 4i, 4i + 1: row g; 4i + 2, 4i + 3: row g + 8
+        run.y = fmaf(run.y, alpha_j[0], lo_acc[4 * i + 1]);
+        run.z = fmaf(run.z, alpha_j[1], lo_acc[4 * i + 2]);
+        run.w = fmaf(run.w, alpha_j[1], lo_acc[4 * i + 3]);
+        lo_slot[i] = run;
+      }
+    }
+  };
   // kMeanMma: sum_j l_j mu_j/v_scale over the 8 tiles of a chunk is one TF32 wgmma into O (three, for
   // the hi/lo splits of both factors: ~2^-21 relative) instead of 64 FMAs + 16 shared loads per tile.
   // Its A column k is tile k of the chunk; this thread holds columns t and t+4 of rows g and g+8, i.e.
@@ -1322,15 +1397,24 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       turn_begin();
       reg_fence(p2);
       reg_fence(pv);
+      if constexpr (kVLo > 0) reg_fence(lo_acc);
       wgmma_fence();
       issue_pv<D>(pv, p_lo, vt_tile(s0));
       issue_pv<D>(pv, p_hi, vt_tile(s1), true);
       if constexpr (kMeanPv) issue_deferred_mean<D>(pv, a_mean, mean_pv_tile(m));
+      if constexpr (kVLo > 0) {
+        issue_lo(p_lo, s0, false);
+        issue_lo(p_hi, s1, true);
+      }
       wgmma_commit();
       turn_end_of(last);
       wgmma_wait<0>();
       reg_fence(pv);
       reg_fence(p2);
+      if constexpr (kVLo > 0) {
+        reg_fence(lo_acc);
+        fold_lo(alpha);
+      }
       [[maybe_unused]] const float* l_step = low_rank_step(alpha);  // unread by the segment fold
       if constexpr (kDeferred)
         fold_step_deferred<D>(o, row_sum, pv, alpha, l_prev);
@@ -1362,13 +1446,19 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       turn_begin();
       reg_fence(p_lo);
       reg_fence(pv);
+      if constexpr (kVLo > 0) reg_fence(lo_acc);
       wgmma_fence();
       issue_pv<D>(pv, p_lo, vt_tile(sj));
+      if constexpr (kVLo > 0) issue_lo(p_lo, sj, false);
       wgmma_commit();
       turn_end_of(true);
       wgmma_wait<0>();
       reg_fence(pv);
       reg_fence(p_lo);
+      if constexpr (kVLo > 0) {
+        reg_fence(lo_acc);
+        fold_lo(alpha);
+      }
       const float* l_tail = low_rank_step(alpha);
       fold_tile<D, VSMOOTH>(o, row_sum, pv, alpha, mu_smem + sj * D, t, l_tail);
       release(sj);
@@ -1624,6 +1714,35 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
 
   }
 
+  if constexpr (kVLo > 0) {
+    // the second term's running sum into O's columns v_lo_sel (O is in code units: v_scale multiplies both). Through
+    // this warpgroup's half of the Q tile, dead since its last QK: row (16 warp + g + 8r), column j of the term; a row
+    // is written and read by the four lanes of one quad, so the warp's own barrier orders it
+    float* lo_smem = reinterpret_cast<float*>(smem + L::kQOff + wg * 64 * D);
+    static_assert(64 * kVLo * 4 <= 64 * D, "the term's rows fit the warpgroup's Q half");
+#pragma unroll
+    for (int i = 0; i < kVLo / 8; ++i)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float4 run = lo_slot[i];
+          lo_smem[(warp * 16 + g + 8 * r) * kVLo + 8 * i + 2 * t + e] = r ? (e ? run.w : run.z) : (e ? run.y : run.x);
+        }
+    __syncwarp();
+    const int8_t* pos = reinterpret_cast<const int8_t*>(smem + L::kLoPosOff);
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = pos[8 * i + 2 * t + e];
+        if (j >= 0) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) o[4 * i + 2 * r + e] += lo_smem[(warp * 16 + g + 8 * r) * kVLo + j];
+        }
+      }
+  }
+
   // out = v_scale * O / l in the caller's layout
   const int b = bh / p.heads, h = bh % p.heads;
   OutT* out = static_cast<OutT*>(p.out) + b * p.out_stride_b + h * p.out_stride_h;
@@ -1677,7 +1796,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     vc_attention_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                              const __grid_constant__ CUtensorMap tm_vt, const __grid_constant__ CUtensorMap tm_vlow,
                              const Params p) {
-  using L = LayoutFor<D, EXPCAST, VSMOOTH, STAGES, LOWRANK>;
+  using L = LayoutFor<D, EXPCAST, VSMOOTH, STAGES, LOWRANK, v_lo_rows(EXPCAST, VSMOOTH, LOWRANK, KPAIR)>;
   extern __shared__ uint8_t smem_raw[];
   // offset from the __shared__ array itself (not an integer round trip) so that every pointer below
   // stays provably in shared memory: the compiler then emits LDS/STS, not generic LD/ST

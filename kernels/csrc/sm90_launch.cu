@@ -95,7 +95,9 @@ template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOW
           bool KLANES = false>
 int launch(const void* q_q, const void* k_q, const void* v_t, const void* v_low_t, const Params& p, int bh,
            cudaStream_t stream) {
-  using L = LayoutFor<D, EXPCAST, VSMOOTH, STAGES, LOWRANK>;
+  // VC_SM90_V_LO builds: fidelity's paired-K exp2 kernels take the residual's second term; v_low_t is then v_lo_t
+  constexpr int kVLo = v_lo_rows(EXPCAST, VSMOOTH, LOWRANK, KPAIR);
+  using L = LayoutFor<D, EXPCAST, VSMOOTH, STAGES, LOWRANK, kVLo>;
   const CUtensorMapSwizzle row_swizzle = D == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
   const cuuint64_t rows = static_cast<cuuint64_t>(bh) * p.n_pad;
   CUtensorMap tm_q, tm_k, tm_vt, tm_vlow;
@@ -123,6 +125,16 @@ int launch(const void* q_q, const void* k_q, const void* v_t, const void* v_low_
     const cuuint32_t box[2] = {kBlockN, vc::kVLowRows};
     if (!byte_map(&tm_vlow, v_low_t, 2, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B))
       return fail("tensor map for the low-rank V rows failed");
+  } else if constexpr (kVLo > 0) {  // v_lo_t (B,H,kVLo,n_pad): one kVLo-row box per tile, swizzled like V^T
+#if VC_SM90_V_LO
+    if (v_low_t == nullptr || p.v_lo_sel == nullptr)
+      return fail("this build's fidelity kernel takes the V residual's second term: call vc_sm90_forward_v_lo");
+#endif
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.n_pad), static_cast<cuuint64_t>(bh) * kVLo};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.n_pad)};
+    const cuuint32_t box[2] = {kBlockN, kVLo};
+    if (!byte_map(&tm_vlow, v_low_t, 2, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B))
+      return fail("tensor map for the V residual's second term failed");
   } else {
     tm_vlow = tm_vt;  // unread
   }
@@ -303,13 +315,12 @@ int VC_SM90_EXPORT(vc_sm90_step_mean)(int head_dim, int expcast) {
 // v_low_scale (B,H,v_rank) float32; v_rank 0 is the plain forward. v_seg_end (B,H,n_pad/128) uint8: the
 // V-Smooth segment ends (VCConfig.v_mean_merge) for the one-mean-per-step kernels, or nullptr (every step). Returns 0 on success, else non-zero
 // with vc_sm90_last_error() describing the failure.
-int VC_SM90_EXPORT(vc_sm90_forward_low_rank)(const void* q_q, const float* q_scale, const void* k_q,
-                                             const float* k_scale, const void* v_t, const float* v_scale,
-                                             const void* v_mean, const void* v_low_t, const void* v_low_basis,
-                                             const float* v_low_scale, int v_rank, void* out, int batch, int heads,
-                                             int n, int n_pad, int head_dim, long long out_stride_b,
-                                             long long out_stride_h, long long out_stride_n, int expcast, int vsmooth,
-                                             int out_bf16, void* stream, const void* v_seg_end) {
+static int forward_impl(const void* q_q, const float* q_scale, const void* k_q, const float* k_scale, const void* v_t,
+                        const float* v_scale, const void* v_mean, const void* v_low_t, const void* v_low_basis,
+                        const float* v_low_scale, int v_rank, void* out, int batch, int heads, int n, int n_pad,
+                        int head_dim, long long out_stride_b, long long out_stride_h, long long out_stride_n, int expcast,
+                        int vsmooth, int out_bf16, void* stream, const void* v_seg_end, const void* v_lo_t,
+                        const int* v_lo_sel) {
   using namespace vc_sm90;
   // vsmooth: 0 per-channel V, 1 V-Smooth, 2 its means equal in 128-row pairs, each of 1 and 2 plus kVsmoothPairedK
   if (!vc::valid_vsmooth(vsmooth))
@@ -345,6 +356,15 @@ int VC_SM90_EXPORT(vc_sm90_forward_low_rank)(const void* q_q, const float* q_sca
   p.v_rank = v_rank;
   // V-Smooth segments: read by the one-mean-per-step kernels only (vsmooth 2); the others restore per tile
   p.v_seg_end = static_cast<const uint8_t*>(v_seg_end);
+#if VC_SM90_V_LO
+  p.v_lo_sel = v_lo_sel;
+  if (v_lo_t != nullptr) {
+    if (v_rank) return fail("the V residual's second term takes no low-rank term");
+    v_low_t = v_lo_t;  // the kernels that read it (v_lo_rows) have no low-rank rows: the same map slot
+  }
+#else
+  if (v_lo_t != nullptr || v_lo_sel != nullptr) return fail("this build has no kernel with the V residual's second term");
+#endif
   const int bh = batch * heads;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   // v_mode 2: V-Smooth means equal in 128-row pairs (VCConfig.v_mean_rows = 256); kVsmoothPairedK: the K scales too
@@ -358,6 +378,35 @@ int VC_SM90_EXPORT(vc_sm90_forward_low_rank)(const void* q_q, const float* q_sca
     return v_rank ? launch_d<64, true>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, pk, lanes, bf, s)
                   : launch_d<64, false>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, pk, lanes, bf, s);
   return fail("head_dim must be 64 or 128");
+}
+
+int VC_SM90_EXPORT(vc_sm90_forward_low_rank)(const void* q_q, const float* q_scale, const void* k_q,
+                                             const float* k_scale, const void* v_t, const float* v_scale,
+                                             const void* v_mean, const void* v_low_t, const void* v_low_basis,
+                                             const float* v_low_scale, int v_rank, void* out, int batch, int heads,
+                                             int n, int n_pad, int head_dim, long long out_stride_b,
+                                             long long out_stride_h, long long out_stride_n, int expcast, int vsmooth,
+                                             int out_bf16, void* stream, const void* v_seg_end) {
+  return forward_impl(q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_low_t, v_low_basis, v_low_scale, v_rank, out,
+                      batch, heads, n, n_pad, head_dim, out_stride_b, out_stride_h, out_stride_n, expcast, vsmooth,
+                      out_bf16, stream, v_seg_end, nullptr, nullptr);
+}
+
+// The channels of the V residual's second term this library's fidelity kernel takes (VC_SM90_V_LO; 0: none).
+int VC_SM90_EXPORT(vc_sm90_v_lo_channels)() { return VC_SM90_V_LO; }
+
+// The forward with the V residual's second term (VC_SM90_V_LO builds; VCConfig.v_lo_channels): v_lo_t (B,H,L,n_pad)
+// e4m3, v_lo_sel (B,H,L) int32 channel indices in [0, head_dim), L = vc_sm90_v_lo_channels(). Fidelity's paired-K exp2
+// kernel reads them; a call that runs another kernel ignores them.
+int VC_SM90_EXPORT(vc_sm90_forward_v_lo)(const void* q_q, const float* q_scale, const void* k_q, const float* k_scale,
+                                         const void* v_t, const float* v_scale, const void* v_mean, const void* v_lo_t,
+                                         const int* v_lo_sel, void* out, int batch, int heads, int n, int n_pad,
+                                         int head_dim, long long out_stride_b, long long out_stride_h,
+                                         long long out_stride_n, int expcast, int vsmooth, int out_bf16, void* stream) {
+  if (v_lo_t == nullptr || v_lo_sel == nullptr) return vc_sm90::fail("v_lo_t and v_lo_sel are required");
+  return forward_impl(q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, nullptr, nullptr, nullptr, 0, out, batch, heads,
+                      n, n_pad, head_dim, out_stride_b, out_stride_h, out_stride_n, expcast, vsmooth, out_bf16, stream,
+                      nullptr, v_lo_t, v_lo_sel);
 }
 
 // Returns 0 on success, else non-zero with vc_sm90_last_error() describing the failure. vsmooth (here and in

@@ -37,6 +37,27 @@ __device__ __forceinline__ void wgmma_e4m3_m64n72k32(float (&d)[36], const uint3
 }
 
 
+// D(f32, 64x16) (+)= A(e4m3, 64x32, registers) * B(e4m3, 16x32, smem, K-major)^T: the V-Smooth residual's second term
+// on 16 channels (VC_SM90_V_LO), beside the PV MMA with the same A
+__device__ __forceinline__ void wgmma_e4m3_m64n16k32(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+
+// D(f32, 64x32) (+)= A(e4m3, 64x32, registers) * B(e4m3, 32x32, smem, K-major)^T: the V-Smooth residual's second term
+// on 32 channels (VC_SM90_V_LO), beside the PV MMA with the same A
+__device__ __forceinline__ void wgmma_e4m3_m64n32k32(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+
+
 // D(f32, 64x136) (+)= A(e4m3, 64x32, smem, K-major) * B(e4m3, 136x32, smem, K-major)^T
 __device__ __forceinline__ void wgmma_e4m3_m64n136k32_ss(float (&d)[68], uint64_t desc_a, uint64_t desc_b, int accumulate) {
   asm volatile(

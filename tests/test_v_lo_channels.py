@@ -1,0 +1,118 @@
+"""The V-Smooth residual's second E4M3 term on its busiest channels (VCConfig.v_lo_channels; reference
+quantize_v_vsmooth's lo_channels, v_lo_channel_policy; the operands v_lo_t / v_lo_sel). Spec only: no kernel declares it
+yet (docs/fidelity-study.md "A second E4M3 term for the residual's busiest channels")."""
+import dataclasses
+
+import pytest
+import torch
+
+from vc_attention.kernels import backends, operand_emulation, prepare_reference
+from vc_attention.kernels import reference as R
+from vc_attention.kernels.config import FIDELITY, SPEED, VCConfig
+
+
+def busy_channels_v(n=700, d=64, seed=0):
+    """bf16 V whose channels have very different residual energy (scale 0.1 to 3) and offsets."""
+    g = torch.Generator().manual_seed(seed)
+    scale = torch.linspace(0.1, 3.0, d)[torch.randperm(d, generator=g)]
+    return (torch.randn(1, 2, n, d, generator=g) * scale + torch.randn(d, generator=g)).bfloat16()
+
+
+def test_the_policy_takes_the_channels_with_the_most_residual_energy_in_ascending_order():
+    resid = torch.zeros(1, 1, 5, 8)
+    resid[..., [6, 1, 3]] = torch.tensor([3.0, 2.0, 1.0])  # energies 9 * 5, 4 * 5, 1 * 5; the rest 0 (ties)
+    assert R.v_lo_channel_policy(resid, 2).tolist() == [[[1, 6]]]
+    assert R.v_lo_channel_policy(resid, 4).tolist() == [[[0, 1, 3, 6]]]  # the zero-energy tie goes to channel 0
+
+
+def test_selected_channels_carry_hi_plus_lo_and_the_others_are_unchanged():
+    v = busy_channels_v()
+    plain, lo = R.quantize_v_vsmooth(v), R.quantize_v_vsmooth(v, lo_channels=16)
+    assert lo.lo_q.shape == (1, 2, 700, 16) and lo.lo_sel.shape == (1, 2, 16)
+    err_plain = (plain.dequantized() - v.float()).pow(2).sum(-2)
+    err_lo = (lo.dequantized() - v.float()).pow(2).sum(-2)
+    chosen = torch.zeros_like(err_lo, dtype=torch.bool).scatter(-1, lo.lo_sel, True)
+    assert torch.equal(err_lo[~chosen], err_plain[~chosen])
+    # hi + lo is within 2^-8 of the scaled residual where hi alone is within 2^-4: the chosen channels' error falls
+    # by more than an order of magnitude (the residual against the fp16 mean is what both quantize)
+    assert bool((err_lo[chosen] < 0.02 * err_plain[chosen]).all())
+    # and they are the busiest: every chosen channel had at least the plain error of every other one
+    assert err_plain[chosen].min() >= err_plain[~chosen].max() * 0.5
+
+
+def test_lo_codes_are_the_rounding_error_of_the_first_term_in_e4m3():
+    v = busy_channels_v(seed=1)
+    vs = R.quantize_v_vsmooth(v, lo_channels=16)
+    resid = v.float() - R.expand_rows(vs.mean.float(), R.V_BLOCK, 700)
+    amax = R.channel_absmax(resid)
+    x = resid * torch.where(amax > 0, R.E4M3_MAX / amax, torch.zeros_like(amax))
+    pick = vs.lo_sel.unsqueeze(-2).expand(-1, -1, 700, -1)
+    hi = R.fp8_e4m3(x)
+    assert torch.equal(vs.residual_q, hi)
+    assert torch.equal(vs.lo_q, R.fp8_e4m3(x.gather(-1, pick) - hi.gather(-1, pick)))
+    assert torch.equal(vs.lo_q, vs.lo_q.to(torch.float8_e4m3fn).float())  # E4M3 values
+
+
+def test_a_given_channel_choice_is_used_and_a_misshaped_one_refused():
+    v = busy_channels_v()
+    sel = torch.arange(16).expand(1, 2, 16)
+    assert torch.equal(R.quantize_v_vsmooth(v, lo_channels=16, lo_sel=sel).lo_sel, sel)
+    with pytest.raises(ValueError, match=r"lo_sel must be \(B,H,16\)"):
+        R.quantize_v_vsmooth(v, lo_channels=16, lo_sel=torch.arange(8).expand(1, 2, 8))
+    with pytest.raises(ValueError, match="takes no low-rank term"):
+        R.quantize_v_vsmooth(v, R.lowrank_basis(v, 2), lo_channels=16)
+
+
+def test_the_configuration_field():
+    assert VCConfig().v_lo_channels == 0 and "-lo" not in FIDELITY.tag
+    assert FIDELITY.with_(v_lo_channels=32).tag.endswith("-lo32")
+    for bad in (8, 64, True, "16"):
+        with pytest.raises(ValueError, match="v_lo_channels must be one of"):
+            FIDELITY.with_(v_lo_channels=bad)
+    with pytest.raises(ValueError, match="needs v='vsmooth' and v_rank=0"):
+        VCConfig(v="per_channel", v_lo_channels=16)
+    assert FIDELITY.with_(v_lo_channels=16).with_rank(6).v_lo_channels == 0
+
+
+def test_no_kernel_claims_it_yet_and_the_reference_runs_it():
+    q = torch.zeros(1, 2, 8, 64)
+    config = FIDELITY.with_(v_lo_channels=16)
+    for name in ("sm90", "mma"):
+        # the backend's declarations with the device checks taken out: what remains is the term
+        c = dataclasses.replace(backends.get(name).constraints, device_type="any", dtypes=None, aligned_rows=False)
+        assert backends.call_reason(c, config.with_(v_lo_channels=0), "bhnd", q) is None
+        assert "v_lo_channels" in backends.call_reason(c, config, "bhnd", q)
+    assert 16 not in backends.get("sm90").constraints.v_lo_channels
+    assert backends.call_reason(backends.get("reference").constraints, config, "bhnd", q) is None
+
+
+@pytest.mark.parametrize("config", [FIDELITY.with_(k_scale_rows=128, v_lo_channels=16), SPEED.with_(v_lo_channels=32)])
+def test_the_operands_carry_the_term_and_emulate_the_reference(config):
+    g = torch.Generator().manual_seed(2)
+    q, k = (torch.randn(1, 2, 300, 128, generator=g).bfloat16() for _ in range(2))
+    v = busy_channels_v(n=300, d=128, seed=3)
+    perm = torch.stack([torch.randperm(300, generator=g) for _ in range(2)])[None]
+    ops = prepare_reference.prepare_reference(q, k, v, perm, config)
+    lanes = config.v_lo_channels
+    assert ops.v_lo_t.shape == (1, 2, lanes, ops.n_pad) and ops.v_lo_t.dtype == torch.float8_e4m3fn
+    assert ops.v_lo_sel.shape == (1, 2, lanes) and ops.v_lo_sel.dtype == torch.int32
+    assert not ops.v_lo_t[..., 300:].float().any()  # padded keys carry no term
+    step = 256 if config.v == "vsmooth" else 128
+    emulated = operand_emulation.emulate_attention(ops, config, torch.float64, offset_block=step)
+    spec = R.vc_attention_reference(q, k, v, config, perm=perm, parts=True, offset_block=step).out
+    assert (emulated - spec).abs().max().item() < 1e-6
+    without = R.vc_attention_reference(q, k, v, config.with_(v_lo_channels=0), perm=perm, parts=True,
+                                       offset_block=step).out
+    exact = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 128 ** 0.5, -1) @ v.double()
+    assert (spec - exact).norm() < (without - exact).norm()
+
+
+def test_the_study_tool_measures_every_row_on_one_case():
+    # bench/v_lo_study.py (docs/fidelity-study.md, last section): one small case, the second term lowers the error
+    from vc_attention.bench import fidelity_study, v_lo_study
+
+    case = fidelity_study.make_case("video", 4096, 1, 32, 0, fidelity_study.Grouping(32, 1, "chain"))
+    rows = v_lo_study.case_rows(case)
+    assert all(0.0 < err < 0.1 for err in rows.values()), rows
+    one_term = rows["exp2, second term on 0 channels (residual energy)"]
+    assert rows["exp2, second term on 128 channels (residual energy)"] < one_term

@@ -1,0 +1,58 @@
+"""The Hopper variant with the V residual's second term (VC_SM90_V_LO, VCConfig.v_lo_channels) in machine code,
+compile-only: fidelity's paired-K exp2 kernels issue one more FP8 wgmma per k-step (the term's m64n16k32 / m64n32k32
+beside the PV MMA), keep every register in place (no spill: the running sum lives in shared memory), and nothing else
+changes (docs/kernel-notes.md section 36). Its numbers against the spec are the GPU's (bench/sm90_variants.sh split_lo16
+/ split_lo32 gate it against reference.quantize_v_vsmooth with lo_channels)."""
+import importlib.util
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from vc_attention.kernels import backend_sm90, jit
+
+_CB = importlib.util.spec_from_file_location("clamp_bound_sass", Path(__file__).with_name("test_clamp_bound_sass.py"))
+clamp_bound_sass = importlib.util.module_from_spec(_CB)
+_CB.loader.exec_module(clamp_bound_sass)
+sass_loop_mix = clamp_bound_sass.sass_loop_mix
+
+pytestmark = clamp_bound_sass.pytestmark
+PAIRED_FIDELITY = re.compile(r"ILi128ELb0ELb1E\w+?Li4ELb0ELb0ELb1ELb[01]E")  # <128, exp2, V-Smooth, .., KPAIR, lanes?>
+
+
+def build(tmp_path, flags) -> tuple[dict[str, tuple[int, int]], dict[str, int]]:
+    """(kernel -> (loop trip, QGMMA in it) along the passed votes, kernel -> spill-store bytes) of sm90_launch.cu."""
+    cubin = tmp_path / f"sm90-{len(flags)}.cubin"
+    run = subprocess.run(jit.nvcc_compile_only_command(jit.CSRC_DIR / "sm90_launch.cu", "9.0a", cubin,
+                                                       extra_flags=(*flags, "-Xptxas=-v")),
+                         capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "warning" not in run.stderr.lower(), run.stderr[-3000:]
+    spills = {}
+    for block in run.stderr.split("Compiling entry function '")[1:]:
+        name = block.split("'")[0]
+        spills[name] = int(re.search(r"(\d+) bytes spill stores", block).group(1))
+    sass = subprocess.run([clamp_bound_sass.nvdisasm(), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+    loops = {}
+    for name, rows in sass_loop_mix.functions(sass).items():
+        if "kernel" in name:
+            trip = sass_loop_mix.hot_loop(rows, votes_pass=True)
+            loops[name] = (len(trip), sum(ins.lstrip("@!UPT0123456789 ").startswith("QGMMA") for ins in trip))
+    return loops, spills
+
+
+@pytest.mark.parametrize("channels", [16, 32])
+def test_the_fidelity_kernel_takes_one_more_fp8_mma_per_k_step_without_spilling(tmp_path, channels):
+    product, product_spills = build(tmp_path, backend_sm90.CUDA_FLAGS)
+    variant, variant_spills = build(tmp_path, (*backend_sm90.CUDA_FLAGS, f"-DVC_SM90_V_LO={channels}"))
+    assert set(product) == set(variant)
+    fidelity = [k for k in product if PAIRED_FIDELITY.search(k)]
+    assert len(fidelity) == 4, sorted(product)  # fp16 / bf16 output, with and without lane scales
+    for k in fidelity:
+        (trip, mma), (trip_v, mma_v) = product[k], variant[k]
+        assert mma == 8 and mma_v == 16, (k, mma, mma_v)  # two tiles x four k-steps of PV, then of the term
+        assert trip < trip_v <= trip + 120, (k, trip, trip_v)
+        assert variant_spills[k] <= product_spills[k], (k, product_spills[k], variant_spills[k])
+    others = [k for k in product if k not in fidelity]
+    assert others and all(variant[k] == product[k] for k in others), {k: (product[k], variant[k]) for k in others}
