@@ -112,17 +112,18 @@ for stage in $stages; do
         --out "$OUT"
       step lanes_bench_mma 300 python3 bench/k_lanes_bench.py --backend mma --shapes wan21-1.3b-480p --sizes 32760 \
         --seeds 0 --out "$OUT" ;;
-    mixed)  # the mixed encoding (kernel-notes 36): kernel time + spec gate beside the product, then its error with lanes
+    mixed)  # fidelity's two variants (kernel-notes 36): kernel time + spec gates beside the product, then their error
       # every library built at once first (nvcc in parallel), then two gated timing runs that reuse them
-      (export OUT SM90_VARIANTS="split split_ch4 split_ch6 split_ch8 split_lo16 split_lo32 split_ch4_lo32" SM90_BUILD_ONLY=1
+      (export OUT SM90_VARIANTS="split split_ch4 split_ch6 split_ch8 split_lo16 split_lo32 split_ch4_lo32 split_ch8_lo32" SM90_BUILD_ONLY=1
        step fidelity_variants_build 300 bash bench/sm90_variants.sh)
       (export OUT SM90_REUSE_BUILD=1 SM90_VARIANTS="split split_ch4 split_ch6 split_ch8" SM90_SHAPES="1,40,75600,128 1,12,32760,128 1,32,32768,64 1,32,6144,64"
        step mixed_sm90 420 bash bench/sm90_variants.sh; mv "$OUT/sm90_check.json" "$OUT/sm90_check_mixed.json")
-      (export OUT SM90_REUSE_BUILD=1 SM90_VARIANTS="split split_lo16 split_lo32 split_ch4_lo32" SM90_SHAPES="1,40,75600,128 1,12,32760,128"
+      (export OUT SM90_REUSE_BUILD=1 SM90_VARIANTS="split split_lo16 split_lo32 split_ch4_lo32 split_ch8_lo32" SM90_SHAPES="1,40,75600,128 1,12,32760,128"
        step lo_sm90 420 bash bench/sm90_variants.sh; mv "$OUT/sm90_check.json" "$OUT/sm90_check_lo.json")
       b=${SM90_BUILD_DIR:-build/sm90_variants}
       step fidelity_variants_error 420 python3 bench/mixed_fidelity_gpu.py --lib "$b/sm90_split.so" --lib "$b/sm90_split_ch4.so" \
-        --lib "$b/sm90_split_ch6.so" --lib "$b/sm90_split_lo16.so" --lib "$b/sm90_split_lo32.so" --lib "$b/sm90_split_ch4_lo32.so" \
+        --lib "$b/sm90_split_ch6.so" --lib "$b/sm90_split_ch8.so" --lib "$b/sm90_split_lo16.so" --lib "$b/sm90_split_lo32.so" \
+        --lib "$b/sm90_split_ch4_lo32.so" --lib "$b/sm90_split_ch8_lo32.so" \
         --sizes 32760 75600 --seeds 0 1 --lanes --out "$OUT" ;;
     spread)  # fidelity's paired-K loop against the unpaired one in rounds, with the GPU's clocks (kernel-notes 35)
       step fidelity_spread 300 python3 bench/fidelity_spread.py --rounds 6 --out "$OUT" ;;

@@ -49,6 +49,8 @@ def case_rows(case: fs.Case) -> dict[str, float]:
     s = acc * sc
     p_exp2 = ref.quantize_p(s, FIDELITY, STEP)
     p_mixed = ref.quantize_p(s, FIDELITY.with_(p="mixed"), STEP, acc=acc.to(torch.int64), scale=sc)
+    # every key by the chord (mixed at 8/8: the speed encoding inside fidelity's loop, means and K scales)
+    p_chord = ref.quantize_p(s, FIDELITY.with_(p="mixed"), STEP, acc=acc.to(torch.int64), scale=sc, chord_eighths=8)
     rows = {}
     for count in COUNTS:
         v_hat = ref.quantize_v_vsmooth(case.v_perm, lo_channels=count).dequantized()
@@ -59,6 +61,8 @@ def case_rows(case: fs.Case) -> dict[str, float]:
             rows[f"exp2, second term on {count} channels (channel amax)"] = rel_l2(case, p_exp2, by_amax)
         if count in (0, 16, 32):
             rows[f"mixed (chord 4/8), second term on {count} channels"] = rel_l2(case, p_mixed, v_hat)
+        if count in (0, 32):
+            rows[f"chord for every key (8/8), second term on {count} channels"] = rel_l2(case, p_chord, v_hat)
     return rows
 
 
