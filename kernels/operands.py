@@ -59,7 +59,7 @@ class PreparedOperands:
     v_seg_end: Optional[torch.Tensor] = None
     # VCConfig.v_lo_channels: the residual's second E4M3 term, (B,H,L,n_pad) E4M3 codes in v_t's channel-major form
     # (zeros on padded keys; the same per-channel scale v_scale), row i belonging to channel v_lo_sel[b,h,i] of
-    # (B,H,L) int32 (reference.quantize_v_vsmooth's lo_q and lo_sel); None: no second term
+    # (B,H,L) int32, distinct channels (reference.quantize_v_vsmooth's lo_q and lo_sel); None: no second term
     v_lo_t: Optional[torch.Tensor] = None
     v_lo_sel: Optional[torch.Tensor] = None
 

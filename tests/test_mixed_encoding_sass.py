@@ -28,13 +28,20 @@ pytestmark = clamp_bound_sass.pytestmark
 MIXED = "-DVC_SM90_EXP2_CHORD_EIGHTHS=4"
 
 
-def loops(tmp_path, source: Path, flags) -> dict[str, tuple[int, int]]:
-    """kernel -> (instructions, MUFU.EX2) of one trip of its hot loop, along the path where every VOTE.ALL passed."""
+ROW_CONSTANT_256 = re.compile(r"FADD\S*\s+R\d+, -R\d+, 8$")  # base = 8 - M: exp2 at row max 256 (p="exp2")
+
+
+def disassemble(tmp_path, source: Path, flags) -> str:
     cubin = tmp_path / f"{source.stem}-{len(flags)}.cubin"
     build = subprocess.run(jit.nvcc_compile_only_command(source, "9.0a", cubin, extra_flags=tuple(flags)),
                            capture_output=True, text=True, check=False)
     assert build.returncode == 0, build.stderr[-3000:]
-    sass = subprocess.run([clamp_bound_sass.nvdisasm(), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+    return subprocess.run([clamp_bound_sass.nvdisasm(), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+
+
+def loops(tmp_path, source: Path, flags) -> dict[str, tuple[int, int]]:
+    """kernel -> (instructions, MUFU.EX2) of one trip of its hot loop, along the path where every VOTE.ALL passed."""
+    sass = disassemble(tmp_path, source, flags)
     out = {}
     for name, rows in sass_loop_mix.functions(sass).items():
         if "kernel" in name:
@@ -61,3 +68,16 @@ def test_the_mixed_variant_halves_the_exp2_loops_mufu_and_leaves_speed_alone(tmp
         assert trip_m <= trip - 30, (k, trip, trip_m)  # the chord keys cost one IMAD instead of three instructions
     speed = [k for k in product if re.search(r"ILi\d+ELb1E", k)]  # <D, EXPCAST = true, ...>: no exp2 P to split
     assert speed and all(mixed[k] == product[k] for k in speed), {k: (product[k], mixed[k]) for k in speed}
+
+
+def test_every_exp2_key_of_a_mixed_build_takes_the_448_row_constant(tmp_path):
+    # reference p="mixed": exp2 + cast at row max 448 wherever a key is not the chord's, also in a call that has no chord
+    # key (the odd last tile of the 256-key loops at C <= 4 once used 8 - M there: a review found it in this SASS)
+    src = jit.CSRC_DIR / "sm90_launch.cu"
+    product = sass_loop_mix.functions(disassemble(tmp_path, src, backend_sm90.CUDA_FLAGS))
+    mixed = sass_loop_mix.functions(disassemble(tmp_path, src, (*backend_sm90.CUDA_FLAGS, MIXED)))
+    fidelity = [k for k in product if "ILi128ELb0ELb1E" in k]
+    assert fidelity
+    for k in fidelity:
+        assert any(ROW_CONSTANT_256.search(ins) for _, ins in product[k]), k  # the product's exp2 loops do use 8 - M
+        assert not any(ROW_CONSTANT_256.search(ins) for _, ins in mixed[k]), k

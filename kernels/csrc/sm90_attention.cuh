@@ -179,7 +179,13 @@ constexpr bool pair_accumulation() {
 // so the split costs no select. 0 (default): exp2 for every key (p="exp2")
 #define VC_SM90_EXP2_CHORD_EIGHTHS 0
 #endif
-static_assert(VC_SM90_EXP2_CHORD_EIGHTHS >= 0 && VC_SM90_EXP2_CHORD_EIGHTHS <= 8, "the chord takes 0..8 eighths of a step");
+// Even C only: the per-tile loops (head dim 64, and 128 without V-Smooth) step 128 keys, four 32-key k-steps. Built
+// with the paired-K exp2 loop only (VC_SM90_KPAIR_EXP2, no VC_SM90_STEPMEAN_EXP2): with K scales per 256 keys the spec
+// anchors the chord at the step's maximum, which the per-tile exp2 loops do not take
+static_assert(VC_SM90_EXP2_CHORD_EIGHTHS >= 0 && VC_SM90_EXP2_CHORD_EIGHTHS <= 8 && VC_SM90_EXP2_CHORD_EIGHTHS % 2 == 0,
+              "the chord takes 0, 2, 4, 6 or 8 eighths of a step");
+static_assert(VC_SM90_EXP2_CHORD_EIGHTHS == 0 || (VC_SM90_KPAIR_EXP2 && !VC_SM90_STEPMEAN_EXP2),
+              "the mixed encoding's builds take fidelity's paired-K exp2 loop (VC_SM90_KPAIR_EXP2=1, VC_SM90_STEPMEAN_EXP2=0)");
 #ifndef VC_SM90_V_LO
 // L in {16, 32} (variant; VCConfig.v_lo_channels, reference.quantize_v_vsmooth's lo_channels): fidelity's paired-K exp2
 // kernels add the V-Smooth residual's second E4M3 term on L channels (operands v_lo_t, v_lo_sel). Its L rows ride after
@@ -426,7 +432,11 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUt
     int8_t* pos = reinterpret_cast<int8_t*>(smem + L::kLoPosOff);
     for (int c = lane; c < D; c += 32) pos[c] = -1;
     __syncwarp();
-    if (lane < L::kVLo) pos[p.v_lo_sel[static_cast<int64_t>(bh) * L::kVLo + lane]] = static_cast<int8_t>(lane);
+    // (distinct channels in [0, D): the operand contract; an index outside that range is dropped, never written)
+    if (lane < L::kVLo) {
+      const int c = p.v_lo_sel[static_cast<int64_t>(bh) * L::kVLo + lane];
+      if (static_cast<unsigned>(c) < static_cast<unsigned>(D)) pos[c] = static_cast<int8_t>(lane);
+    }
     __syncwarp();
   }
 #endif
@@ -563,9 +573,10 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
   // the chord; this call's k-step 4h + kk is the step's k-step 4h + kk (a lone tile is the first of its step)
   constexpr int kChordKk = EXPCAST ? 0 : VC_SM90_EXP2_CHORD_EIGHTHS * WKK / 8;
   static_assert(EXPCAST || VC_SM90_EXP2_CHORD_EIGHTHS * WKK % 8 == 0,
-                "the chord's share of a step must be whole 32-key k-steps (head dim 64 steps 128 keys: even eighths)");
+                "the chord's share of a step must be whole 32-key k-steps (the 128-key steps: even eighths)");
   constexpr int kFirstChordKk = WKK - kChordKk;
   constexpr bool kMixed = kChordKk > 0 && kFirstChordKk < 4 * H;  // some k-step of this call takes the chord
+  constexpr bool kMixedBuild = !EXPCAST && VC_SM90_EXP2_CHORD_EIGHTHS > 0;  // every exp2 key at row max 448
   static_assert(!kMixed || !VC_EXPCAST_BYTE_CODES, "the mixed encoding's chord is the integer-score one");
   // the speed encoding works on the integer scores (p_encoding.cuh) unless a byte-code variant is built
   [[maybe_unused]] constexpr bool kIntCodes = (EXPCAST || kMixed) && !VC_EXPCAST_BYTE_CODES;
@@ -653,8 +664,9 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
   for (int r = 0; r < 2; ++r) {
     const float m_new = m_step[r];
     row_off[r] = m_new;
-    // fidelity: arg = s + float32(8 - M), reference.p_exp2_cast; mixed: row max 448, reference.p_exp2_cast_448
-    base[r] = (kMixed ? vc::kMixedPLog2Max : vc::kPLog2Max) - m_new;
+    // fidelity: arg = s + float32(8 - M), reference.p_exp2_cast; mixed builds: row max 448 for every exp2 key,
+    // reference.p_exp2_cast_448, also in a call without chord keys (the odd last tile of a 256-key loop at C <= 4)
+    base[r] = (kMixedBuild ? vc::kMixedPLog2Max : vc::kPLog2Max) - m_new;
 #if VC_EXPCAST_BYTE_CODES
     prow[r] = vc_p::expcast_row(sc[0].r[r], m_new);
 #else
@@ -1130,10 +1142,12 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   // fold keeps its running sum in O's scale in shared memory (L::kLoRunOff), rescaled by the step's alpha
   constexpr int kLoRegs = kVLo ? kVLo / 2 : 1;
   [[maybe_unused]] float lo_acc[kLoRegs];
-  [[maybe_unused]] float4* lo_slot = reinterpret_cast<float4*>(smem + L::kLoRunOff) + (threadIdx.x - 128) * (kLoRegs / 4);
+  // slot-major (slot i of thread x at i * threads + x): consecutive threads' float4s are consecutive, no bank conflict
+  constexpr int kLoStride = 128 * kConsumers;
+  [[maybe_unused]] float4* lo_slot = reinterpret_cast<float4*>(smem + L::kLoRunOff) + (threadIdx.x - 128);
   if constexpr (kVLo > 0) {
 #pragma unroll
-    for (int i = 0; i < kLoRegs / 4; ++i) lo_slot[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int i = 0; i < kLoRegs / 4; ++i) lo_slot[i * kLoStride] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
   [[maybe_unused]] auto issue_lo = [&](const uint32_t(&pt)[4][4], int s, bool accumulate) {
     if constexpr (kVLo > 0) {
@@ -1151,12 +1165,12 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     if constexpr (kVLo > 0) {
 #pragma unroll
       for (int i = 0; i < kLoRegs / 4; ++i) {
-        float4 run = lo_slot[i];
+        float4 run = lo_slot[i * kLoStride];
         run.x = fmaf(run.x, alpha_j[0], lo_acc[4 * i]);  // registers 4i, 4i + 1: row g; 4i + 2, 4i + 3: row g + 8
         run.y = fmaf(run.y, alpha_j[0], lo_acc[4 * i + 1]);
         run.z = fmaf(run.z, alpha_j[1], lo_acc[4 * i + 2]);
         run.w = fmaf(run.w, alpha_j[1], lo_acc[4 * i + 3]);
-        lo_slot[i] = run;
+        lo_slot[i * kLoStride] = run;
       }
     }
   };
@@ -1718,16 +1732,18 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     // the second term's running sum into O's columns v_lo_sel (O is in code units: v_scale multiplies both). Through
     // this warpgroup's half of the Q tile, dead since its last QK: row (16 warp + g + 8r), column j of the term; a row
     // is written and read by the four lanes of one quad, so the warp's own barrier orders it
+    // row stride D bytes: warp w writes and reads only Q rows 16w..16w+15, the A rows of its own QK results
     float* lo_smem = reinterpret_cast<float*>(smem + L::kQOff + wg * 64 * D);
-    static_assert(64 * kVLo * 4 <= 64 * D, "the term's rows fit the warpgroup's Q half");
+    constexpr int kRowFloats = D / 4;
+    static_assert(kVLo <= kRowFloats, "a row of the term fits a row of the Q tile");
 #pragma unroll
     for (int i = 0; i < kVLo / 8; ++i)
 #pragma unroll
       for (int r = 0; r < 2; ++r)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float4 run = lo_slot[i];
-          lo_smem[(warp * 16 + g + 8 * r) * kVLo + 8 * i + 2 * t + e] = r ? (e ? run.w : run.z) : (e ? run.y : run.x);
+          const float4 run = lo_slot[i * kLoStride];
+          lo_smem[(warp * 16 + g + 8 * r) * kRowFloats + 8 * i + 2 * t + e] = r ? (e ? run.w : run.z) : (e ? run.y : run.x);
         }
     __syncwarp();
     const int8_t* pos = reinterpret_cast<const int8_t*>(smem + L::kLoPosOff);
@@ -1738,7 +1754,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
         const int j = pos[8 * i + 2 * t + e];
         if (j >= 0) {
 #pragma unroll
-          for (int r = 0; r < 2; ++r) o[4 * i + 2 * r + e] += lo_smem[(warp * 16 + g + 8 * r) * kVLo + j];
+          for (int r = 0; r < 2; ++r) o[4 * i + 2 * r + e] += lo_smem[(warp * 16 + g + 8 * r) * kRowFloats + j];
         }
       }
   }

@@ -136,6 +136,12 @@ int launch(const void* q_q, const void* k_q, const void* v_t, const void* v_low_
     if (!byte_map(&tm_vlow, v_low_t, 2, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B))
       return fail("tensor map for the V residual's second term failed");
   } else {
+#if VC_SM90_V_LO
+    // the second term was passed (vc_sm90_forward_v_lo) but this call runs a kernel without it: refuse, not drop it
+    if (!LOWRANK && p.v_lo_sel != nullptr)
+      return fail("the V residual's second term runs in fidelity's paired-K kernel only (head dim 128, V-Smooth, exp2 P, "
+                  "K scales per 256 keys)");
+#endif
     tm_vlow = tm_vt;  // unread
   }
   auto kernel = vc_attention_sm90_kernel<D, EXPCAST, VSMOOTH, OutT, STAGES, LOWRANK, STEPMEAN, KPAIR, KLANES>;
@@ -330,6 +336,7 @@ static int forward_impl(const void* q_q, const float* q_scale, const void* k_q, 
 #if VC_SM90_SPLIT && VC_SM90_CONSUMERS == 2
   if (split_consumers(head_dim, expcast != 0, vsmooth != 0) == 3) {
     if (v_rank != 0) return fail("this build has no low-rank V kernel for this head dim and mode");
+    if (v_lo_t != nullptr) return fail("the V residual's second term runs in fidelity's paired-K kernel only");
     const int rc = vc_sm90_forward_c3(q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, out, batch, heads, n, n_pad,
                                       head_dim, out_stride_b, out_stride_h, out_stride_n, expcast, vsmooth, out_bf16,
                                       stream);
@@ -396,8 +403,8 @@ int VC_SM90_EXPORT(vc_sm90_forward_low_rank)(const void* q_q, const float* q_sca
 int VC_SM90_EXPORT(vc_sm90_v_lo_channels)() { return VC_SM90_V_LO; }
 
 // The forward with the V residual's second term (VC_SM90_V_LO builds; VCConfig.v_lo_channels): v_lo_t (B,H,L,n_pad)
-// e4m3, v_lo_sel (B,H,L) int32 channel indices in [0, head_dim), L = vc_sm90_v_lo_channels(). Fidelity's paired-K exp2
-// kernel reads them; a call that runs another kernel ignores them.
+// e4m3, v_lo_sel (B,H,L) int32 distinct channel indices in [0, head_dim), L = vc_sm90_v_lo_channels(). Fidelity's
+// paired-K exp2 kernel reads them; a call that would run another kernel is refused (the term is never dropped).
 int VC_SM90_EXPORT(vc_sm90_forward_v_lo)(const void* q_q, const float* q_scale, const void* k_q, const float* k_scale,
                                          const void* v_t, const float* v_scale, const void* v_mean, const void* v_lo_t,
                                          const int* v_lo_sel, void* out, int batch, int heads, int n, int n_pad,
