@@ -116,3 +116,19 @@ def test_the_study_tool_measures_every_row_on_one_case():
     assert all(0.0 < err < 0.1 for err in rows.values()), rows
     one_term = rows["exp2, second term on 0 channels (residual energy)"]
     assert rows["exp2, second term on 128 channels (residual energy)"] < one_term
+
+
+def test_a_variant_library_is_checked_against_the_spec_its_kernels_implement():
+    # bench/sm90_check.py: which configuration a variant library's kernel runs for each case (its gate's spec)
+    from vc_attention.bench.sm90_check import Sm90Library
+    from vc_attention.kernels.config import PLAIN_8BIT
+
+    lib = object.__new__(Sm90Library)  # the spec mapping only: no library loaded
+    lib.chord_eighths, lib.v_lo_channels = 0, 32
+    assert lib.spec(FIDELITY, 128) == FIDELITY.with_(v_lo_channels=32)  # the paired-K exp2 kernel
+    assert lib.spec(FIDELITY.with_(k_lane_scales=True), 128).v_lo_channels == 32  # its lane twin
+    for config, d in ((FIDELITY, 64), (FIDELITY.with_(k_scale_rows=128), 128), (SPEED, 128), (PLAIN_8BIT, 128)):
+        assert lib.spec(config, d) == config  # the kernels without the term
+    lib.chord_eighths = 4
+    assert lib.spec(FIDELITY, 128) == FIDELITY.with_(p="mixed", v_lo_channels=32)
+    assert lib.spec(SPEED, 128) == SPEED and lib.spec(PLAIN_8BIT, 128) == PLAIN_8BIT.with_(p="mixed")
