@@ -21,11 +21,13 @@
 #                 SageAttention 2.2 at Wan2.2-14B / Wan2.1-1.3B, rel-L2 on the video-like data at 32,760 / 75,600)
 #         spread  (not in the default list) bench/fidelity_spread.py: fidelity's paired-K exp2 loop against the
 #                 unpaired one and speed, in rotating rounds, with the SM clock / power after each (kernel-notes 35)
-#         mixed   (not in the default list) fidelity's two variants of docs/kernel-notes.md 36: the mixed encoding
-#                 (reference p="mixed"; split_ch4 / ch6 / ch8) and the V residual's second term (v_lo_channels;
-#                 split_lo16 / lo32, ch4_lo32) beside the product (bench/sm90_variants.sh: kernel time at the issue-11
-#                 shapes, gated against their specs), then their rel-L2 on the video-like data, with and without lane
-#                 scales, beside SageAttention 2.2 and the product's modes (bench/mixed_fidelity_gpu.py)
+#         mixed   (not in the default list) fidelity's variants of docs/kernel-notes.md 36, one device call each with
+#         lo      `lo` right after it on the warm machine: `mixed` builds all eight libraries and times the mixed encoding
+#                 (reference p="mixed"; split_ch4 / ch6 / ch8) beside the product at the issue-11 shapes; `lo` times the
+#                 V residual's second term (v_lo_channels; split_lo16 / lo32, ch4_lo32, ch8_lo32) at the Wan shapes,
+#                 each gated against its spec (bench/sm90_variants.sh), then every variant's rel-L2 on the video-like
+#                 data, with and without lane scales, beside SageAttention 2.2 and the product's modes
+#                 (bench/mixed_fidelity_gpu.py)
 #         variants (not in the default list) the portable kernel's build-time variants side by side with
 #                 SageAttention 2.2's portable kernel (bench/mma_variants.py; $MMA_VARIANTS), the prepare
 #                 extension's variants (bench/prepare_variants.py), then one ncu
@@ -71,6 +73,8 @@ step() {  # step NAME SECONDS COMMAND...: each step has its own limit so one slo
   echo "[$name] rc=$? in $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
 }
 stages=${*:-build tests bench grouping e2e comfyui}
+# the Hopper fidelity variants of the mixed and lo stages (bench/sm90_variants.sh names; docs/kernel-notes.md 36)
+FIDELITY_VARIANTS="split split_ch4 split_ch6 split_ch8 split_lo16 split_lo32 split_ch4_lo32 split_ch8_lo32"
 for stage in $stages; do
   case $stage in
     build) step build 240 python3 -m vc_attention.cli build ;;
@@ -112,22 +116,23 @@ for stage in $stages; do
         --out "$OUT"
       step lanes_bench_mma 300 python3 bench/k_lanes_bench.py --backend mma --shapes wan21-1.3b-480p --sizes 32760 \
         --seeds 0 --out "$OUT" ;;
-    mixed)  # fidelity's two variants (kernel-notes 36): kernel time + spec gates beside the product, then their error
-      # every library built at once first (nvcc in parallel), then two gated timing runs that reuse them
-      (export OUT SM90_VARIANTS="split split_ch4 split_ch6 split_ch8 split_lo16 split_lo32 split_ch4_lo32 split_ch8_lo32" SM90_BUILD_ONLY=1
+    mixed)  # fidelity's mixed encoding (kernel-notes 36): every variant library built, then the chord's share timed
+      # all eight libraries at once (nvcc in parallel), so that the next stage, `lo`, finds them on a warm machine
+      (export OUT SM90_REUSE_BUILD=1 SM90_BUILD_ONLY=1 SM90_VARIANTS="$FIDELITY_VARIANTS"
        step fidelity_variants_build 300 bash bench/sm90_variants.sh)
       (export OUT SM90_REUSE_BUILD=1 SM90_VARIANTS="split split_ch4 split_ch6 split_ch8" SM90_SHAPES="1,40,75600,128 1,12,32760,128 1,32,32768,64 1,32,6144,64"
-       step mixed_sm90 420 bash bench/sm90_variants.sh; mv "$OUT/sm90_check.json" "$OUT/sm90_check_mixed.json")
+       step mixed_sm90 420 bash bench/sm90_variants.sh; mv "$OUT/sm90_check.json" "$OUT/sm90_check_mixed.json") ;;
+    lo)  # the V residual's second term (kernel-notes 36) timed, then every fidelity variant's error with and without lanes
+      (export OUT SM90_REUSE_BUILD=1 SM90_BUILD_ONLY=1 SM90_VARIANTS="$FIDELITY_VARIANTS"  # (a cold machine builds them)
+       step fidelity_variants_build 300 bash bench/sm90_variants.sh)
       (export OUT SM90_REUSE_BUILD=1 SM90_VARIANTS="split split_lo16 split_lo32 split_ch4_lo32 split_ch8_lo32" SM90_SHAPES="1,40,75600,128 1,12,32760,128"
-       step lo_sm90 420 bash bench/sm90_variants.sh; mv "$OUT/sm90_check.json" "$OUT/sm90_check_lo.json")
+       step lo_sm90 300 bash bench/sm90_variants.sh; mv "$OUT/sm90_check.json" "$OUT/sm90_check_lo.json")
       b=${SM90_BUILD_DIR:-build/sm90_variants}
-      step fidelity_variants_error 420 python3 bench/mixed_fidelity_gpu.py --lib "$b/sm90_split.so" --lib "$b/sm90_split_ch4.so" \
-        --lib "$b/sm90_split_ch6.so" --lib "$b/sm90_split_ch8.so" --lib "$b/sm90_split_lo16.so" --lib "$b/sm90_split_lo32.so" \
-        --lib "$b/sm90_split_ch4_lo32.so" --lib "$b/sm90_split_ch8_lo32.so" \
+      step fidelity_variants_error 300 python3 bench/mixed_fidelity_gpu.py $(for v in $FIDELITY_VARIANTS; do echo --lib "$b/sm90_$v.so"; done) \
         --sizes 32760 75600 --seeds 0 1 --lanes --out "$OUT" ;;
     spread)  # fidelity's paired-K loop against the unpaired one in rounds, with the GPU's clocks (kernel-notes 35)
       step fidelity_spread 300 python3 bench/fidelity_spread.py --rounds 6 --out "$OUT" ;;
-    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed)"; exit 2 ;;
+    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo)"; exit 2 ;;
   esac
 done
 tail -n 4 "$OUT"/*.log
