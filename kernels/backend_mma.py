@@ -27,7 +27,6 @@ CONSTRAINTS = Constraints(
     dtypes=(torch.float16, torch.bfloat16),
     head_dims=(64, 128),
     p_encodings=KERNEL_P_ENCODINGS,
-    v_lo_channels=(0,),  # the residual's second term: a Hopper variant so far, not timed (kernel-notes 36)
     aligned_rows=True,
     # K scales per lane (VCConfig.k_lane_scales): the wide layout's INT8 V-Smooth head-dim-128 kernels (every default
     # build is wide; a 16-row variant build's binding refuses them with a sentence)

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from . import reference
 from .backends import Backend, Constraints, register
-from .config import MAX_V_RANK, VCConfig
+from .config import MAX_V_RANK, V_LO_CHANNELS, VCConfig
 
 # the emulation takes any device, dtype, head dim, configuration and strides
-CONSTRAINTS = Constraints(device_type="any", max_v_rank=MAX_V_RANK, k_lane_scales=True)
+CONSTRAINTS = Constraints(device_type="any", max_v_rank=MAX_V_RANK, k_lane_scales=True, v_lo_channels=V_LO_CHANNELS)
 
 
 def _run(q, k, v, perm, config: VCConfig, layout: str, sm_scale, v_basis=None):

@@ -38,7 +38,6 @@ CONSTRAINTS = Constraints(
     head_dims=(64, 128),
     qk_formats=("int8",),  # the wgmma QK path is INT8 only
     p_encodings=KERNEL_P_ENCODINGS,
-    v_lo_channels=(0,),  # the residual's second term: a Hopper variant so far, not timed (kernel-notes 36)
     aligned_rows=True,
     # V-Smooth's low-rank term: the 256-key loops of head dim 128 (vc_sm90_low_rank in sm90_launch.cu)
     max_v_rank=MAX_V_RANK,

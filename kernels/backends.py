@@ -17,7 +17,7 @@ from typing import Callable, Optional
 import torch
 
 from . import jit, reference
-from .config import LAYOUTS, P_ENCODINGS, QK_FORMATS, V_FORMATS, V_LO_CHANNELS, VCConfig
+from .config import LAYOUTS, P_ENCODINGS, QK_FORMATS, V_FORMATS, VCConfig
 from .constants import K_BLOCK
 from .operands import rows_aligned
 from .prepared_run import AttendFn, prepared_run
@@ -44,7 +44,7 @@ class Constraints:
     max_v_rank: int = 0  # VCConfig.v_rank it implements (V-Smooth's low-rank V term)
     v_rank_head_dims: Optional[tuple[int, ...]] = None  # the head dims it implements the term for (None: all)
     k_lane_scales: bool = False  # VCConfig.k_lane_scales where the spec takes it (reference.k_lanes)
-    v_lo_channels: tuple[int, ...] = V_LO_CHANNELS  # VCConfig.v_lo_channels it implements (0: without the term)
+    v_lo_channels: tuple[int, ...] = (0,)  # VCConfig.v_lo_channels it implements (0: without the term; V_LO_CHANNELS: all)
     jit_arch: Optional[str] = None  # arch its JIT build targets ("9.0a"); None: the GPU's own
     needs_jit: bool = False  # built by kernels/jit.py: needs a toolchain (or a cached build)
 
