@@ -69,8 +69,7 @@ def rel_l2_table(libs: list[Sm90Library], sizes: list[int], seeds: list[int], la
             for config in (FIDELITY, FIDELITY.with_(k_lane_scales=True)) if lanes else (FIDELITY,):
                 operand_sets: dict = {}
                 for lib in libs:
-                    spec = lib.spec(config)
-                    operands = spec.with_(p=config.p)  # the P encoding changes no operand; the second V term does
+                    spec, operands = lib.spec(config), lib.operand_config(config)
                     if operands.tag not in operand_sets:  # the CUDA prepare has no second V term: the reference's
                         operand_sets[operands.tag] = (prepare_cuda.prepare_cuda(q, k, v, perm, config) if operands == config
                                                       else prepare_reference(q, k, v, perm, operands))

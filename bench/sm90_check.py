@@ -97,6 +97,11 @@ class Sm90Library:
             config = config.with_(v_lo_channels=self.v_lo_channels)
         return config
 
+    def operand_config(self, config, d: int = 128):
+        """The configuration whose operands this library's kernel for (d, `config`) reads: spec's but for the P
+        encoding, which changes no operand (the second V term does)."""
+        return self.spec(config, d).with_(p=config.p)
+
     def run(self, ops, out: torch.Tensor, layout: str, config) -> None:
         b, h, n_pad, d = ops.q_q.shape
         sb, sh, sn = (out.stride(0), out.stride(1), out.stride(2)) if layout == "bhnd" else (out.stride(0), out.stride(2), out.stride(1))
@@ -273,8 +278,7 @@ def timing(libs, shape, iters, fused_prepare=True, rank=0):
         for lib in libs:
             if not lib.runs(d, config):
                 continue
-            spec = lib.spec(config, d)
-            operands = spec.with_(p=config.p)  # the P encoding changes no operand; the second V term does
+            spec, operands = lib.spec(config, d), lib.operand_config(config, d)
             if operands.tag not in spec_ops:  # the fused prepare has no second V term: the reference's operands
                 spec_ops[operands.tag] = prepare_reference(q, k, v, p, operands)
             ops_l = spec_ops[operands.tag]

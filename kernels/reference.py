@@ -135,8 +135,7 @@ def quantize_fp8_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torc
     """
     x = x.float()
     amax = block_absmax(x, block)
-    inv = torch.where(amax > 0, E4M3_MAX / amax, torch.zeros_like(amax))
-    return fp8_e4m3(x * expand_rows(inv, block, x.shape[-2])), amax / E4M3_MAX
+    return fp8_e4m3(x * expand_rows(e4m3_inverse_scale(amax), block, x.shape[-2])), amax / E4M3_MAX
 
 
 def qk_scale(head_dim: int, sm_scale: float | None) -> float:
@@ -392,8 +391,12 @@ def quantize_fp8_per_channel(x: torch.Tensor, amax: torch.Tensor | None = None) 
     amax: the channel amax (default) or a bound on it given by the caller (B,H,1,D)."""
     x = x.float()
     amax = channel_absmax(x) if amax is None else amax
-    inv = torch.where(amax > 0, E4M3_MAX / amax, torch.zeros_like(amax))
-    return fp8_e4m3(x * inv), amax / E4M3_MAX
+    return fp8_e4m3(x * e4m3_inverse_scale(amax)), amax / E4M3_MAX
+
+
+def e4m3_inverse_scale(amax: torch.Tensor) -> torch.Tensor:
+    """448 / amax in float32 (0 where amax is 0): what a per-channel E4M3 quantizer multiplies by."""
+    return torch.where(amax > 0, E4M3_MAX / amax, torch.zeros_like(amax))
 
 
 def block_means(x: torch.Tensor, block: int = V_BLOCK) -> torch.Tensor:
@@ -661,8 +664,9 @@ def quantize_v_vsmooth(v_perm: torch.Tensor, basis: torch.Tensor | None = None, 
     mean = vsmooth_means(v_perm, mean_rows)
     resid = v_perm.float() - expand_rows(mean.float(), V_BLOCK, v_perm.shape[-2])
     if basis is None:
-        r_q, r_scale = quantize_fp8_per_channel(resid)
-        return _with_lo(VSmoothV(mean, r_q, r_scale), resid, None, lo_channels, lo_sel)
+        amax = channel_absmax(resid)
+        r_q, r_scale = quantize_fp8_per_channel(resid, amax)
+        return _with_lo(VSmoothV(mean, r_q, r_scale), resid, amax, lo_channels, lo_sel)
     w = basis.float()
     coeff = resid @ w.transpose(-1, -2)
     c_q, c_scale = quantize_fp8_per_channel(coeff)  # one scale per head and component
@@ -671,10 +675,10 @@ def quantize_v_vsmooth(v_perm: torch.Tensor, basis: torch.Tensor | None = None, 
     return VSmoothV(mean, r_q, r_scale, basis, c_q, c_scale)
 
 
-def _with_lo(vs: VSmoothV, resid: torch.Tensor, amax: torch.Tensor | None, lo_channels: int,
+def _with_lo(vs: VSmoothV, resid: torch.Tensor, amax: torch.Tensor, lo_channels: int,
              lo_sel: torch.Tensor | None) -> VSmoothV:
     """vs with the second E4M3 term on lo_channels channels (quantize_v_vsmooth's lo_channels); amax: the one the
-    first term was scaled by (None: the channel amax, as quantize_fp8_per_channel's default)."""
+    first term was scaled by."""
     if not lo_channels:
         return vs
     if lo_sel is None:
@@ -682,9 +686,8 @@ def _with_lo(vs: VSmoothV, resid: torch.Tensor, amax: torch.Tensor | None, lo_ch
     if lo_sel.shape != (*resid.shape[:2], lo_channels):
         raise ValueError(f"lo_sel must be (B,H,{lo_channels}) channel indices, got {tuple(lo_sel.shape)}.")
     lo_sel = lo_sel.long()
-    amax = channel_absmax(resid) if amax is None else amax
-    # the first term's own scaled residual x (quantize_fp8_per_channel's inv = 448 / amax, float32)
-    inv = torch.where(amax > 0, E4M3_MAX / amax, torch.zeros_like(amax)).expand(*resid.shape[:2], 1, resid.shape[-1])
+    # the first term's own scaled residual x (quantize_fp8_per_channel's 448 / amax, float32)
+    inv = e4m3_inverse_scale(amax).expand(*resid.shape[:2], 1, resid.shape[-1])
     pick = lo_sel.unsqueeze(-2)
     x = resid.gather(-1, pick.expand(*resid.shape[:-1], lo_channels)) * inv.gather(-1, pick)
     hi = vs.residual_q.gather(-1, pick.expand(*resid.shape[:-1], lo_channels))
