@@ -28,7 +28,7 @@
 #                 each gated against its spec (bench/sm90_variants.sh), then every variant's rel-L2 on the video-like
 #                 data, with and without lane scales, beside SageAttention 2.2 and the product's modes
 #                 (bench/mixed_fidelity_gpu.py)
-#         adopt   (not in the default list) `mixed` + `lo` cut to one call: the six candidates of kernel-notes 36's
+#         adopt   (not in the default list) `mixed` + `lo` cut to one call: the five candidates of kernel-notes 36's
 #                 adoption rule timed at the Wan shapes and their rel-L2 at 32,760 / 75,600, no lanes
 #         variants (not in the default list) the portable kernel's build-time variants side by side with
 #                 SageAttention 2.2's portable kernel (bench/mma_variants.py; $MMA_VARIANTS), the prepare
@@ -77,8 +77,8 @@ step() {  # step NAME SECONDS COMMAND...: each step has its own limit so one slo
 stages=${*:-build tests bench grouping e2e comfyui}
 # the Hopper fidelity variants of the mixed and lo stages (bench/sm90_variants.sh names; docs/kernel-notes.md 36)
 FIDELITY_VARIANTS="split split_ch4 split_ch6 split_ch8 split_lo16 split_lo32 split_ch4_lo32 split_ch8_lo32"
-# the `adopt` stage's candidates: the product, the chord at 4/8 and 8/8, the second V term on 32 channels, both together
-ADOPT_VARIANTS="split split_ch4 split_ch8 split_lo32 split_ch4_lo32 split_ch8_lo32"
+# the `adopt` stage's candidates: the product, the chord for every key, the second V term on 32 channels, both (chord 4/8 or 8/8)
+ADOPT_VARIANTS="split split_ch8 split_lo32 split_ch4_lo32 split_ch8_lo32"
 for stage in $stages; do
   case $stage in
     build) step build 240 python3 -m vc_attention.cli build ;;
@@ -135,13 +135,13 @@ for stage in $stages; do
       step fidelity_variants_error 300 python3 bench/mixed_fidelity_gpu.py $(for v in $FIDELITY_VARIANTS; do echo --lib "$b/sm90_$v.so"; done) \
         --sizes 32760 75600 --seeds 0 1 --lanes --out "$OUT" ;;
     adopt)  # the adoption question of kernel-notes 36 in ONE device call (for a session whose device time is short):
-      # the six candidates built at once, timed at the two Wan shapes beside cuDNN / SageAttention 2.2 and gated
+      # the five candidates built at once, timed at the two Wan shapes beside cuDNN / SageAttention 2.2 and gated
       # against their specs, then their rel-L2 on the video-like data at 32,760 / 75,600 (no lanes)
       # the JIT extensions the error step needs build beside the variant libraries (a cold machine has none; torch's
       # build lock makes the error step wait for any still building)
       timeout 300 python3 -m vc_attention.cli build > "$OUT/adopt_jit_build.log" 2>&1 &
       (export OUT SM90_VARIANTS="$ADOPT_VARIANTS" SM90_SHAPES="1,40,75600,128 1,12,32760,128"
-       step adopt_sm90 360 bash bench/sm90_variants.sh; mv "$OUT/sm90_check.json" "$OUT/sm90_check_adopt.json")
+       step adopt_sm90 300 bash bench/sm90_variants.sh; mv "$OUT/sm90_check.json" "$OUT/sm90_check_adopt.json")
       b=${SM90_BUILD_DIR:-build/sm90_variants}
       step adopt_error 200 python3 bench/mixed_fidelity_gpu.py $(for v in $ADOPT_VARIANTS; do echo --lib "$b/sm90_$v.so"; done) \
         --sizes 32760 75600 --seeds 0 1 --out "$OUT"
