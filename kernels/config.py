@@ -73,8 +73,9 @@ class VCConfig:
         instead of 2^-4), the channels with the largest residual energy (reference.v_lo_channel_policy). The V term is
         most of the output error: emulated rel-L2 -5% (16) / -10% (32) on the video-like data at 32,760 and 75,600
         tokens (docs/fidelity-study.md "A second E4M3 term for the residual's busiest channels"). A kernel pays one
-        narrow PV MMA more per step (n = 16 / 32 next to n = D + 8). Spec and a Hopper kernel variant (VC_SM90_V_LO,
-        docs/kernel-notes.md section 36) until the H200 times it: no backend declares it yet, the reference runs it.
+        narrow PV MMA more per step (n = 16 / 32 next to n = D + 8). Spec, the CUDA prepare's operands (prepare_cuda,
+        csrc/prepare_v_lo.cuh) and a Hopper kernel variant (VC_SM90_V_LO, docs/kernel-notes.md section 36) until the
+        H200 times it: no backend declares it yet, the reference runs it.
     """
 
     qk: str = "int8"

@@ -2,7 +2,8 @@
 extension, `vc_attention_prepare`, which every CUDA backend runs before its attention kernel.
 
 Two passes per 128-token block: statistics (K channel sums, V channel amax), then quantize +
-permute + transpose into the operand contract (kernels/operands.py). Built on first use.
+permute + transpose into the operand contract (kernels/operands.py), with VCConfig.v_lo_channels the V
+residual's second term too (csrc/prepare_v_lo.cuh). Built on first use.
 """
 from __future__ import annotations
 
@@ -52,9 +53,10 @@ def extension(variant_flags: tuple[str, ...] = ()):
 def binding_args(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout: str, sm_scale: Optional[float],
                  basis: Optional[torch.Tensor]) -> tuple:
     """The prepare binding's arguments for a call: (q, k, v as (B,H,N,D) views, perm int32, basis, qk_scale,
-    qk_fp8, vsmooth, smooth_k, v_mean_rows, merges, k_scale_rows, k_lanes), shared by `prepare` and `prepare_attend`
-    (the sm90 backend's one-call path). basis: None with config.v_rank > 0 computes reference.lowrank_basis's
-    on the permuted V (a gather of V and an eigensolve per head: slow)."""
+    qk_fp8, vsmooth, smooth_k, v_mean_rows, merges, k_scale_rows, k_lanes, v_lo_channels), shared by `prepare` and
+    `prepare_attend` (the sm90 backend's one-call path, which refuses v_lo_channels > 0). basis: None with
+    config.v_rank > 0 computes reference.lowrank_basis's on the permuted V (a gather of V and an eigensolve per head:
+    slow)."""
     qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))
     d = qb.shape[-1]
     # the V the basis is computed from: permuted only when a basis is to be computed
@@ -65,7 +67,7 @@ def binding_args(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout
     perm32 = None if perm is None else perm.to(device=q.device, dtype=torch.int32).contiguous()
     return (qb, kb, vb, perm32, basis, reference.qk_scale(d, sm_scale), config.qk == "fp8", config.v == "vsmooth",
             config.smooth_k, config.v_mean_rows, reference.merges(config, d), reference.k_scale_rows(config, d),
-            reference.k_lanes(config, d))
+            reference.k_lanes(config, d), config.v_lo_channels)
 
 
 def prepare_cuda(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout: str = "bhnd",
@@ -80,12 +82,16 @@ def prepare_cuda(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout
         if name in MEAN_128_ONLY:
             raise ValueError(f"the prepare variant {name!r} takes {N_ALIGN}-row V means only; this configuration has "
                              f"v_mean_rows={config.v_mean_rows}.")
+    if variant_flags and config.v_lo_channels:
+        raise ValueError(f"the prepare variant {_variant_name(variant_flags)!r} has no second V term; this configuration has "
+                         f"v_lo_channels={config.v_lo_channels} (the default build writes it).")
     if variant_flags and reference.k_scale_rows(config, q.shape[-1]) != N_ALIGN:
         raise ValueError(f"the prepare variant {_variant_name(variant_flags)!r} takes K scales per {N_ALIGN} keys only; "
                          f"this configuration has k_scale_rows={config.k_scale_rows}.")
     args = binding_args(q, k, v, perm, config, layout, sm_scale, basis)
     # the binding allocates the operands (one call, no per-tensor allocation from Python) on q's device
-    q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_low_t, v_low_scale, v_seg_end = extension(tuple(variant_flags)).prepare(*args)
+    (q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_low_t, v_low_scale, v_seg_end, v_lo_t,
+     v_lo_sel) = extension(tuple(variant_flags)).prepare(*args)
     return PreparedOperands(q_q=q_q, q_scale=q_scale, k_q=k_q, k_scale=k_scale, v_t=v_t, v_scale=v_scale, v_mean=v_mean,
                             n_tokens=args[0].shape[2], v_low_t=v_low_t, v_low_scale=v_low_scale,
-                            v_low_basis=args[4], v_seg_end=v_seg_end)
+                            v_low_basis=args[4], v_seg_end=v_seg_end, v_lo_t=v_lo_t, v_lo_sel=v_lo_sel)

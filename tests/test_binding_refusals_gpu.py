@@ -39,7 +39,7 @@ try:
                                                 None, 1, False, False, 1 << 20, 0)
     elif case == "prepare_head_dim_96":  # the prepare binding's: formatted with an integer too
         q96 = torch.randn(1, 2, 500, 96, device="cuda").bfloat16()
-        prep.extension().prepare(q96, q96, q96, None, None, 0.1, False, True, True, 128, False, 256, False)
+        prep.extension().prepare(q96, q96, q96, None, None, 0.1, False, True, True, 128, False, 256, False, 0)
     elif case.startswith("prepare_attend"):
         from vc_attention.kernels.config import SPEED
         speed = case == "prepare_attend_speed_mode_2_on_per_tile_scales"

@@ -21,6 +21,10 @@
 
 namespace vc {
 
+// The V residual's second term (v_lo_channels; prepare_v_lo.cuh) is in the default build's passes only: the
+// variants' kernels are not instantiated for it (prepare_refusal refuses it there).
+constexpr bool kVLoBuild = !(VC_PREP_ROWS_IN_REGS || VC_PREP_LEGACY_QUANTIZE || VC_PREP_STAGED_STATS || VC_PREP_STATS_PREFETCH);
+
 // The two halves of the prepare, launched apart (launch_prepare_stats, then launch_prepare_quantize) so that
 // the binding can put the statistics pass on the GPU before it allocates the quantized operands: a short
 // call's host work before its first launch is GPU idle time (docs/kernel-notes.md section 28).
@@ -41,10 +45,20 @@ static void launch_stats_typed(const PrepareParams& p, cudaStream_t stream) {
     if constexpr (VC_PREP_STAGED_STATS) {
       prepare_stats_staged_kernel<T, D><<<grid, kPrepThreads, 0, stream>>>(p);
     } else {
-      if (p.k_pair && !p.k_lanes)  // the K extremes serve the quantize pass's pair amax (the K lanes kernel has its rows)
+      // the K extremes serve the quantize pass's pair amax (the K lanes kernel has its rows)
+      const bool k_pair = p.k_pair && !p.k_lanes;
+      if (p.v_lo_channels) {
+        if constexpr (kVLoBuild) {
+          if (k_pair)
+            prepare_stats_kernel<T, D, false, true, true><<<stats_grid, kPrepThreads, 0, stream>>>(p);
+          else
+            prepare_stats_kernel<T, D, false, false, true><<<stats_grid, kPrepThreads, 0, stream>>>(p);
+        }
+      } else if (k_pair) {
         prepare_stats_kernel<T, D, false, true><<<stats_grid, kPrepThreads, 0, stream>>>(p);
-      else
+      } else {
         prepare_stats_kernel<T, D><<<stats_grid, kPrepThreads, 0, stream>>>(p);
+      }
     }
   }
 }
@@ -68,6 +82,10 @@ static void launch_quantize_typed(const PrepareParams& p, cudaStream_t stream) {
     }
   } else {
     if (p.v_merge) prepare_segments_kernel<D><<<p.batch * p.heads, kSegThreads, 0, stream>>>(p);
+    // the second term's channels, from the statistics blocks' energies (with segments, once their means are known)
+    if constexpr (kVLoBuild) {
+      if (p.v_lo_channels) prepare_v_lo_select_kernel<D><<<p.batch * p.heads, kVLoSelectThreads, 0, stream>>>(p);
+    }
     // K scales per lane: K's codes, scales and lane order first (the quantize pass's V follows the order)
     if (p.k_lanes)
       prepare_k_lanes_kernel<T, D><<<dim3((p.n_pad + 2 * kKBlock - 1) / (2 * kKBlock), p.batch * p.heads), kPrepThreads, 0, stream>>>(p);
@@ -76,6 +94,13 @@ static void launch_quantize_typed(const PrepareParams& p, cudaStream_t stream) {
         prepare_quantize_kernel<T, D, true><<<grid, kPrepThreads, 0, stream>>>(p);
       } else {
         prepare_quantize_kernel<T, D, false><<<grid, kPrepThreads, 0, stream>>>(p);
+      }
+    } else if (p.v_lo_channels) {
+      if constexpr (kVLoBuild) {
+        if (p.qk_fp8)
+          prepare_quantize_staged_kernel<T, D, true, true><<<grid, kPrepThreads, 0, stream>>>(p);
+        else
+          prepare_quantize_staged_kernel<T, D, false, true><<<grid, kPrepThreads, 0, stream>>>(p);
       }
     } else if (p.qk_fp8) {
       prepare_quantize_staged_kernel<T, D, true><<<grid, kPrepThreads, 0, stream>>>(p);
@@ -118,6 +143,10 @@ const char* prepare_refusal(const PrepareParams& p) {
   if (p.v_merge && (VC_PREP_ROWS_IN_REGS || VC_PREP_STAGED_STATS || p.v_rank || !p.vsmooth || p.v_mean_rows != 2 * kKBlock))
     return "V-Smooth segments (v_mean_merge) need V-Smooth with 256-row means, no low-rank term and the default statistics pass";
   // (the staged statistics variant gathers through block_tokens, which follows k_order once it is set)
+  if (p.v_lo_channels && (!kVLoBuild || !p.vsmooth || p.v_rank || p.v_lo_channels > kMaxVLoChannels ||
+                          p.v_lo_channels > p.head_dim))
+    return "the V residual's second term (v_lo_channels) needs V-Smooth, no low-rank term, at most 32 channels and the "
+           "default prepare passes";
   if (p.k_lanes && (VC_PREP_ROWS_IN_REGS || VC_PREP_LEGACY_QUANTIZE || VC_PREP_STAGED_STATS || p.v_rank || p.qk_fp8 ||
                     !p.k_pair || !p.k_order))
     return "K scales per lane (k_lane_scales) need INT8 Q and K, K scales per 256 keys, no low-rank term and the default "

@@ -7,6 +7,7 @@
 #pragma once
 #include "common.cuh"
 #include "prepare_lowrank.cuh"
+#include "prepare_v_lo.cuh"
 #include "vc_params.h"
 
 namespace vc {
@@ -165,12 +166,24 @@ __device__ __forceinline__ void stats_block_amax(const PrepareParams& p, int bh,
   if (threadIdx.x < D) atomicMax(reinterpret_cast<int*>(p.v_amax) + int64_t(bh) * D + threadIdx.x, __float_as_int(amax));
 }
 
+// The residual's second term (kVLo): the block's residual energy per channel (this thread's 8 channels' sums) into its
+// lo_energy slot, from which prepare_v_lo_select_kernel chooses the head's channels. Starts after a barrier.
+template <int D>
+__device__ __forceinline__ void v_lo_block_energy(const PrepareParams& p, int bh, const float (&energy)[8], float (*partial)[D],
+                                                  int row_sub, int c0) {
+  const float total = reduce_channels<D, false>(energy, partial, row_sub, c0);
+  if (threadIdx.x < D) p.lo_energy[(int64_t(bh) * gridDim.x + blockIdx.x) * D + threadIdx.x] = total;
+}
+
 // kLowRank: the instantiation for p.v_rank > 0 (V-Smooth's low-rank term; its basis rows take ~50
 // registers, which the plain kernels must not pay: their occupancy is what makes them fast).
 // kKPair: the instantiation for p.k_pair (K scales per 256 keys): the K extremes take 16 registers a
 // thread (64 instead of 46), which the other configurations do not pay.
-template <typename T, int D, bool kLowRank = false, bool kKPair = false>
+// kVLo: the instantiation for p.v_lo_channels > 0 (the residual's second term): the residual's energy per channel
+// (8 more accumulators) into lo_energy, from which prepare_v_lo_select_kernel chooses the channels.
+template <typename T, int D, bool kLowRank = false, bool kKPair = false, bool kVLo = false>
 __global__ __launch_bounds__(kPrepThreads) void prepare_stats_kernel(const PrepareParams p) {
+  static_assert(!kVLo || (!kLowRank && !VC_PREP_STATS_PREFETCH), "the second V term: no low-rank term, the default loop");
   constexpr int kLanesPerRow = D / 8;
   constexpr int kRowsPerPass = kPrepThreads / kLanesPerRow;
   __shared__ float partial[kRowsPerPass][D];
@@ -267,6 +280,7 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_stats_kernel(const Prepa
     if (threadIdx.x < D) p.k_blk_min[blk + threadIdx.x] = -bottom;
   }
   float energy = 0.0f;  // the V residual's sum of squares over this thread's rows and channels
+  float channel_energy[8] = {};  // kVLo: the same per channel
   if (p.vsmooth) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) vacc[i] = 0.0f;
@@ -309,12 +323,14 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_stats_kernel(const Prepa
           const float r = x[i] - block_mean[c0 + i];
           vacc[i] = fmaxf(vacc[i], fabsf(r));
           energy = fmaf(r, r, energy);  // V-Smooth segments only (stats_block_amax); a few FMAs of a memory-bound pass
+          if constexpr (kVLo) channel_energy[i] = fmaf(r, r, channel_energy[i]);
         }
       }
 #endif
     }
   }
   stats_block_amax<D>(p, bh, vacc, partial, row_sub, c0, energy);
+  if constexpr (kVLo) v_lo_block_energy<D>(p, bh, channel_energy, partial, row_sub, c0);
 }
 
 // A thread's 8 channels times inv -> 8 codes (E4M3 or INT8), first channel in the lowest byte.

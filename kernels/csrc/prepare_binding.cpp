@@ -32,12 +32,13 @@ void check_input(const torch::Tensor& t, const char* name, const torch::Tensor& 
 
 using Operands = std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor,
                             torch::Tensor, std::optional<torch::Tensor>, std::optional<torch::Tensor>,
-                            std::optional<torch::Tensor>>;
+                            std::optional<torch::Tensor>, std::optional<torch::Tensor>, std::optional<torch::Tensor>>;
 
 // The operand contract (kernels/operands.py) allocated here and filled on q's device and current stream:
 // one binding call per attention call. v_basis (B, H, rank, D) float16 turns the low-rank term on (then
 // v_low_t and v_low_scale are returned); v_merge the V-Smooth segments (VCConfig.v_mean_merge: then v_seg_end
-// is returned, last).
+// is returned); v_lo_channels > 0 the V residual's second term on that many channels (VCConfig.v_lo_channels: then
+// v_lo_t and v_lo_sel are returned, last).
 //
 // Order (a short call's GPU idles until the first launch, so what precedes it is its cost: LTX-Video's
 // 0.6 ms call paid ~80 us of host time there, docs/kernel-notes.md sections 25 and 28): the checks, the
@@ -46,7 +47,7 @@ using Operands = std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::
 // quantize launch, which the host does while the GPU runs the statistics.
 Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const std::optional<torch::Tensor>& perm,
                  const std::optional<torch::Tensor>& v_basis, double qk_scale, bool qk_fp8, bool vsmooth, bool smooth_k,
-                 int64_t v_mean_rows, bool v_merge, int64_t k_scale_rows, bool k_lanes) {
+                 int64_t v_mean_rows, bool v_merge, int64_t k_scale_rows, bool k_lanes, int64_t v_lo_channels) {
   TORCH_CHECK_VALUE(q.is_cuda() && q.dim() == 4, "q must be a 4-D CUDA tensor (B, H, N, D view).");
   TORCH_CHECK_VALUE(q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16, "q must be float16 or bfloat16.");
   check_input(q, "q", q);
@@ -88,6 +89,14 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
   if (v_merge)
     TORCH_CHECK_VALUE(vsmooth && v_mean_rows == 2 * vc::kKBlock, vc::text("V-Smooth segments need V-Smooth with ", 2 * vc::kKBlock,
                       "-row means."));
+  // the V residual's second term (prepare_v_lo.cuh): the default build's passes, V-Smooth without the low-rank term
+  TORCH_CHECK_VALUE(v_lo_channels >= 0 && v_lo_channels <= vc::kMaxVLoChannels,
+                    vc::text("v_lo_channels must be 0 to ", vc::kMaxVLoChannels, ", got ", v_lo_channels, "."));
+  TORCH_CHECK_VALUE(!v_lo_channels || (vsmooth && !low_rank),
+                    "the V residual's second term (v_lo_channels) needs V-Smooth and no low-rank V term.");
+  TORCH_CHECK_VALUE(!v_lo_channels || !(vc::prepare_rows_in_regs() || vc::prepare_legacy_quantize() ||
+                                        vc::prepare_staged_stats() || vc::prepare_stats_prefetch()),
+                    "this prepare build variant has no V residual second term (v_lo_channels): use the default build.");
   const auto on_q = q.options();
   const auto f32 = on_q.dtype(torch::kFloat32);
 
@@ -119,6 +128,7 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
   p.v_merge = v_merge;
   p.k_pair = k_pair;
   p.k_lanes = k_lanes;
+  p.v_lo_channels = static_cast<int>(v_lo_channels);
 
   // What the statistics pass writes. v_mean: per-channel V's mean restore reads zeros (operands.py).
   auto v_mean = vsmooth ? torch::empty({b, h, slots, d}, on_q.dtype(torch::kHalf))
@@ -126,7 +136,8 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
   // One float32 scratch, in this order: the zeroed head (k_sum and v_amax (B,H,D) each, one done-counter per
   // head, the low-rank coefficients' amax (B,H,kMaxVRank)), then what every block writes for itself: the
   // per-block K sums (B,H,n_pad/128,D), the segments' block statistics ((B,H,nb,D) mean and amax, (B,H,nb)
-  // energy and first block), the K extremes per 256-key block ((B,H,nb,D) max and min)
+  // energy and first block), the K extremes per 256-key block ((B,H,nb,D) max and min), K's lane order (bytes), the
+// statistics blocks' residual energy per channel for the V residual's second term ((B,H,statistics blocks,D))
   // (each region starts on a 128-byte line: separate allocations were 512-byte aligned, and the atomics'
   // head shares no line with the blocks' own writes)
   const auto line = [](int64_t floats) { return (floats + 31) / 32 * 32; };
@@ -138,7 +149,8 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
   const int64_t kext = k_pair && !k_lanes ? 2 * bh * k_blocks * d : 0;
   // K scales per lane: each position's source row within its 128-key block, one byte (bh * n_pad bytes)
   const int64_t order = k_lanes ? line((bh * n_pad + 3) / 4) : 0;
-  auto scratch = torch::empty({line(zeroed) + partial + seg + kext + order}, f32);
+  const int64_t lo_energy = v_lo_channels ? line(bh * k_blocks * d) : 0;  // one statistics block per V-Smooth mean
+  auto scratch = torch::empty({line(zeroed) + partial + seg + kext + order + lo_energy}, f32);
   float* base = scratch.data_ptr<float>();
   const cudaError_t zero_rc = cudaMemsetAsync(base, 0, zeroed * sizeof(float), stream);
   TORCH_CHECK(zero_rc == cudaSuccess, vc::text("prepare: zeroing the statistics workspace failed: ", cudaGetErrorString(zero_rc)));
@@ -166,6 +178,8 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
     cursor += kext;
   }
   if (k_lanes) p.k_order = reinterpret_cast<uint8_t*>(cursor);  // written by the K lanes kernel (quantize half)
+  cursor += order;
+  if (v_lo_channels) p.lo_energy = cursor;
   raise_on_error(vc::launch_prepare_stats(p, stream), "prepare (statistics)");
 
   // The quantized operands, allocated while the statistics pass runs
@@ -175,7 +189,7 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
   auto k_scale = k_lanes ? torch::empty({b, h, slots, vc::kKLanes}, f32) : torch::empty({b, h, slots}, f32);
   auto v_t = torch::empty({b, h, d, n_pad}, on_q.dtype(torch::kFloat8_e4m3fn));
   auto v_scale = torch::empty({b, h, d}, f32);
-  std::optional<torch::Tensor> v_low_t, v_low_scale, v_seg_end;
+  std::optional<torch::Tensor> v_low_t, v_low_scale, v_seg_end, v_lo_t, v_lo_sel;
   if (low_rank) {
     v_low_t = torch::empty({b, h, vc::kVLowRows, n_pad}, on_q.dtype(torch::kFloat8_e4m3fn));
     v_low_scale = torch::empty({b, h, rank}, f32);
@@ -186,6 +200,12 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
     v_seg_end = torch::empty({b, h, slots}, on_q.dtype(torch::kByte));
     p.v_seg_end = static_cast<uint8_t*>(v_seg_end->data_ptr());
   }
+  if (v_lo_channels) {
+    v_lo_t = torch::empty({b, h, v_lo_channels, n_pad}, on_q.dtype(torch::kFloat8_e4m3fn));
+    v_lo_sel = torch::empty({b, h, v_lo_channels}, on_q.dtype(torch::kInt32));
+    p.v_lo_t = static_cast<uint8_t*>(v_lo_t->data_ptr());
+    p.v_lo_sel = v_lo_sel->data_ptr<int32_t>();
+  }
   p.q_q = q_q.data_ptr();
   p.q_scale = q_scale.data_ptr<float>();
   p.k_q = k_q.data_ptr();
@@ -195,7 +215,7 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
   raise_on_error(vc::launch_prepare_quantize(p, stream), "prepare (quantize)");
   // the scratch is freed here, its blocks reused only by work queued after the quantize pass (the caching
   // allocator's stream order)
-  return {q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_low_t, v_low_scale, v_seg_end};
+  return {q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_low_t, v_low_scale, v_seg_end, v_lo_t, v_lo_sel};
 }
 
 // prepare, then the Hopper kernel through the sm90 extension's C entry (forward_fn, error_fn: the addresses of
@@ -208,9 +228,12 @@ Operands prepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
 void prepare_attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                     const std::optional<torch::Tensor>& perm, const std::optional<torch::Tensor>& v_basis,
                     double qk_scale, bool qk_fp8, bool vsmooth, bool smooth_k, int64_t v_mean_rows, bool v_merge,
-                    int64_t k_scale_rows, bool k_lanes, const torch::Tensor& out, bool expcast, int64_t vsmooth_mode,
-                    int64_t forward_fn, int64_t error_fn) {
+                    int64_t k_scale_rows, bool k_lanes, int64_t v_lo_channels, const torch::Tensor& out, bool expcast,
+                    int64_t vsmooth_mode, int64_t forward_fn, int64_t error_fn) {
   TORCH_CHECK_VALUE(forward_fn != 0 && error_fn != 0, "prepare_attend needs the sm90 extension's entry addresses.");
+  // the Hopper kernel's second-term build (VC_SM90_V_LO) has its own entry, which this call does not take
+  TORCH_CHECK_VALUE(v_lo_channels == 0, "prepare_attend runs the Hopper kernel without the V residual's second term: "
+                                        "v_lo_channels must be 0 here (prepare, then that build's own entry, takes it).");
   TORCH_CHECK_VALUE(!qk_fp8, "the Hopper kernel takes INT8 Q and K only.");
   // vc::kVsmoothPairedK on top of 1 or 2 says the K scales are equal in 128-key pairs: only where this prepare pairs them
   const int64_t v_mode = vsmooth_mode & ~int64_t(vc::kVsmoothPairedK | vc::kVsmoothKLanes);
@@ -231,8 +254,8 @@ void prepare_attend(const torch::Tensor& q, const torch::Tensor& k, const torch:
   TORCH_CHECK_VALUE(out.is_cuda() && out.dim() == 4 && out.stride(3) == 1 && out.sizes() == q.sizes() &&
                         out.scalar_type() == q.scalar_type() && out.device() == q.device(),
                     "out must be a (B, H, N, D) view with q's shape, dtype and device and unit channel stride.");
-  const auto [q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_low_t, v_low_scale, v_seg_end] =
-      prepare(q, k, v, perm, v_basis, qk_scale, qk_fp8, vsmooth, smooth_k, v_mean_rows, v_merge, k_scale_rows, k_lanes);
+  const auto [q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_low_t, v_low_scale, v_seg_end, v_lo_t, v_lo_sel] =
+      prepare(q, k, v, perm, v_basis, qk_scale, qk_fp8, vsmooth, smooth_k, v_mean_rows, v_merge, k_scale_rows, k_lanes, 0);
   const int64_t b = q_q.size(0), h = q_q.size(1), n_pad = q_q.size(2), d = q_q.size(3);
   TORCH_CHECK_VALUE(b * h * n_pad < (int64_t(1) << 31), "B*H*N is too large for the TMA coordinates.");
   const c10::cuda::CUDAGuard guard(q.device());
@@ -255,7 +278,7 @@ void prepare_attend(const torch::Tensor& q, const torch::Tensor& k, const torch:
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "VC-Attention fused prepare: q, k, v (+perm) -> the quantized operands of the attention kernels.";
   m.def("prepare", &prepare, "q, k, v (+perm, +v_basis) -> the quantized operands (q_q, q_scale, k_q, k_scale, v_t, v_scale, "
-        "v_mean, v_low_t, v_low_scale, v_seg_end), on q's device and current stream; k_scale_rows 256 "
+        "v_mean, v_low_t, v_low_scale, v_seg_end, v_lo_t, v_lo_sel), on q's device and current stream; k_scale_rows 256 "
         "stores each 256-key block's K scale in both of its 128-key slots");
   m.def("prepare_attend", &prepare_attend, "prepare, then the Hopper kernel through the sm90 extension's C entry "
         "(forward_fn, error_fn: its forward_address(), last_error_address()) into out, in one call");

@@ -134,7 +134,9 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_stats_staged_kernel(cons
   stats_from_staged_rows<T, D, false>(p);
 }
 
-template <typename T, int D, bool kQkFp8>
+// kVLo: the instantiation for p.v_lo_channels > 0, which also writes the V residual's second term (prepare_v_lo.cuh)
+// of the chosen channels into v_lo_t.
+template <typename T, int D, bool kQkFp8, bool kVLo = false>
 __global__ __launch_bounds__(kPrepThreads) void prepare_quantize_staged_kernel(const PrepareParams p) {
   constexpr int kLanesPerRow = D / 8;
   constexpr int kRowsPerPass = kPrepThreads / kLanesPerRow;
@@ -219,12 +221,19 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_quantize_staged_kernel(c
   float v_mean[8], v_inv[8];
   v_code_params<D>(p, bh, c0, v_mean, v_inv);
   const int swizzle = v_tile_swizzle<D>(c0);
+  // kVLo: the second term's rows of the block, channel-major as v_tile. Not swizzled: only the lanes of chosen
+  // channels store (a few per warp), so its bank conflicts cost little.
+  __shared__ __align__(16) uint8_t lo_tile[kVLo ? kMaxVLoChannels : 1][kKBlock + 16];
+  VLoLanes lanes{0u, 0};
+  if constexpr (kVLo) lanes = v_lo_lanes(p, bh, c0);
 #pragma unroll
   for (int g = 0; g < kRows / 4; ++g) {
     uint32_t lo[4], hi[4];  // row j's codes of channels c0..c0+3 and c0+4..c0+7
+    uint32_t second_lo[4], second_hi[4];  // kVLo: the same of the second term
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       lo[j] = hi[j] = 0u;  // rows past `valid`: code 0
+      second_lo[j] = second_hi[j] = 0u;
       if (tok[4 * g + j] >= 0) {
         float x[8];
         unpack8_as_float<T>(raw[4 * g + j], x);
@@ -232,6 +241,11 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_quantize_staged_kernel(c
         for (int e = 0; e < 8; ++e) x[e] = (x[e] - v_mean[e]) * v_inv[e];
         lo[j] = e4m3x4(x[0], x[1], x[2], x[3]);
         hi[j] = e4m3x4(x[4], x[5], x[6], x[7]);
+        if constexpr (kVLo) {
+          const uint2 second = v_lo_codes8(x, lo[j], hi[j]);
+          second_lo[j] = second.x;
+          second_hi[j] = second.y;
+        }
       }
     }
     uint32_t words[8];
@@ -240,9 +254,17 @@ __global__ __launch_bounds__(kPrepThreads) void prepare_quantize_staged_kernel(c
     const int w = (row_sub + g * kRowsPerPass) ^ swizzle;  // the tokens' word in each channel's row
 #pragma unroll
     for (int e = 0; e < 8; ++e) *reinterpret_cast<uint32_t*>(&v_tile[c0 + e][4 * w]) = words[e];
+    if constexpr (kVLo) {
+      transpose_bytes4x4(second_lo, *reinterpret_cast<uint32_t(*)[4]>(&words[0]));
+      transpose_bytes4x4(second_hi, *reinterpret_cast<uint32_t(*)[4]>(&words[4]));
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        if (lanes.bits >> e & 1u) *reinterpret_cast<uint32_t*>(&lo_tile[lanes.row(e)][4 * (row_sub + g * kRowsPerPass)]) = words[e];
+    }
   }
   __syncthreads();
   store_v_tile<D, true>(p, bh, row0, v_tile);
+  if constexpr (kVLo) store_lo_tile(p, bh, row0, lo_tile);
 }
 
 }  // namespace vc

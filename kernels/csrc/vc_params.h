@@ -5,6 +5,8 @@
 
 namespace vc {
 
+constexpr int kMaxVLoChannels = 32;  // PrepareParams.v_lo_channels: the largest of kernels/config.py V_LO_CHANNELS
+
 // Fused preprocessing: q, k, v (B,H,N,D) fp16/bf16 views with any (b,h,n) strides and a contiguous
 // last dim -> the operand contract of kernels/prepare.py (PreparedOperands).
 struct PrepareParams {
@@ -56,6 +58,12 @@ struct PrepareParams {
   int batch, heads, n, n_pad, head_dim;
   float qk_scale;       // sm_scale * log2(e)
   bool input_bf16, qk_fp8, vsmooth, smooth_k;
+  // V-Smooth's residual with a second E4M3 term on v_lo_channels channels per head (VCConfig.v_lo_channels;
+  // prepare_v_lo.cuh), 0: none. Last in the struct, so the other kernels' parameter offsets stay as they were.
+  int v_lo_channels;
+  int32_t* v_lo_sel;      // (B,H,v_lo_channels) output: the chosen channels, ascending
+  uint8_t* v_lo_t;        // (B,H,v_lo_channels,n_pad) e4m3 output: row i is channel v_lo_sel[i]'s second term
+  float* lo_energy;       // workspace (B,H,statistics blocks,D): each statistics block's residual energy per channel
 };
 
 // Attention on prepared operands; out is (B,H,N,D) addressed through strides (either layout).
