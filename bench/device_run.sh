@@ -29,7 +29,7 @@
 #                 data, with and without lane scales, beside SageAttention 2.2 and the product's modes
 #                 (bench/mixed_fidelity_gpu.py)
 #         adopt   (not in the default list) `mixed` + `lo` cut to one call: the five candidates of kernel-notes 36's
-#                 adoption rule timed at the Wan shapes and their rel-L2 at 32,760 / 75,600, no lanes
+#                 adoption rule, their rel-L2 at 32,760 / 75,600 (no lanes), then their times at the Wan shapes
 #         variants (not in the default list) the portable kernel's build-time variants side by side with
 #                 SageAttention 2.2's portable kernel (bench/mma_variants.py; $MMA_VARIANTS), the prepare
 #                 extension's variants (bench/prepare_variants.py), then one ncu
@@ -135,17 +135,17 @@ for stage in $stages; do
       step fidelity_variants_error 300 python3 bench/mixed_fidelity_gpu.py $(for v in $FIDELITY_VARIANTS; do echo --lib "$b/sm90_$v.so"; done) \
         --sizes 32760 75600 --seeds 0 1 --lanes --out "$OUT" ;;
     adopt)  # the adoption question of kernel-notes 36 in ONE device call (for a session whose device time is short):
-      # the five candidates built at once, timed at the two Wan shapes beside cuDNN / SageAttention 2.2 and gated
-      # against their specs, then their rel-L2 on the video-like data at 32,760 / 75,600 (no lanes)
-      # the JIT extensions the error step needs build beside the variant libraries (a cold machine has none; torch's
-      # build lock makes the error step wait for any still building)
+      # the five candidates built at once while the JIT extensions build, their rel-L2 on the video-like data at
+      # 32,760 / 75,600 first (the question a cut-short call must still answer), then their times at the two Wan
+      # shapes beside cuDNN / SageAttention 2.2, each gated against its spec
       timeout 300 python3 -m vc_attention.cli build > "$OUT/adopt_jit_build.log" 2>&1 &
-      (export OUT SM90_VARIANTS="$ADOPT_VARIANTS" SM90_SHAPES="1,40,75600,128 1,12,32760,128"
-       step adopt_sm90 300 bash bench/sm90_variants.sh; mv "$OUT/sm90_check.json" "$OUT/sm90_check_adopt.json")
+      (export OUT SM90_BUILD_ONLY=1 SM90_VARIANTS="$ADOPT_VARIANTS"; step adopt_build 240 bash bench/sm90_variants.sh)
+      wait  # (torch's build lock would make the error step wait anyway; this keeps its log apart)
       b=${SM90_BUILD_DIR:-build/sm90_variants}
       step adopt_error 200 python3 bench/mixed_fidelity_gpu.py $(for v in $ADOPT_VARIANTS; do echo --lib "$b/sm90_$v.so"; done) \
         --sizes 32760 75600 --seeds 0 1 --out "$OUT"
-      wait ;;
+      (export OUT SM90_REUSE_BUILD=1 SM90_VARIANTS="$ADOPT_VARIANTS" SM90_SHAPES="1,40,75600,128 1,12,32760,128"
+       step adopt_sm90 300 bash bench/sm90_variants.sh; mv "$OUT/sm90_check.json" "$OUT/sm90_check_adopt.json") ;;
     spread)  # fidelity's paired-K loop against the unpaired one in rounds, with the GPU's clocks (kernel-notes 35)
       step fidelity_spread 300 python3 bench/fidelity_spread.py --rounds 6 --out "$OUT" ;;
     *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt)"; exit 2 ;;
