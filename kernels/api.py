@@ -18,6 +18,9 @@ from .layout import to_bhnd
 
 # Which backend ran how many calls in this process (tests use it to prove a fast path ran).
 BACKEND_CALLS: Counter = Counter()
+# (backend, configuration tag) of the calls that ran without some of their configuration's refinements, because their
+# backend lacks them (VCConfig.refinements_dropped; e.g. the portable kernel has no second V term): what actually ran
+REFINEMENTS_DROPPED: Counter = Counter()
 
 
 # Devices on which `auto` runs the emulation without a word: the CPU, where it is the documented
@@ -58,6 +61,11 @@ def _run(q, k, v, perm, v_basis, layout: str, config: VCConfig, sm_scale, backen
         if chosen.slow and backend == "auto" and q.device.type not in SILENT_EMULATION_DEVICES:
             _announce_emulation(q, config, layout)
     BACKEND_CALLS[chosen.name] += 1
+    if config.has_refinements:  # (a configuration without any skips the check: a short call's host time counts)
+        runnable = backends.runnable_config(chosen, q, config, layout, k, v)
+        if runnable is not None and runnable != config:
+            REFINEMENTS_DROPPED[(chosen.name, runnable.tag)] += 1
+            config = runnable
     if v_basis is None:  # a backend's run takes v_basis only if it declares the low-rank term (max_v_rank)
         return chosen.run(q, k, v, perm, config, layout, sm_scale)
     return chosen.run(q, k, v, perm, config, layout, sm_scale, v_basis)

@@ -210,25 +210,35 @@ class NoCapableBackend(RuntimeError):
     """Raised when no backend can take a call; the message lists each backend's reason."""
 
 
+def runnable_config(chosen: Backend, q: torch.Tensor, config: VCConfig, layout: str, *kv: torch.Tensor) -> Optional[VCConfig]:
+    """The configuration `chosen` runs for this call: config itself, else the most refined of
+    config.refinements_dropped() that it can take (a kernel without the V residual's second term runs the call
+    without it); None: not even the base one."""
+    for candidate in config.refinements_dropped():
+        if chosen.why_not(q, candidate, layout, *kv) is None:
+            return candidate
+    return None
+
+
 def select(q: torch.Tensor, config: VCConfig, layout: str, backend: str = "auto", allow_slow: bool = True,
            kv: tuple[torch.Tensor, ...] = ()) -> Backend:
-    """The backend that will run this call (kv: k and v, checked too when given).
+    """The backend that will run this call (kv: k and v, checked too when given); it runs
+    runnable_config(...) of it, config less the refinements it lacks (VCConfig.refinements_dropped).
 
     backend="auto": the highest-priority capable backend; the slow emulation only if allow_slow.
     A named backend must be capable, else NoCapableBackend says why (never a silent swap).
     """
     if backend != "auto":
         chosen = get(backend)
-        reason = chosen.why_not(q, config, layout, *kv)
-        if reason:
-            raise NoCapableBackend(f"backend {backend!r} cannot run this call: {reason}")
+        if runnable_config(chosen, q, config, layout, *kv) is None:
+            raise NoCapableBackend(f"backend {backend!r} cannot run this call: {chosen.why_not(q, config, layout, *kv)}")
         return chosen
     reasons = []
     for cand in backends():
-        reason = cand.why_not(q, config, layout, *kv)
-        if reason is None and (allow_slow or not cand.slow):
+        runnable = runnable_config(cand, q, config, layout, *kv)
+        if runnable is not None and (allow_slow or not cand.slow):
             return cand
-        reasons.append(f"{cand.name}: {reason or 'slow emulation not allowed here'}")
+        reasons.append(f"{cand.name}: {cand.why_not(q, config, layout, *kv) or 'slow emulation not allowed here'}")
     raise NoCapableBackend("no VC-Attention backend can run this call (" + "; ".join(reasons) + ").")
 
 

@@ -157,6 +157,23 @@ class VCConfig:
                        k_lane_scales=self.k_lane_scales and not v_rank,
                        v_lo_channels=self.v_lo_channels if not v_rank else 0)
 
+    def refinements_dropped(self) -> tuple["VCConfig", ...]:
+        """This configuration, then what a backend without its refinements runs instead, most refined first.
+
+        Refinements are fidelity extras that only some kernels have: the V residual's second term (v_lo_channels)
+        and the mixed encoding (p="mixed", whose base is "exp2"). A backend that lacks one runs the call without
+        it (backends.runnable_config) rather than leaving it to the slow emulation or the model's attention: a
+        preset that carries them keeps its kernel on every GPU, each running the most of it that it has."""
+        no_lo = replace(self, v_lo_channels=0)
+        no_mixed = replace(self, p="exp2") if self.p == "mixed" else self
+        chain = (self, no_lo, no_mixed, replace(no_mixed, v_lo_channels=0))
+        return tuple(dict.fromkeys(chain))  # (in order, each once)
+
+    @property
+    def has_refinements(self) -> bool:
+        """Whether refinements_dropped has more than this configuration (cheap: no configuration is built)."""
+        return self.v_lo_channels != 0 or self.p == "mixed"
+
     @property
     def needs_grouping(self) -> bool:
         return self.v == "vsmooth"
