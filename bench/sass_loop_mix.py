@@ -52,6 +52,17 @@ def functions(sass: str) -> dict[str, list[tuple[int, str]]]:
     return out
 
 
+# the Hopper kernels with the V residual's second term / the mixed encoding (sm90_attention.cuh) carry VLO and CHORD as
+# two more template arguments under their own name: vc_attention_sm90_kernel_lo_chord<..., KLANES, VLO, CHORD>
+_LO_CHORD = re.compile(r"33vc_attention_sm90_kernel_lo_chordI(.*?)ELi\d+ELi\d+EEEv")
+
+
+def plain_kernel_name(name: str) -> str:
+    """A vc_attention_sm90_kernel_lo_chord name as the vc_attention_sm90_kernel of the same other template arguments
+    (the product's kernel it varies); any other name as it is. Lets a variant build's kernels pair with the product's."""
+    return _LO_CHORD.sub(r"24vc_attention_sm90_kernelI\1EEEv", name)
+
+
 def opcode(ins: str) -> str:
     body = re.sub(r"^@!?U?P[T\d]+\s+", "", ins)
     return body.split()[0] if body else ""

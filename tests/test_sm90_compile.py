@@ -160,8 +160,9 @@ def _spill_stores(report: str) -> dict[str, int]:
 
 
 def _flags(kernel: str) -> tuple[bool, bool, bool, bool]:
-    """The kernel's last four template arguments (LOWRANK, STEPMEAN, KPAIR, KLANES: after the stage count)."""
-    found = re.search(r"Li\d+ELb([01])ELb([01])ELb([01])ELb([01])EEEv", kernel)
+    """The kernel's four template arguments after the stage count (LOWRANK, STEPMEAN, KPAIR, KLANES; the kernels with the
+    V residual's second term or the mixed encoding, vc_attention_sm90_kernel_lo_chord, have VLO and CHORD after them)."""
+    found = re.search(r"Li\d+ELb([01])ELb([01])ELb([01])ELb([01])(?:ELi\d+ELi\d+)?EEEv", kernel)
     assert found, kernel
     return tuple(group == "1" for group in found.groups())
 
@@ -198,7 +199,7 @@ def _check_k_lane_kernels(flags, report: str) -> set[str]:
     assert len(lanes) == expected, (lanes, expected)
     spills = _spill_stores(report)
     for k in lanes:
-        twin = re.sub(r"ELb1EEEv", "ELb0EEEv", k)  # the same kernel with one K scale per step
+        twin = re.sub(r"ELb1((?:ELi\d+ELi\d+)?EEEv)", r"ELb0\1", k)  # the same kernel with one K scale per step
         assert twin in kernels and _step_mean(k) != _k_pair(k) and not _low_rank(k), k
         # four words at most above the twin (measured with the clamp bound, the default since kernel-notes section 35:
         # split_askip's speed lanes kernel 24 B against 12 B, the product's 12 B against 8 B)

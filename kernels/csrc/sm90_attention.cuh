@@ -70,10 +70,9 @@ struct Params {
   // V-Smooth segments (STEPMEAN kernels; VCConfig.v_mean_merge): (BH, n_pad/128) uint8, 1 on each segment's
   // last 128-key tile; nullptr: every 256-key step ends one (one mean per step)
   const uint8_t* v_seg_end;
-#if VC_SM90_V_LO
-  // the residual's second term (VC_SM90_V_LO builds): (BH, VC_SM90_V_LO) int32, the channel of each v_lo_t row
+  // the residual's second term (the VLO kernels: vc_attention_sm90_kernel_lo_chord): (BH, VLO) int32, the channel of
+  // each v_lo_t row. Last, so that the other members keep their offsets in every kernel's parameters
   const int* v_lo_sel;
-#endif
 };
 
 
@@ -242,10 +241,16 @@ constexpr bool early_qk_loop(bool expcast, bool kpair = false) {
 // So the PV MMA returns, at no extra tensor work, the row sums of the two tiles of a step in columns D
 // and D + 1 (lane t = 0 of each quad) and sum_j P_j A_jk in columns D + 2 + k (lanes t = 1..3, two each),
 // which each lane keeps in O's running scale; the epilogue adds (sum P A_q) W once.
-// The rows of the residual's second term in a kernel's V^T stages (VC_SM90_V_LO: fidelity's paired-K exp2 kernels).
-constexpr int v_lo_rows(bool expcast, bool vsmooth, bool lowrank, bool kpair) {
-  return (!expcast && vsmooth && !lowrank && kpair) ? VC_SM90_V_LO : 0;
+// The kernels that can take the residual's second term (template VLO > 0): fidelity's paired-K exp2 kernels.
+constexpr bool v_lo_kernel(bool expcast, bool vsmooth, bool lowrank, bool kpair) {
+  return !expcast && vsmooth && !lowrank && kpair;
 }
+// What a build instantiates by default (launch's VLO and CHORD): VC_SM90_V_LO rows of the second term in the kernels
+// that can take it, VC_SM90_EXP2_CHORD_EIGHTHS eighths of the chord in every exp2 kernel; 0 and 0 in the product.
+constexpr int build_v_lo(bool expcast, bool vsmooth, bool lowrank, bool kpair) {
+  return v_lo_kernel(expcast, vsmooth, lowrank, kpair) ? VC_SM90_V_LO : 0;
+}
+constexpr int build_chord(bool expcast) { return expcast ? 0 : VC_SM90_EXP2_CHORD_EIGHTHS; }
 constexpr bool low_rank_loop(int head_dim, bool vsmooth, int consumers, int stages) {
   return vsmooth && step256(head_dim, consumers, stages);
 }
@@ -287,7 +292,7 @@ __device__ __forceinline__ int mean_b_offset(int n, int k) {
 
 template <int D, int STAGES, bool PSMEM = false, bool MEANMMA = false, bool MEANPV = false, bool LOWRANK = false, int VLO = 0>
 struct SmemLayout {
-  static constexpr int kVLo = VLO;  // rows of the residual's second term after the ones rows (VC_SM90_V_LO)
+  static constexpr int kVLo = VLO;  // rows of the residual's second term after the ones rows (consumer_loop's VLO)
   static constexpr int kQBytes = kBlockM * D;
   static constexpr int kKBytes = kBlockN * D;
   static constexpr int kVLoadBytes = D * kBlockN;         // V^T rows written by TMA
@@ -427,7 +432,6 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUt
   }
   float* mu_smem = reinterpret_cast<float*>(smem + L::kMuOff);
   float* ksc_smem = reinterpret_cast<float*>(smem + L::kKscOff);
-#if VC_SM90_V_LO
   if constexpr (L::kVLo > 0) {  // each channel's column of the second term (-1: none), seen after the first full barrier
     int8_t* pos = reinterpret_cast<int8_t*>(smem + L::kLoPosOff);
     for (int c = lane; c < D; c += 32) pos[c] = -1;
@@ -439,7 +443,6 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUt
     }
     __syncwarp();
   }
-#endif
   for (int j = 0; j < n_kv; ++j) {
     const int s = j % STAGES;
     mbar_wait(&bar_empty[s], ((j / STAGES) & 1) ^ 1);
@@ -557,10 +560,13 @@ struct NoWait {
 // KLANES (VCConfig.k_lane_scales): sc holds this lane's own K scale (one per quad lane t), so the integer row maxima
 // stay per lane: each anchors its lane's speed codes (reference.quantize_p with lanes) and the quad reduces the row
 // maximum in float, after the scale (float(max acc) * sc per lane, then the largest of the four: the spec's max).
-// WKK (VC_SM90_EXP2_CHORD_EIGHTHS builds): 32-key k-steps of the online-softmax step these tiles belong to (4 H; 8
-// for the odd last tile of a 256-key loop, the first half of its step): the mixed encoding's chord takes its last
-// eighths by position within the step (reference.mixed_chord_keys).
-template <bool EXPCAST, bool MASK, int H, bool KPAIR = false, bool KLANES = false, typename Between = NoWait, int WKK = 4 * H>
+// CHORD (exp2 only; reference p="mixed" with chord_eighths = CHORD): the last CHORD eighths of every online-softmax
+// step's keys take the speed chord, the rest exp2 + cast at row max 448; 0: exp2 for every key (p="exp2").
+// WKK (CHORD > 0): 32-key k-steps of the online-softmax step these tiles belong to (4 H; 8 for the odd last tile of a
+// 256-key loop, the first half of its step): the chord takes its last eighths by position within the step
+// (reference.mixed_chord_keys).
+template <bool EXPCAST, bool MASK, int H, bool KPAIR = false, bool KLANES = false, int CHORD = 0, typename Between = NoWait,
+          int WKK = 4 * H>
 __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const RowScale (&sc)[H], int valid, int t,
                                              float (&row_off)[2], float (&alpha)[2], uint32_t (&pa)[4 * H][4],
                                              Between between = {}, const float* qbound = nullptr) {
@@ -569,14 +575,15 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
   static_assert(WKK >= 4 * H, "a step holds its tiles' k-steps");
   constexpr int HK = KPAIR ? 1 : H;  // K-scale blocks of the step
   auto hk = [](int h) { return KPAIR ? 0 : h; };
-  // the mixed encoding (exp2 builds with VC_SM90_EXP2_CHORD_EIGHTHS): k-steps from kFirstChordKk of the step on take
-  // the chord; this call's k-step 4h + kk is the step's k-step 4h + kk (a lone tile is the first of its step)
-  constexpr int kChordKk = EXPCAST ? 0 : VC_SM90_EXP2_CHORD_EIGHTHS * WKK / 8;
-  static_assert(EXPCAST || VC_SM90_EXP2_CHORD_EIGHTHS * WKK % 8 == 0,
+  // the mixed encoding (exp2 with CHORD > 0): k-steps from kFirstChordKk of the step on take the chord; this call's
+  // k-step 4h + kk is the step's k-step 4h + kk (a lone tile is the first of its step)
+  static_assert(CHORD >= 0 && CHORD <= 8 && (!EXPCAST || CHORD == 0), "the chord takes 0..8 eighths of an exp2 step");
+  constexpr int kChordKk = EXPCAST ? 0 : CHORD * WKK / 8;
+  static_assert(EXPCAST || CHORD * WKK % 8 == 0,
                 "the chord's share of a step must be whole 32-key k-steps (the 128-key steps: even eighths)");
   constexpr int kFirstChordKk = WKK - kChordKk;
   constexpr bool kMixed = kChordKk > 0 && kFirstChordKk < 4 * H;  // some k-step of this call takes the chord
-  constexpr bool kMixedBuild = !EXPCAST && VC_SM90_EXP2_CHORD_EIGHTHS > 0;  // every exp2 key at row max 448
+  constexpr bool kMixedBuild = !EXPCAST && CHORD > 0;  // every exp2 key at row max 448
   static_assert(!kMixed || !VC_EXPCAST_BYTE_CODES, "the mixed encoding's chord is the integer-score one");
   // the speed encoding works on the integer scores (p_encoding.cuh) unless a byte-code variant is built
   [[maybe_unused]] constexpr bool kIntCodes = (EXPCAST || kMixed) && !VC_EXPCAST_BYTE_CODES;
@@ -767,13 +774,14 @@ __device__ __forceinline__ void softmax_keys(const int32_t (&s)[64 * H], const R
 }
 
 // One 64x128 score tile (the loops that step the online softmax by one tile).
-// WKK: the k-steps of the online-softmax step the tile belongs to (8: the odd last tile of a 256-key loop)
-template <bool EXPCAST, bool MASK, bool KLANES = false, int WKK = 4>
+// WKK: the k-steps of the online-softmax step the tile belongs to (8: the odd last tile of a 256-key loop); CHORD:
+// softmax_keys'
+template <bool EXPCAST, bool MASK, bool KLANES = false, int WKK = 4, int CHORD = 0>
 __device__ __forceinline__ void softmax_tile(const int32_t (&s)[64], const RowScale& sc, int valid, int t,
                                              float (&row_off)[2], float (&alpha)[2], uint32_t (&pa)[4][4],
                                              const float* qbound = nullptr) {
   const RowScale scs[1] = {sc};
-  softmax_keys<EXPCAST, MASK, 1, false, KLANES, NoWait, WKK>(s, scs, valid, t, row_off, alpha, pa, NoWait{}, qbound);
+  softmax_keys<EXPCAST, MASK, 1, false, KLANES, CHORD, NoWait, WKK>(s, scs, valid, t, row_off, alpha, pa, NoWait{}, qbound);
 }
 
 // O = alpha O + (P R + l_blk mu/v_scale);  l = alpha l + l_blk. The tile's P R comes from a fresh
@@ -1056,12 +1064,17 @@ __device__ __forceinline__ void store_p_tile(uint8_t* p_tile, const uint32_t (&p
 // KPAIR: the K scales are equal in the 256-key steps' two tiles (fidelity's exp2 256-key loop takes one per step)
 // KLANES: the K scales are per quad lane (VCConfig.k_lane_scales): each thread reads its lane's, the softmax keeps
 // per-lane maxima (softmax_keys); the paired-K 256-key loops only (the presets' head-dim-128 V-Smooth kernels)
-template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK, bool STEPMEAN, bool KPAIR, bool KLANES = false>
+// VLO: the V residual's second term on VLO channels (16 or 32; v_lo_kernel's kernels), CHORD: the mixed encoding's
+// eighths (exp2 kernels; softmax_keys); 0 and 0: neither (the product's kernels)
+template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK, bool STEPMEAN, bool KPAIR, bool KLANES = false,
+          int VLO = 0, int CHORD = 0>
 __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, uint64_t* bar_q, uint64_t* bar_full,
                                               uint64_t* bar_empty) {
   constexpr bool kPSmem = p_through_smem<D, EXPCAST>();
   constexpr bool kMeanMma = mean_by_mma<D, EXPCAST, VSMOOTH>();
-  constexpr int kVLo = v_lo_rows(EXPCAST, VSMOOTH, LOWRANK, KPAIR);
+  static_assert(VLO == 0 || ((VLO == 16 || VLO == 32) && v_lo_kernel(EXPCAST, VSMOOTH, LOWRANK, KPAIR)),
+                "the residual's second term: 16 or 32 channels, in fidelity's paired-K exp2 kernels");
+  constexpr int kVLo = VLO;
   using L = LayoutFor<D, EXPCAST, VSMOOTH, STAGES, LOWRANK, kVLo>;
   static_assert(!kMeanMma || STAGES <= kMeanChunk, "a mean chunk buffer is rewritten STAGES tiles after its flush");
   const int wg = threadIdx.x / 128 - 1;
@@ -1079,8 +1092,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   // VC_EXPCAST_CLAMP_BOUND: one |score| bound for this thread's rows g and g + 8 (vc_p::int8_row_score_bound, once
   // Q is in; one register: the larger of the two rows' bounds)
   [[maybe_unused]] float q_bound = 0.f;
-  // (and the mixed encoding's chord keys: VC_SM90_EXP2_CHORD_EIGHTHS builds)
-  constexpr bool kChordCodes = EXPCAST || VC_SM90_EXP2_CHORD_EIGHTHS > 0;
+  // (and the mixed encoding's chord keys: CHORD > 0)
+  constexpr bool kChordCodes = EXPCAST || CHORD > 0;
   [[maybe_unused]] const float* q_bound_or_null = (kChordCodes && VC_EXPCAST_CLAMP_BOUND) ? &q_bound : nullptr;
   const float* mu_smem = reinterpret_cast<const float*>(smem + L::kMuOff);
   const float* ksc_smem_all = reinterpret_cast<const float*>(smem + L::kKscOff);
@@ -1122,9 +1135,9 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     // the 256-key loops call it for their odd last tile only: the first half of a 256-key step
     constexpr int kWkk = kStep256 ? 8 : 4;
     if (tail)
-      softmax_tile<EXPCAST, true, KLANES, kWkk>(s_acc, sc, valid_last, t, row_off, alpha, pa);
+      softmax_tile<EXPCAST, true, KLANES, kWkk, CHORD>(s_acc, sc, valid_last, t, row_off, alpha, pa);
     else
-      softmax_tile<EXPCAST, false, KLANES, kWkk>(s_acc, sc, kBlockN, t, row_off, alpha, pa, q_bound_or_null);
+      softmax_tile<EXPCAST, false, KLANES, kWkk, CHORD>(s_acc, sc, kBlockN, t, row_off, alpha, pa, q_bound_or_null);
   };
 
   float o[D / 2];
@@ -1137,7 +1150,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   float pv[D / 2 + 4];
   uint32_t pa[4][4];
   const bool has_tail = valid_last < kBlockN;
-  // VC_SM90_V_LO: the residual's second term, P x (its kVLo rows after the ones rows of the stage) per step into a fresh
+  // VLO: the residual's second term, P x (its kVLo rows after the ones rows of the stage) per step into a fresh
   // accumulator (rows g, g + 8 x columns 8i + 2t, +1, as any wgmma accumulator), live only through the PV batch; the
   // fold keeps its running sum in O's scale in shared memory (L::kLoRunOff), rescaled by the step's alpha
   constexpr int kLoRegs = kVLo ? kVLo / 2 : 1;
@@ -1306,9 +1319,9 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       const float ksc1 = ksc_smem[kKscStride * s1];  // STEPMEAN: its sign bit is the segment-end flag
       const RowScale sc2[2] = {q_sc * ksc_smem[kKscStride * s0], q_sc * (STEPMEAN ? fabsf(ksc1) : ksc1)};
       if (has_tail && last)
-        softmax_keys<EXPCAST, true, 2, kKPair, KLANES>(s2, sc2, valid_last, t, row_off, alpha, p2, second_tile);
+        softmax_keys<EXPCAST, true, 2, kKPair, KLANES, CHORD>(s2, sc2, valid_last, t, row_off, alpha, p2, second_tile);
       else
-        softmax_keys<EXPCAST, false, 2, kKPair, KLANES>(s2, sc2, kBlockN, t, row_off, alpha, p2, second_tile, q_bound_or_null);
+        softmax_keys<EXPCAST, false, 2, kKPair, KLANES, CHORD>(s2, sc2, kBlockN, t, row_off, alpha, p2, second_tile, q_bound_or_null);
       if constexpr (kMeanPv) deferred_mean_a(a_mean, l_prev, alpha, t);
       reg_fence(p2);
       reg_fence(pv);
@@ -1403,9 +1416,9 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
                     "paired K scales in this loop: fidelity's exp2 two-mean fold without the low-rank term");
       softmax_turn_begin();
       if (has_tail && last)
-        softmax_keys<EXPCAST, true, 2, kKPairExp2, KLANES>(s2, sc2, valid_last, t, row_off, alpha, p2);
+        softmax_keys<EXPCAST, true, 2, kKPairExp2, KLANES, CHORD>(s2, sc2, valid_last, t, row_off, alpha, p2);
       else
-        softmax_keys<EXPCAST, false, 2, kKPairExp2, KLANES>(s2, sc2, kBlockN, t, row_off, alpha, p2, NoWait{}, q_bound_or_null);
+        softmax_keys<EXPCAST, false, 2, kKPairExp2, KLANES, CHORD>(s2, sc2, kBlockN, t, row_off, alpha, p2, NoWait{}, q_bound_or_null);
       softmax_turn_end(last);
       if constexpr (kMeanPv) deferred_mean_a(a_mean, l_prev, alpha, t);
       turn_begin();
@@ -1593,10 +1606,10 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
         alpha_prev[1] = alpha[1];
         const RowScale sc = q_sc * ksc_smem[sj];
         if (has_tail && j == n_kv - 1) {  // the store inside each branch: P is stored as it is encoded
-          softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
+          softmax_tile<EXPCAST, true, false, 4, CHORD>(s_acc, sc, valid_last, t, row_off, alpha, pa);
           publish_p(j);
         } else {
-          softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa, q_bound_or_null);
+          softmax_tile<EXPCAST, false, false, 4, CHORD>(s_acc, sc, kBlockN, t, row_off, alpha, pa, q_bound_or_null);
           publish_p(j);
         }
         wgmma_wait<0>();
@@ -1673,10 +1686,10 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
         if constexpr (kSecond) {
           if (has_tail && j == n_kv - 1) {
             fold_pair<D, VSMOOTH>(o, row_sum, pv, alpha_a, alpha, mu_smem + sa * D, mu_smem + sp * D, t);
-            softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
+            softmax_tile<EXPCAST, true, false, 4, CHORD>(s_acc, sc, valid_last, t, row_off, alpha, pa);
           } else {  // the same two calls inside each branch keep them in one basic block
             fold_pair<D, VSMOOTH>(o, row_sum, pv, alpha_a, alpha, mu_smem + sa * D, mu_smem + sp * D, t);
-            softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa, q_bound_or_null);
+            softmax_tile<EXPCAST, false, false, 4, CHORD>(s_acc, sc, kBlockN, t, row_off, alpha, pa, q_bound_or_null);
           }
           release(sa);
           release(sp);
@@ -1684,9 +1697,9 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
           alpha_a[0] = alpha[0];
           alpha_a[1] = alpha[1];
           if (has_tail && j == n_kv - 1)
-            softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
+            softmax_tile<EXPCAST, true, false, 4, CHORD>(s_acc, sc, valid_last, t, row_off, alpha, pa);
           else
-            softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa, q_bound_or_null);
+            softmax_tile<EXPCAST, false, false, 4, CHORD>(s_acc, sc, kBlockN, t, row_off, alpha, pa, q_bound_or_null);
           rescale_pair_accumulator<D>(pv, alpha);  // PV(j) adds to it next step
         }
       };
@@ -1715,10 +1728,10 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
         const RowScale sc = q_sc * ksc_smem[sj];
         if (has_tail && j == n_kv - 1) {
           fold(j - 1, alpha, sp);
-          softmax_tile<EXPCAST, true>(s_acc, sc, valid_last, t, row_off, alpha, pa);
+          softmax_tile<EXPCAST, true, false, 4, CHORD>(s_acc, sc, valid_last, t, row_off, alpha, pa);
         } else {  // the same two calls inside each branch keep them in one basic block
           fold(j - 1, alpha, sp);
-          softmax_tile<EXPCAST, false>(s_acc, sc, kBlockN, t, row_off, alpha, pa, q_bound_or_null);
+          softmax_tile<EXPCAST, false, false, 4, CHORD>(s_acc, sc, kBlockN, t, row_off, alpha, pa, q_bound_or_null);
         }
         flush_means(j - 1);
         release(sp);
@@ -1806,13 +1819,12 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   }
 }
 
-template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK = false, bool STEPMEAN = false,
-          bool KPAIR = false, bool KLANES = false>
-__global__ void __launch_bounds__(kThreads, 1)
-    vc_attention_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                             const __grid_constant__ CUtensorMap tm_vt, const __grid_constant__ CUtensorMap tm_vlow,
-                             const Params p) {
-  using L = LayoutFor<D, EXPCAST, VSMOOTH, STAGES, LOWRANK, v_lo_rows(EXPCAST, VSMOOTH, LOWRANK, KPAIR)>;
+// One CTA of the kernel (the two __global__ entries below): VLO / CHORD as consumer_loop's.
+template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK, bool STEPMEAN, bool KPAIR, bool KLANES,
+          int VLO, int CHORD>
+__device__ __forceinline__ void attention_cta(const CUtensorMap& tm_q, const CUtensorMap& tm_k, const CUtensorMap& tm_vt,
+                                              const CUtensorMap& tm_vlow, const Params& p) {
+  using L = LayoutFor<D, EXPCAST, VSMOOTH, STAGES, LOWRANK, VLO>;
   extern __shared__ uint8_t smem_raw[];
   // offset from the __shared__ array itself (not an integer round trip) so that every pointer below
   // stays provably in shared memory: the compiler then emits LDS/STS, not generic LD/ST
@@ -1850,8 +1862,31 @@ __global__ void __launch_bounds__(kThreads, 1)
       producer_loop<D, EXPCAST, VSMOOTH, STAGES, L, LOWRANK, STEPMEAN, KLANES>(&tm_q, &tm_k, &tm_vt, &tm_vlow, p, smem, bar_q, bar_full, bar_empty);
   } else {
     regs_alloc<kConsumerRegs>();
-    consumer_loop<D, EXPCAST, VSMOOTH, OutT, STAGES, LOWRANK, STEPMEAN, KPAIR, KLANES>(p, smem, bar_q, bar_full, bar_empty);
+    consumer_loop<D, EXPCAST, VSMOOTH, OutT, STAGES, LOWRANK, STEPMEAN, KPAIR, KLANES, VLO, CHORD>(p, smem, bar_q, bar_full,
+                                                                                                  bar_empty);
   }
+}
+
+// The kernels without the V residual's second term and the mixed encoding (the product's): their names, which the
+// tests and tools read the template arguments from, stay as they were before VLO / CHORD existed
+template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK = false, bool STEPMEAN = false,
+          bool KPAIR = false, bool KLANES = false>
+__global__ void __launch_bounds__(kThreads, 1)
+    vc_attention_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                             const __grid_constant__ CUtensorMap tm_vt, const __grid_constant__ CUtensorMap tm_vlow,
+                             const Params p) {
+  attention_cta<D, EXPCAST, VSMOOTH, OutT, STAGES, LOWRANK, STEPMEAN, KPAIR, KLANES, 0, 0>(tm_q, tm_k, tm_vt, tm_vlow, p);
+}
+
+// The kernels with the V residual's second term on VLO channels and / or the mixed encoding's CHORD eighths
+template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK, bool STEPMEAN, bool KPAIR, bool KLANES,
+          int VLO, int CHORD>
+__global__ void __launch_bounds__(kThreads, 1)
+    vc_attention_sm90_kernel_lo_chord(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                                      const __grid_constant__ CUtensorMap tm_vt, const __grid_constant__ CUtensorMap tm_vlow,
+                                      const Params p) {
+  static_assert(VLO > 0 || CHORD > 0, "without either: vc_attention_sm90_kernel");
+  attention_cta<D, EXPCAST, VSMOOTH, OutT, STAGES, LOWRANK, STEPMEAN, KPAIR, KLANES, VLO, CHORD>(tm_q, tm_k, tm_vt, tm_vlow, p);
 }
 
 }  // inline namespace consumers2 / consumers3

@@ -91,12 +91,13 @@ bool byte_map(CUtensorMap* map, const void* base, int rank, const cuuint64_t* di
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// VLO / CHORD: the kernel's (consumer_loop), by default what this build instantiates (build_v_lo, build_chord)
 template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES, bool LOWRANK, bool STEPMEAN, bool KPAIR = false,
-          bool KLANES = false>
+          bool KLANES = false, int VLO = build_v_lo(EXPCAST, VSMOOTH, LOWRANK, KPAIR), int CHORD = build_chord(EXPCAST)>
 int launch(const void* q_q, const void* k_q, const void* v_t, const void* v_low_t, const Params& p, int bh,
            cudaStream_t stream) {
-  // VC_SM90_V_LO builds: fidelity's paired-K exp2 kernels take the residual's second term; v_low_t is then v_lo_t
-  constexpr int kVLo = v_lo_rows(EXPCAST, VSMOOTH, LOWRANK, KPAIR);
+  // the kernels with the residual's second term (fidelity's paired-K exp2 kernels): v_low_t is then v_lo_t
+  constexpr int kVLo = VLO;
   using L = LayoutFor<D, EXPCAST, VSMOOTH, STAGES, LOWRANK, kVLo>;
   const CUtensorMapSwizzle row_swizzle = D == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
   const cuuint64_t rows = static_cast<cuuint64_t>(bh) * p.n_pad;
@@ -126,25 +127,26 @@ int launch(const void* q_q, const void* k_q, const void* v_t, const void* v_low_
     if (!byte_map(&tm_vlow, v_low_t, 2, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B))
       return fail("tensor map for the low-rank V rows failed");
   } else if constexpr (kVLo > 0) {  // v_lo_t (B,H,kVLo,n_pad): one kVLo-row box per tile, swizzled like V^T
-#if VC_SM90_V_LO
     if (v_low_t == nullptr || p.v_lo_sel == nullptr)
       return fail("this build's fidelity kernel takes the V residual's second term: call vc_sm90_forward_v_lo");
-#endif
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.n_pad), static_cast<cuuint64_t>(bh) * kVLo};
     const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.n_pad)};
     const cuuint32_t box[2] = {kBlockN, kVLo};
     if (!byte_map(&tm_vlow, v_low_t, 2, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B))
       return fail("tensor map for the V residual's second term failed");
   } else {
-#if VC_SM90_V_LO
     // the second term was passed (vc_sm90_forward_v_lo) but this call runs a kernel without it: refuse, not drop it
     if (!LOWRANK && p.v_lo_sel != nullptr)
       return fail("the V residual's second term runs in fidelity's paired-K kernel only (head dim 128, V-Smooth, exp2 P, "
                   "K scales per 256 keys)");
-#endif
     tm_vlow = tm_vt;  // unread
   }
-  auto kernel = vc_attention_sm90_kernel<D, EXPCAST, VSMOOTH, OutT, STAGES, LOWRANK, STEPMEAN, KPAIR, KLANES>;
+  auto kernel = [] {
+    if constexpr (VLO > 0 || CHORD > 0)
+      return vc_attention_sm90_kernel_lo_chord<D, EXPCAST, VSMOOTH, OutT, STAGES, LOWRANK, STEPMEAN, KPAIR, KLANES, VLO, CHORD>;
+    else
+      return vc_attention_sm90_kernel<D, EXPCAST, VSMOOTH, OutT, STAGES, LOWRANK, STEPMEAN, KPAIR, KLANES>;
+  }();
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kAlloc) != cudaSuccess)
     return fail("cudaFuncSetAttribute(max dynamic shared memory) failed");
   const dim3 grid((p.n_pad + kBlockM - 1) / kBlockM, bh);  // 192-row CTAs (3 consumers) overhang n_pad
@@ -363,15 +365,14 @@ static int forward_impl(const void* q_q, const float* q_scale, const void* k_q, 
   p.v_rank = v_rank;
   // V-Smooth segments: read by the one-mean-per-step kernels only (vsmooth 2); the others restore per tile
   p.v_seg_end = static_cast<const uint8_t*>(v_seg_end);
-#if VC_SM90_V_LO
-  p.v_lo_sel = v_lo_sel;
+  // the residual's second term: the kernels this build instantiates with it (VC_SM90_V_LO) read it
+  if (VC_SM90_V_LO == 0 && (v_lo_t != nullptr || v_lo_sel != nullptr))
+    return fail("this build has no kernel with the V residual's second term");
+  p.v_lo_sel = v_lo_sel;  // (nullptr without it: the kernels that cannot take it refuse a call that passes it)
   if (v_lo_t != nullptr) {
     if (v_rank) return fail("the V residual's second term takes no low-rank term");
-    v_low_t = v_lo_t;  // the kernels that read it (v_lo_rows) have no low-rank rows: the same map slot
+    v_low_t = v_lo_t;  // the kernels that read it (v_lo_kernel) have no low-rank rows: the same map slot
   }
-#else
-  if (v_lo_t != nullptr || v_lo_sel != nullptr) return fail("this build has no kernel with the V residual's second term");
-#endif
   const int bh = batch * heads;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   // v_mode 2: V-Smooth means equal in 128-row pairs (VCConfig.v_mean_rows = 256); kVsmoothPairedK: the K scales too
