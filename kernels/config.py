@@ -33,7 +33,8 @@ class VCConfig:
         subnormal codes mis-decode; emulation only, kept for comparison), or "mixed" (exp2 + cast for the first half of
         every online-softmax step's keys, the ExpCast chord for the rest, both at row max 448: half the MUFU of exp2 for
         +1-2% rel-L2 on the video-like data; reference.mixed_chord_keys. Spec and a kernel variant
-        (VC_SM90_EXP2_CHORD_EIGHTHS) until the H200 times it: no backend runs it yet, the reference does).
+        (VC_SM90_EXP2_CHORD_EIGHTHS) until the H200 times it: no kernel backend declares it yet, so a GPU call runs
+        "exp2" instead (a refinement: refinements_dropped); backend="reference" runs it).
     smooth_k: subtract the per-channel mean of K over tokens (softmax-invariant, always cheap).
     v_rank: with V-Smooth, a head-global rank-`v_rank` term taken out of the residual before its FP8
         rounding (reference.lowrank_basis, quantize_v_vsmooth); 0 (the default) is V-Smooth as the
@@ -75,7 +76,8 @@ class VCConfig:
         tokens (docs/fidelity-study.md "A second E4M3 term for the residual's busiest channels"). A kernel pays one
         narrow PV MMA more per step (n = 16 / 32 next to n = D + 8). Spec, the CUDA prepare's operands (prepare_cuda,
         csrc/prepare_v_lo.cuh) and a Hopper kernel variant (VC_SM90_V_LO, docs/kernel-notes.md section 36) until the
-        H200 times it: no backend declares it yet, the reference runs it.
+        H200 times it: no kernel backend declares it yet, so a GPU call runs without it (a refinement: refinements_dropped);
+        backend="reference" runs it.
     """
 
     qk: str = "int8"
