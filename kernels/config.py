@@ -166,6 +166,8 @@ class VCConfig:
         and the mixed encoding (p="mixed", whose base is "exp2"). A backend that lacks one runs the call without
         it (backends.runnable_config) rather than leaving it to the slow emulation or the model's attention: a
         preset that carries them keeps its kernel on every GPU, each running the most of it that it has."""
+        if not self.has_refinements:  # (select calls this per attention call: build nothing when there is nothing to drop)
+            return (self,)
         no_lo = replace(self, v_lo_channels=0)
         no_mixed = replace(self, p="exp2") if self.p == "mixed" else self
         chain = (self, no_lo, no_mixed, replace(no_mixed, v_lo_channels=0))
