@@ -26,7 +26,11 @@ from pathlib import Path
 import torch
 
 from vc_attention.commands.bench import cuda_time_ms
-from vc_attention.kernels import FIDELITY, PLAIN_8BIT, SPEED, reference
+from vc_attention.kernels import FIDELITY as FIDELITY_PRESET, PLAIN_8BIT, SPEED, reference
+
+# the variant libraries' fidelity: the preset without its refinements (the mixed encoding, the V residual's second
+# term), which a variant build adds through its own flags (VC_SM90_EXP2_CHORD_EIGHTHS, VC_SM90_V_LO: Sm90Library.spec)
+FIDELITY = FIDELITY_PRESET.refinements_dropped()[-1]
 
 # fidelity's exp2 with 256-row means merged into segments: the exp2 one-mean loop of VC_SM90_STEPMEAN_EXP2
 # builds (split_f256), the two-mean fold elsewhere

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .bench_results import RESULTS_DIR, SCHEMA
+from .bench_results import RESULTS_DIR, SCHEMA, preset_tags
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "BENCHMARKS.md"
@@ -64,6 +64,15 @@ def load_all() -> dict[str, dict]:
 def _env_line(section: str, env: dict, source: str) -> str:
     return (f"| {section} | {env['gpu']} | {env['driver']} | {env['torch']} | {env['cuda']} | {env['cudnn']} | "
             f"{env['sageattention'] or 'not installed'} | {env['date']} | `{env['command']}` | {source} |")
+
+
+def stale_presets(env: dict) -> list[str]:
+    """A sentence for each mode whose preset differs from the one this section measured (env["presets"], recorded
+    since session 28; sections without it say nothing): its rows are that run's preset, not today's."""
+    measured, today = env.get("presets") or {}, preset_tags()
+    changed = [m for m in today if m in measured and measured[m] != today[m]]
+    return [f"The {m} rows measured the {m} preset of that run (`{measured[m]}`); today's is `{today[m]}` "
+            "(docs/kernel-notes.md), measured in this table by the next `vc-attention bench --save`." for m in changed]
 
 
 def _in_table(row: dict, portable: bool) -> bool:
@@ -177,6 +186,7 @@ def render_benchmarks(docs: dict[str, dict]) -> str:
         if "attention" in sections:
             rows = sections["attention"]["rows"]
             lines += ["", f"## Attention kernels on {gpu}"] + _fidelity_grouping_note(rows) + _attention_tables(rows, portable=False)
+            lines += [x for note in stale_presets(sections["attention"]["env"]) for x in ("", note)]
             if any(r["portable"] for r in rows):
                 lines += ["", f"## Portable kernels (the RTX 40/50 path), measured on {gpu} as a proxy",
                           "", "Our `mma` backend and SageAttention 2.2's sm89 kernel, both built for this GPU."]
@@ -185,10 +195,12 @@ def render_benchmarks(docs: dict[str, dict]) -> str:
             lines += ["", f"## Grouping (V-Smooth k-means + ordering + permutation) on {gpu}", ""] + _grouping_table(sections["grouping"]["rows"])
         if "e2e" in sections:
             lines += ["", f"## End to end on {gpu}", ""] + _e2e_table(sections["e2e"]["rows"])
+            lines += [x for note in stale_presets(sections["e2e"]["env"]) for x in ("", note)]
         if "e2e-multigpu" in sections:
             lines += ["", f"## End to end on several GPUs ({gpu})", ""] + _multigpu_table(sections["e2e-multigpu"]["rows"])
         if "comfyui" in sections:
             lines += ["", f"## Sampling in real ComfyUI on {gpu}", ""] + _comfyui_table(sections["comfyui"]["rows"])
+            lines += [x for note in stale_presets(sections["comfyui"]["env"]) for x in ("", note)]
     return "\n".join(lines) + "\n"
 
 
@@ -207,6 +219,7 @@ def render_headline(docs: dict[str, dict]) -> str:
              "| attention | ms | x cuDNN SDPA | x SageAttention 2.2 | rel-L2 on video-like data |", "|---|---|---|---|---|"]
     lines += [f"| {_name(r['method'])} | {r['ms']:.1f} | {_num(r['x_cudnn'], '.2f')} | {_num(r['x_sageattn'], '.2f')} | "
               f"{_num(r['rel_l2_video_like'], '.4f')} |" for r in rows]
+    lines += [x for note in stale_presets(env) for x in ("", note)]
     if "comfyui" in doc["sections"]:
         comfy = {r["mode"]: r for r in doc["sections"]["comfyui"]["rows"]}
         parts = [f"{mode} {comfy[mode]['seconds']:.2f} s ({_num(comfy[mode]['x_sage'], '.2f')}x, rel-L2 "

@@ -2,7 +2,7 @@
 
     {"schema": 2,
      "sections": {
-        "<section>": {"env": {gpu, driver, torch, cuda, cudnn, python, sageattention, command, date},
+        "<section>": {"env": {gpu, driver, torch, cuda, cudnn, python, sageattention, command, date, presets},
                       "rows": [ {...}, ... ]}}}
 
 Sections are written by different parts of `vc-attention bench` (attention kernels, grouping,
@@ -66,7 +66,16 @@ def environment(command: str) -> dict:
         "sageattention": _package_version("sageattention"),
         "command": command,
         "date": datetime.date.today().isoformat(),
+        "presets": preset_tags(),
     }
+
+
+def preset_tags() -> dict[str, str]:
+    """mode -> the configuration tag its preset runs (kernels/config.py): a section records the presets it measured, so
+    the report can say when a preset has changed since (commands/bench_report.stale_presets)."""
+    from ..kernels.config import FIDELITY, PLAIN_8BIT, SPEED
+
+    return {"fidelity": FIDELITY.tag, "speed": SPEED.tag, "plain-8bit": PLAIN_8BIT.tag}
 
 
 def command_line(argv: list[str] | None = None) -> str:

@@ -14,7 +14,7 @@ import torch
 from . import jit, prepare_cuda, reference
 from .backends import Backend, Constraints, register
 from .config import EXP2_FAMILY, KERNEL_P_ENCODINGS, MAX_V_RANK, VCConfig
-from .constants import K_BLOCK, VSMOOTH_K_LANES, VSMOOTH_PAIRED_K
+from .constants import K_BLOCK, SM90_V_LO_CHANNELS, VSMOOTH_K_LANES, VSMOOTH_PAIRED_K
 from .layout import to_bhnd
 from .operands import PreparedOperands
 
@@ -31,19 +31,42 @@ SOURCES = ("sm90_binding.cpp", "sm90_launch.cu", "sm90_launch_c3.cu")
 CUDA_FLAGS = ("-DVC_SM90_SPLIT=1", "-DVC_SM90_STEP256=1", "-DVC_SM90_STEP256_EARLY_QK=2", "-DVC_SM90_SPLIT_SPEED_D128=2",
               "-DVC_SM90_KPAIR=1", "-DVC_SM90_KPAIR_EXP2=1")
 ARCH = "9.0a"  # wgmma and setmaxnreg exist only in the arch-specific Hopper target
+# The refined fidelity kernels (the V residual's second term on SM90_V_LO_CHANNELS channels and the mixed encoding,
+# chosen per call: launch_refined in sm90_launch.cu) are declared once the GPU suite's tests of them
+# (tests/test_sm90_refined_gpu.py) have passed on a Hopper GPU: they did on an H100 in session 28 (18 passed,
+# bench/results/nvidia-h100-refined-tests-session28.log, after the suite's run beside the rest; kernel-notes 38). Off, a call that carries them runs without
+# them (VCConfig.refinements_dropped), as on the portable kernel.
+REFINEMENTS_DECLARED = True
+
+
+def refinements_where(head_dim: int, config: VCConfig) -> Optional[str]:
+    """Where the refined kernels run (None: this call's), else the clause that says where: fidelity's paired-K exp2
+    256-key loop (launch_out's refined branch in sm90_launch.cu)."""
+    if head_dim != 128 or config.v != "vsmooth" or config.v_rank:
+        return "at head dim 128 with V-Smooth and no low-rank V term"
+    if config.p not in EXP2_FAMILY:
+        return "with exp2-family P (p='exp2' or 'mixed')"
+    if reference.k_scale_rows(config, head_dim) != 2 * K_BLOCK or reference.k_lanes(config, head_dim):
+        return "with K scales per 256 keys (k_scale_rows=256) and not per lane"
+    return None
+
+
 CONSTRAINTS = Constraints(
     min_capability=(9, 0),
     max_capability=(9, 0),
     dtypes=(torch.float16, torch.bfloat16),
     head_dims=(64, 128),
     qk_formats=("int8",),  # the wgmma QK path is INT8 only
-    p_encodings=KERNEL_P_ENCODINGS,
+    p_encodings=KERNEL_P_ENCODINGS + (("mixed",) if REFINEMENTS_DECLARED else ()),
     aligned_rows=True,
     # V-Smooth's low-rank term: the 256-key loops of head dim 128 (vc_sm90_low_rank in sm90_launch.cu)
     max_v_rank=MAX_V_RANK,
     v_rank_head_dims=(128,),
     # K scales per lane (VCConfig.k_lane_scales): the paired-K 256-key loops' KLANES kernels (vc_sm90_k_lanes)
     k_lane_scales=True,
+    # the refined kernels: fidelity's paired-K exp2 loop only (refinements_where)
+    v_lo_channels=(0, SM90_V_LO_CHANNELS) if REFINEMENTS_DECLARED else (0,),
+    refinements_where=refinements_where,
     jit_arch=ARCH,
     needs_jit=True,
 )
@@ -98,6 +121,8 @@ def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.
         # V-Smooth segments (v_mean_merge): the mode-2 speed loop restores at their ends; the per-tile loops
         # (mode 1: K scales per 128 keys) restore every tile's slot mean, which holds the segment's mean
         ops.v_seg_end if (mode & ~(VSMOOTH_PAIRED_K | VSMOOTH_K_LANES)) == 2 else None,
+        # the refinements (refined kernels, refinements_where): the second V term's operands, the mixed encoding
+        ops.v_lo_t, ops.v_lo_sel, config.p == "mixed",
     )
     return out
 
@@ -118,7 +143,7 @@ def run_one_call(q, k, v, perm, config: VCConfig, layout: str, sm_scale, v_basis
     out = torch.empty_like(q)  # q's strides where q is dense (kernels/prepared_run.py)
     forward, error = _entry()
     prepare_cuda.extension().prepare_attend(*args, to_bhnd(out, layout), config.p == "expcast",
-                                            vsmooth_mode(config, args[0].shape[-1]), forward, error)
+                                            vsmooth_mode(config, args[0].shape[-1]), forward, error, config.p == "mixed")
     return out
 
 

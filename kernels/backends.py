@@ -45,6 +45,9 @@ class Constraints:
     v_rank_head_dims: Optional[tuple[int, ...]] = None  # the head dims it implements the term for (None: all)
     k_lane_scales: bool = False  # VCConfig.k_lane_scales where the spec takes it (reference.k_lanes)
     v_lo_channels: tuple[int, ...] = (0,)  # VCConfig.v_lo_channels it implements (0: without the term; V_LO_CHANNELS: all)
+    # where it runs the refinements it declares (v_lo_channels > 0, p="mixed": VCConfig.has_refinements), when only
+    # some of its kernels have them: (head_dim, config) -> None where it can, else why not (one clause). None: anywhere
+    refinements_where: Optional[Callable[[int, VCConfig], Optional[str]]] = None
     jit_arch: Optional[str] = None  # arch its JIT build targets ("9.0a"); None: the GPU's own
     needs_jit: bool = False  # built by kernels/jit.py: needs a toolchain (or a cached build)
 
@@ -128,6 +131,10 @@ def call_reason(c: Constraints, config: VCConfig, layout: str, q: torch.Tensor, 
     if config.v_lo_channels not in c.v_lo_channels:
         return (f"a second E4M3 residual term on {config.v_lo_channels} V channels (v_lo_channels) is not implemented "
                 f"in this kernel (the spec's emulation runs it)")
+    if config.has_refinements and c.refinements_where is not None:
+        where = c.refinements_where(q.shape[-1], config)
+        if where is not None:
+            return f"this kernel runs the V residual's second term and the mixed encoding only {where}"
     if c.aligned_rows:
         for name, t in zip("qkv", (q, *kv)):
             if not rows_aligned(t):

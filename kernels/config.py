@@ -28,13 +28,14 @@ class VCConfig:
 
     qk: "int8" (INT8 Q and K, per-block scales) or "fp8" (E4M3 Q and K, the paper's B300 setting).
     v:  "vsmooth" (block mean removed, FP8 residual) or "per_channel" (SageAttention2-style FP8 V).
-    p:  "exp2" (exp2 then E4M3 cast: fidelity mode), "expcast" (exp2 from float32 exponent bits
+    p:  "exp2" (exp2 then E4M3 cast: the plain 8-bit mode), "expcast" (exp2 from float32 exponent bits
         then E4M3 cast, row max at 448, no MUFU: speed mode) or "expcast_paper" (the paper's direct E4M3 codes, whose
-        subnormal codes mis-decode; emulation only, kept for comparison), or "mixed" (exp2 + cast for the first half of
-        every online-softmax step's keys, the ExpCast chord for the rest, both at row max 448: half the MUFU of exp2 for
-        +1-2% rel-L2 on the video-like data; reference.mixed_chord_keys. Spec and a kernel variant
-        (VC_SM90_EXP2_CHORD_EIGHTHS) until the H200 times it: no kernel backend declares it yet, so a GPU call runs
-        "exp2" instead (a refinement: refinements_dropped); backend="reference" runs it).
+        subnormal codes mis-decode; emulation only, kept for comparison), or "mixed" (exp2 + cast for the first keys of
+        every online-softmax step, the ExpCast chord for its last constants.MIXED_CHORD_EIGHTHS eighths, both at row
+        max 448; reference.mixed_chord_keys). The product's split is 8/8, the chord for every key on fidelity's paired-K
+        exp2 loop: -20% time at Wan2.2-14B for +1-2% rel-L2 on the video-like data (docs/kernel-notes.md section 38);
+        config.FIDELITY's encoding. Kernels: sm90's refined fidelity kernels (backend_sm90.refinements_where); where a
+        kernel lacks it the call runs "exp2" (a refinement: refinements_dropped).
     smooth_k: subtract the per-channel mean of K over tokens (softmax-invariant, always cheap).
     v_rank: with V-Smooth, a head-global rank-`v_rank` term taken out of the residual before its FP8
         rounding (reference.lowrank_basis, quantize_v_vsmooth); 0 (the default) is V-Smooth as the
@@ -74,10 +75,10 @@ class VCConfig:
         instead of 2^-4), the channels with the largest residual energy (reference.v_lo_channel_policy). The V term is
         most of the output error: emulated rel-L2 -5% (16) / -10% (32) on the video-like data at 32,760 and 75,600
         tokens (docs/fidelity-study.md "A second E4M3 term for the residual's busiest channels"). A kernel pays one
-        narrow PV MMA more per step (n = 16 / 32 next to n = D + 8). Spec, the CUDA prepare's operands (prepare_cuda,
-        csrc/prepare_v_lo.cuh) and a Hopper kernel variant (VC_SM90_V_LO, docs/kernel-notes.md section 36) until the
-        H200 times it: no kernel backend declares it yet, so a GPU call runs without it (a refinement: refinements_dropped);
-        backend="reference" runs it.
+        narrow PV MMA more per step (n = 16 / 32 next to n = D + 8). The CUDA prepare writes it (prepare_cuda,
+        csrc/prepare_v_lo.cuh); sm90's refined fidelity kernels take constants.SM90_V_LO_CHANNELS (measured: rel-L2
+        -11% at 32,760 and 75,600 tokens, +19% time alone, docs/kernel-notes.md section 38); config.FIDELITY takes 32.
+        Where a kernel lacks it the call runs without it (a refinement: refinements_dropped; the portable kernel).
     """
 
     qk: str = "int8"
@@ -195,7 +196,11 @@ class VCConfig:
 
 
 # The three configurations the product talks about. Fidelity takes one K scale per 256 keys (emulated error-neutral,
-# docs/fidelity-study.md; the Hopper exp2 loop then keeps one score scale per row and step: kernel-notes section 30).
-FIDELITY = VCConfig(qk="int8", v="vsmooth", p="exp2", k_scale_rows=2 * K_BLOCK)
+# docs/fidelity-study.md; the Hopper exp2 loop then keeps one score scale per row and step: kernel-notes section 30),
+# and since section 38 the chord for every key on that loop with the V residual's second term on 32 channels: the
+# adoption rule of section 36 (the fastest combination at or under 0.70x SageAttention 2.2's rel-L2 at 32,760 and
+# 75,600 tokens) picked it on an H100: 0.653x / 0.681x (exp2 alone: 0.715x / 0.751x) at 143.6 against 139.7 ms at
+# Wan2.2-14B 720p. Kernels without the refinements (the portable one) run it as p="exp2" without the term.
+FIDELITY = VCConfig(qk="int8", v="vsmooth", p="mixed", k_scale_rows=2 * K_BLOCK, v_lo_channels=32)
 SPEED = VCConfig(qk="int8", v="vsmooth", p="expcast", v_mean_rows=2 * V_BLOCK, v_mean_merge=True, k_scale_rows=2 * K_BLOCK)
 PLAIN_8BIT = VCConfig(qk="int8", v="per_channel", p="exp2")

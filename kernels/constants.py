@@ -39,7 +39,12 @@ EXPCAST_SLOPE_CAP = 2.0**28
 # ExpCast chord for its last MIXED_CHORD_EIGHTHS eighths, so only part of the step's probabilities take the MUFU. Its
 # exp2 keys put the row max at 448 as the chord does (one row sum and one PV accumulator hold both kinds of P).
 MIXED_P_LOG2_MAX = EXPCAST_LOG2_SCALE
-MIXED_CHORD_EIGHTHS = 4
+# 8 (the chord for every key on fidelity's paired-K exp2 loop): the split the H100 measured fastest, 111.8 against
+# 139.0 ms at Wan2.2-14B for +2.3% / +1.2% rel-L2 at 32,760 / 75,600 tokens (docs/kernel-notes.md section 38)
+MIXED_CHORD_EIGHTHS = 8
+# The channels of the V residual's second term (VCConfig.v_lo_channels) that the Hopper product library's fidelity
+# kernel takes per call (csrc sm90_launch.cu refined_kernels: beside the kernel without it, as p="mixed" beside "exp2")
+SM90_V_LO_CHANNELS = 32
 
 # V-Smooth's low-rank term rides in the PV MMA's spare output columns: the 8 extra V^T rows after the
 # D channel rows (n = D + 8) hold E4M3 ones in row 0 for even 128-key tiles and in row 1 for odd ones (the
@@ -80,6 +85,8 @@ SHARED_WITH_CUDA = {
     "EXPCAST_TOP": EXPCAST_TOP,
     "EXPCAST_SLOPE_CAP": EXPCAST_SLOPE_CAP,
     "MIXED_P_LOG2_MAX": MIXED_P_LOG2_MAX,
+    "MIXED_CHORD_EIGHTHS": MIXED_CHORD_EIGHTHS,
+    "SM90_V_LO_CHANNELS": SM90_V_LO_CHANNELS,
     "V_LOW_ROWS": V_LOW_ROWS,
     "V_LOW_FIRST": V_LOW_FIRST,
     "VSMOOTH_PAIRED_K": VSMOOTH_PAIRED_K,

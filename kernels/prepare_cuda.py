@@ -54,7 +54,7 @@ def binding_args(q, k, v, perm: Optional[torch.Tensor], config: VCConfig, layout
                  basis: Optional[torch.Tensor]) -> tuple:
     """The prepare binding's arguments for a call: (q, k, v as (B,H,N,D) views, perm int32, basis, qk_scale,
     qk_fp8, vsmooth, smooth_k, v_mean_rows, merges, k_scale_rows, k_lanes, v_lo_channels), shared by `prepare` and
-    `prepare_attend` (the sm90 backend's one-call path, which refuses v_lo_channels > 0). basis: None with
+    `prepare_attend` (the sm90 backend's one-call path, which hands the term to the Hopper entry). basis: None with
     config.v_rank > 0 computes reference.lowrank_basis's on the permuted V (a gather of V and an eigensolve per head:
     slow)."""
     qb, kb, vb = (to_bhnd(t, layout) for t in (q, k, v))

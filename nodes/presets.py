@@ -17,7 +17,10 @@ which are our own H200 measurements):
   measurements. Our corrected encoding (reference.p_expcast) is within 2-3% of exp2 + cast in rel-L2
   (emulated at 32,760 tokens with the node's grouping: 0.01026 vs 0.01003, docs/fidelity-study.md;
   0.0109 vs 0.0107 measured on the H200) and its kernel is 8-9% faster at Wan2.2-14B 720p
-  (docs/kernel-notes.md section 14): the balanced trade. Fidelity keeps exp2 + cast.
+  (docs/kernel-notes.md section 14): the balanced trade. Fidelity runs config.FIDELITY: the same chord for every
+  key on its own exp2 loop (128-row value means, no merging) plus a second FP8 term for the value residual's 32
+  busiest channels, 0.653x / 0.681x SageAttention 2.2's rel-L2 at 32,760 / 75,600 tokens on an H100 at about the
+  old fidelity kernel's time (docs/kernel-notes.md section 38).
 - grouping_window 0.25 everywhere: the paper's schedule (grouping in the first 25% of the steps);
   grouping at every step gains only 0.5 dB PSNR, with worse SSIM/LPIPS, at +30% attention time.
 - clusters / kmeans_iters: more clusters and iterations make the 128-token blocks of the permuted V
@@ -239,10 +242,14 @@ def config_from_widgets(widgets: dict[str, object]) -> VCConfig:
             "VC-Attention: precision 'off' runs the model's own attention; there is no kernel configuration."
         )
     vsmooth, expcast = bool(widgets["v_smooth"]), bool(widgets["expcast"])
+    # INT8 Q/K with V-Smooth and without ExpCast is config.FIDELITY's kernel: its P encoding (the chord on the exp2
+    # loop) and the V residual's second term; per-channel V (config.PLAIN_8BIT) and FP8 Q/K keep exp2 without the term
+    fidelity = vsmooth and not expcast and qk == "int8"
     return VCConfig(
         qk=qk,
         v="vsmooth" if vsmooth else "per_channel",
-        p="expcast" if expcast else "exp2",
+        p="expcast" if expcast else (FIDELITY.p if fidelity else "exp2"),
+        v_lo_channels=FIDELITY.v_lo_channels if fidelity else 0,
         # ExpCast with V-Smooth is the speed kernel: V means per 256 tokens (merged into segments where
         # config.SPEED merges them), as config.SPEED
         v_mean_rows=SPEED.v_mean_rows if vsmooth and expcast else FIDELITY.v_mean_rows,

@@ -163,3 +163,21 @@ def test_each_mode_is_measured_with_its_presets_within_cluster_bins(monkeypatch)
     assert bench_attention.fidelity_within_bins("vc-plain8") == grouping.DEFAULT_WITHIN_BINS
     label = "{} x {}, 8 bins".format(presets.PRESETS["fidelity"]["clusters"], presets.PRESETS["fidelity"]["kmeans_iters"])
     assert bench_attention._grouping_label("vc-fidelity") == label
+
+
+def test_a_section_says_when_a_preset_changed_since_it_was_measured():
+    from vc_attention.commands import bench_report, bench_results
+
+    today = bench_results.preset_tags()
+    assert set(today) == {"fidelity", "speed", "plain-8bit"}
+    assert bench_report.stale_presets({"presets": today}) == []
+    assert bench_report.stale_presets({}) == []  # sections saved before the presets were recorded say nothing
+    old = dict(today, fidelity="int8-vsmooth-exp2-k256")
+    notes = bench_report.stale_presets({"presets": old})
+    assert today["fidelity"] != old["fidelity"] and len(notes) == 1
+    assert "`int8-vsmooth-exp2-k256`" in notes[0] and f"`{today['fidelity']}`" in notes[0]
+    assert notes[0] in bench_report.render_headline({"x": {"sections": {"attention": {
+        "env": {"gpu": "G", "driver": "d", "torch": "t", "cuda": "c", "cudnn": 1, "sageattention": None,
+                "command": "vc-attention bench --save", "presets": old},
+        "rows": [{"shape": bench_report.HEADLINE_SHAPE, "B": 1, "H": 40, "N": 75600, "D": 128, "method": "vc-fidelity",
+                  "portable": False, "ms": 1.0, "x_cudnn": 1.0, "x_sageattn": 1.0, "rel_l2_video_like": 0.01}]}}}})

@@ -50,7 +50,7 @@ try:
         mode = 3 if case == "prepare_attend_mode_3" else (2 if speed else 5)
         forward, error = backend_sm90._entry()
         prep.extension().prepare_attend(*prep.binding_args(q, k, v, None, config, "bhnd", None, None), out, speed,
-                                        mode, forward, error)
+                                        mode, forward, error, False)
     else:
         ops = prep.prepare_cuda(q, k, v, None, FIDELITY, "bhnd")
         mode = {"attention_vsmooth_3": 3, "attention_vsmooth_negative": -1, "attention_paired_bit_alone": 4}.get(case, 1)

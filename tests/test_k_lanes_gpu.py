@@ -151,10 +151,10 @@ def test_prepare_attend_refuses_a_lane_bit_its_prepare_does_not_write():
     lanes_args = prep.binding_args(q, k, v, None, FIDELITY_LANES, "bhnd", None, None)
     plain_args = prep.binding_args(q, k, v, None, FIDELITY, "bhnd", None, None)
     with pytest.raises(ValueError, match="does not say so"):
-        prep.extension().prepare_attend(*lanes_args, out, False, 1 | VSMOOTH_PAIRED_K, forward, error)
+        prep.extension().prepare_attend(*lanes_args, out, False, 1 | VSMOOTH_PAIRED_K, forward, error, False)
     with pytest.raises(ValueError, match="keeps one per block"):
-        prep.extension().prepare_attend(*plain_args, out, False, 1 | VSMOOTH_PAIRED_K | VSMOOTH_K_LANES, forward, error)
-    prep.extension().prepare_attend(*lanes_args, out, False, 1 | VSMOOTH_PAIRED_K | VSMOOTH_K_LANES, forward, error)
+        prep.extension().prepare_attend(*plain_args, out, False, 1 | VSMOOTH_PAIRED_K | VSMOOTH_K_LANES, forward, error, False)
+    prep.extension().prepare_attend(*lanes_args, out, False, 1 | VSMOOTH_PAIRED_K | VSMOOTH_K_LANES, forward, error, False)
     assert torch.isfinite(out).all()
 
 

@@ -185,9 +185,9 @@ def test_prepare_attend_refuses_a_paired_k_bit_its_prepare_does_not_pair():
     args = prep.binding_args(q, k, v, None, FIDELITY_PER_TILE, "bhnd", None, None)
     forward, error = backend_sm90._entry()
     with pytest.raises(ValueError, match="K scales are paired"):
-        prep.extension().prepare_attend(*args, out, False, 1 | VSMOOTH_PAIRED_K, forward, error)
+        prep.extension().prepare_attend(*args, out, False, 1 | VSMOOTH_PAIRED_K, forward, error, False)
     args = prep.binding_args(q, k, v, None, FIDELITY, "bhnd", None, None)
-    prep.extension().prepare_attend(*args, out, False, 1 | VSMOOTH_PAIRED_K, forward, error)
+    prep.extension().prepare_attend(*args, out, False, 1 | VSMOOTH_PAIRED_K, forward, error, False)
     emul = reference.vc_attention_reference(q, k, v, FIDELITY, parts=True, offset_block=256).out
     assert _rel_l2(out, emul) <= _rel_l2(emul.to(out.dtype), emul) + GATE
 

@@ -44,13 +44,14 @@ def test_a_share_that_is_not_whole_keys_is_refused():
 @pytest.mark.parametrize("step", [128, 256])
 def test_mixed_is_the_chord_on_chord_keys_and_exp2_at_448_elsewhere(step):
     acc, scale, s = scores()
-    mixed = R.quantize_p(s, VCConfig(p="mixed"), step, acc=acc, scale=scale)
+    # half and half (the product's split is 8/8, constants.MIXED_CHORD_EIGHTHS: the dial's end, checked below)
+    mixed = R.quantize_p(s, VCConfig(p="mixed"), step, acc=acc, scale=scale, chord_eighths=4)
     chord = R.quantize_p(s, VCConfig(p="expcast"), step, acc=acc, scale=scale)
     # exp2 at 448 against the same running offsets, rescaled to the final one as quantize_p does
     run = R.running_row_offsets(s, step)
     m_run = run.repeat_interleave(step, dim=-1)[..., : s.shape[-1]]
     exp2_448 = R.p_exp2_cast_448(s, m_run).double() * torch.exp2(m_run.double() - run[..., -1:].double())
-    keys = R.mixed_chord_keys(s.shape[-1], step)
+    keys = R.mixed_chord_keys(s.shape[-1], step, 4)
     assert keys.any() and (~keys).any()
     assert torch.equal(mixed[..., keys], chord[..., keys])
     assert torch.equal(mixed[..., ~keys], exp2_448[..., ~keys])
@@ -77,17 +78,21 @@ def test_exp2_keys_are_monotone_in_the_score():
 
 def test_the_configuration_takes_mixed_where_it_takes_exp2():
     assert VCConfig(p="mixed", k_scale_rows=256).k_scale_rows == 256  # paired K scales with 128-row means, as exp2
-    assert FIDELITY.with_(p="mixed").tag == "int8-vsmooth-mixed-k256"
+    assert VCConfig(p="mixed", k_scale_rows=256).tag == "int8-vsmooth-mixed-k256"
+    assert FIDELITY.tag == "int8-vsmooth-mixed-k256-lo32"  # the preset since kernel-notes section 38
     with pytest.raises(ValueError, match="p must be one of"):
         VCConfig(p="mix")
 
 
-def test_no_kernel_claims_mixed_until_one_is_built_into_the_product():
-    # the Hopper variant (VC_SM90_EXP2_CHORD_EIGHTHS) is timed beside the product first: the product backends decline
-    for name in ("sm90", "mma"):
-        c = backends.get(name).constraints
-        assert "mixed" not in c.p_encodings
+def test_the_hopper_kernel_claims_mixed_and_the_portable_one_does_not():
+    # sm90's refined fidelity kernels (launch_refined, measured in kernel-notes section 38); the portable kernel's chord
+    # saved nothing on sm_89 (section 36): it runs the call as exp2 (a refinement)
+    from vc_attention.kernels import backend_sm90
+
+    assert ("mixed" in backends.get("sm90").constraints.p_encodings) == backend_sm90.REFINEMENTS_DECLARED
+    assert "mixed" not in backends.get("mma").constraints.p_encodings
     assert "mixed" in backends.get("reference").constraints.p_encodings
+    assert constants.MIXED_CHORD_EIGHTHS == 8  # the adopted split: the chord for every key
 
 
 def test_the_reference_backend_runs_mixed_end_to_end():

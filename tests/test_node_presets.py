@@ -73,8 +73,10 @@ def test_config_from_widgets_maps_each_kernel_widget():
     assert P.config_from_widgets(custom) == VCConfig(qk="fp8", v="per_channel", p="expcast")
     # fidelity's K scales pair for the Hopper INT8 loop only: FP8 Q/K keep one per 128 keys, per-channel V too
     fp8_fidelity = P.PRESETS["fidelity"] | {"precision": "fp8-qk/fp8-pv"}
-    assert P.config_from_widgets(fp8_fidelity) == FIDELITY.with_(qk="fp8", k_scale_rows=128)
-    assert P.config_from_widgets(P.PRESETS["fidelity"] | {"v_smooth": False}).k_scale_rows == 128
+    # ... and keep exp2 without the second V term (fidelity's refinements are its INT8 Hopper kernel's)
+    assert P.config_from_widgets(fp8_fidelity) == FIDELITY.with_(qk="fp8", k_scale_rows=128, p="exp2", v_lo_channels=0)
+    plain = P.config_from_widgets(P.PRESETS["fidelity"] | {"v_smooth": False})
+    assert plain.k_scale_rows == 128 and plain.p == "exp2" and plain.v_lo_channels == 0
     with pytest.raises(ValueError, match="model's own attention"):
         P.config_from_widgets(custom | {"precision": "off"})
 

@@ -9,8 +9,8 @@ from vc_attention.kernels.config import FIDELITY, SPEED
 
 @pytest.mark.parametrize("config", [FIDELITY, FIDELITY.with_(v_lo_channels=16), SPEED.with_(v_lo_channels=32)])
 def test_the_binding_arguments_end_with_the_channel_count(config):
-    # prepare and prepare_attend take it after k_lanes; prepare_attend refuses a count above 0 (its Hopper kernel has
-    # no second term)
+    # prepare and prepare_attend take it after k_lanes; prepare_attend hands the term on to the Hopper entry, which
+    # refuses a count its kernels do not take
     q = torch.zeros(1, 2, 300, 128, dtype=torch.bfloat16)
     args = prep.binding_args(q, q, q, None, config, "bhnd", None, None)
     assert len(args) == 14 and args[-1] == config.v_lo_channels

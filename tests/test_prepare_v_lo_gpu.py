@@ -189,15 +189,15 @@ def test_k_lane_order_carries_the_second_term_with_v():
     assert bool(lo_token[same_token].all())
 
 
-def test_a_prepare_variant_build_and_prepare_attend_refuse_the_term():
+def test_a_prepare_variant_build_refuses_the_term_and_prepare_attend_a_mixed_expcast_call():
     q, k, v = _qkv(1, 2, 300, 128, torch.bfloat16, seed=1)
     config = FIDELITY.with_(v_lo_channels=16)
     with pytest.raises(ValueError, match="v_lo_channels=16"):
         prepare_cuda(q, k, v, None, config, "bhnd", variant_flags=prep.VARIANTS["legacy-quantize"])
     # the refusal comes before the entry addresses are used: placeholders do not reach a launch
     args = prep.binding_args(q, k, v, None, config, "bhnd", None, None)
-    with pytest.raises(ValueError, match="v_lo_channels must be 0 here"):
-        prep.extension().prepare_attend(*args, torch.empty_like(q), False, 1 | VSMOOTH_PAIRED_K, 1, 1)
+    with pytest.raises(ValueError, match="mixed encoding is an exp2-family encoding"):
+        prep.extension().prepare_attend(*args, torch.empty_like(q), True, 1 | VSMOOTH_PAIRED_K, 1, 1, True)
     with pytest.raises(ValueError, match="v_lo_channels must be 0 to 32"):
         prep.extension().prepare(*args[:-1], 48)
     with pytest.raises(ValueError, match="needs V-Smooth and no low-rank"):

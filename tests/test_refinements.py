@@ -8,13 +8,17 @@ import torch
 from vc_attention.kernels import api, backends
 from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED
 
+# fidelity without its refinements (config.FIDELITY carries both since kernel-notes section 38): what a kernel without
+# them runs
+BASE = FIDELITY.with_(p="exp2", v_lo_channels=0)
+
 
 def test_the_chain_drops_each_refinement_most_refined_first():
-    both = FIDELITY.with_(p="mixed", v_lo_channels=32)
-    assert both.refinements_dropped() == (both, both.with_(v_lo_channels=0), FIDELITY.with_(v_lo_channels=32), FIDELITY)
-    assert FIDELITY.with_(v_lo_channels=16).refinements_dropped() == (FIDELITY.with_(v_lo_channels=16), FIDELITY)
-    assert FIDELITY.with_(p="mixed").refinements_dropped() == (FIDELITY.with_(p="mixed"), FIDELITY)
-    for config in (FIDELITY, SPEED, PLAIN_8BIT, both, SPEED.with_(v_lo_channels=32), FIDELITY.with_(p="mixed")):
+    both = BASE.with_(p="mixed", v_lo_channels=32)
+    assert both.refinements_dropped() == (both, both.with_(v_lo_channels=0), BASE.with_(v_lo_channels=32), BASE)
+    assert BASE.with_(v_lo_channels=16).refinements_dropped() == (BASE.with_(v_lo_channels=16), BASE)
+    assert BASE.with_(p="mixed").refinements_dropped() == (BASE.with_(p="mixed"), BASE)
+    for config in (BASE, SPEED, PLAIN_8BIT, both, SPEED.with_(v_lo_channels=32), BASE.with_(p="mixed")):
         assert config.has_refinements == (len(config.refinements_dropped()) > 1), config.tag
         assert config.refinements_dropped()[0] == config
 
@@ -41,11 +45,11 @@ def registry(monkeypatch):
 
 def test_a_backend_runs_the_most_refined_configuration_it_has(registry):
     q = torch.zeros(1, 2, 64, 64)
-    both = FIDELITY.with_(p="mixed", v_lo_channels=32)
+    both = BASE.with_(p="mixed", v_lo_channels=32)
     plain = registry(_backend("plain_stand_in", 990))
     with_lo = registry(_backend("lo_stand_in", 980, lo=(0, 32)))
-    assert backends.runnable_config(plain, q, both, "bhnd") == FIDELITY
-    assert backends.runnable_config(with_lo, q, both, "bhnd") == FIDELITY.with_(v_lo_channels=32)
+    assert backends.runnable_config(plain, q, both, "bhnd") == BASE
+    assert backends.runnable_config(with_lo, q, both, "bhnd") == BASE.with_(v_lo_channels=32)
     assert backends.runnable_config(backends.get("reference"), q, both, "bhnd") == both  # the spec has everything
     # a backend that cannot take even the base configuration (head dim) is not capable at all
     narrow = registry(_backend("narrow_stand_in", 970))
@@ -59,8 +63,8 @@ def test_auto_keeps_a_fast_kernel_without_the_refinement_instead_of_the_emulatio
     q = torch.zeros(1, 2, 64, 64)
     fast = registry(_backend("fast_stand_in", 990))
     # before refinements, a preset with the second term went to the emulation (the only backend declaring it)
-    assert backends.select(q, FIDELITY.with_(v_lo_channels=32), "bhnd", allow_slow=False) is fast
-    assert backends.select(q, FIDELITY.with_(p="mixed"), "bhnd") is fast
+    assert backends.select(q, BASE.with_(v_lo_channels=32), "bhnd", allow_slow=False) is fast
+    assert backends.select(q, BASE.with_(p="mixed"), "bhnd") is fast
 
 
 def test_the_op_runs_and_counts_the_configuration_its_backend_can_take(registry):
@@ -69,12 +73,12 @@ def test_the_op_runs_and_counts_the_configuration_its_backend_can_take(registry)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 64, 64, generator=g) for _ in range(3))
     api.REFINEMENTS_DROPPED.clear()
-    config = FIDELITY.with_(v_lo_channels=32)
+    config = BASE.with_(v_lo_channels=32)
     api.vc_attention(q, k, v, config=config, perm=torch.arange(64).expand(1, 2, 64), backend="auto")
-    assert seen == [FIDELITY]  # the stand-in never saw a term it does not implement
-    assert api.REFINEMENTS_DROPPED == {("fast_stand_in", FIDELITY.tag): 1}
-    api.vc_attention(q, k, v, config=FIDELITY, perm=torch.arange(64).expand(1, 2, 64), backend="auto")
-    assert seen == [FIDELITY, FIDELITY] and sum(api.REFINEMENTS_DROPPED.values()) == 1  # nothing dropped: not counted
+    assert seen == [BASE]  # the stand-in never saw a term it does not implement
+    assert api.REFINEMENTS_DROPPED == {("fast_stand_in", BASE.tag): 1}
+    api.vc_attention(q, k, v, config=BASE, perm=torch.arange(64).expand(1, 2, 64), backend="auto")
+    assert seen == [BASE, BASE] and sum(api.REFINEMENTS_DROPPED.values()) == 1  # nothing dropped: not counted
 
 
 def test_a_backend_passed_by_the_caller_also_runs_only_what_it_has(registry):
@@ -82,8 +86,57 @@ def test_a_backend_passed_by_the_caller_also_runs_only_what_it_has(registry):
     chosen = registry(_backend("fast_stand_in", 990, seen=seen, lo=(0, 16)))
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 2, 64, 64, generator=g) for _ in range(3))
-    both = FIDELITY.with_(p="mixed", v_lo_channels=16)
+    both = BASE.with_(p="mixed", v_lo_channels=16)
     # the node selects once, then passes the Backend it selected with the preset's configuration
     assert backends.select(q, both, "bhnd", "auto", allow_slow=False, kv=(k, v)) is chosen
     api.vc_attention(q, k, v, config=both, perm=torch.arange(64).expand(1, 2, 64), backend=chosen)
-    assert seen == [FIDELITY.with_(v_lo_channels=16)]
+    assert seen == [BASE.with_(v_lo_channels=16)]
+
+
+def test_a_backend_with_the_refinements_in_some_kernels_only_runs_them_there(registry):
+    # the sm90 backend's rule (fidelity's paired-K exp2 loop at head dim 128) on a CPU stand-in with its constraints
+    from dataclasses import replace
+
+    from vc_attention.kernels import backend_sm90
+    from vc_attention.kernels.constants import SM90_V_LO_CHANNELS
+
+    where = backend_sm90.refinements_where
+    both = BASE.with_(p="mixed", v_lo_channels=SM90_V_LO_CHANNELS)
+    assert where(128, both) is None and where(128, BASE.with_(p="mixed")) is None
+    assert "head dim 128" in where(64, both)
+    assert "exp2-family" in where(128, SPEED.with_(v_lo_channels=SM90_V_LO_CHANNELS))
+    assert "K scales per 256 keys" in where(128, both.with_(k_scale_rows=128))
+    assert "not per lane" in where(128, both.with_(k_lane_scales=True))
+    declared = replace(backend_sm90.CONSTRAINTS, device_type="any", min_capability=None, max_capability=None,
+                       dtypes=None, aligned_rows=False, jit_arch=None, needs_jit=False,
+                       p_encodings=("exp2", "expcast", "mixed"), v_lo_channels=(0, SM90_V_LO_CHANNELS))
+    stand_in = registry(_backend("sm90_rule_stand_in", 990))
+    stand_in.constraints = declared
+    q128, q64 = torch.zeros(1, 2, 64, 128), torch.zeros(1, 2, 64, 64)
+    assert backends.runnable_config(stand_in, q128, both, "bhnd") == both
+    # elsewhere each refinement is dropped, the base configuration runs
+    assert backends.runnable_config(stand_in, q64, both, "bhnd") == BASE
+    assert backends.runnable_config(stand_in, q128, both.with_(k_scale_rows=128), "bhnd") == BASE.with_(k_scale_rows=128)
+    reason = stand_in.why_not(q64, both, "bhnd")
+    assert reason.startswith("this kernel runs the V residual's second term and the mixed encoding only at head dim 128")
+    # a configuration without refinements never asks the rule (no host time on every call)
+    stand_in.constraints = replace(declared, refinements_where=lambda d, c: pytest.fail("asked without refinements"))
+    assert stand_in.why_not(q64, BASE, "bhnd") is None
+
+
+def test_the_sm90_backend_declares_the_refined_kernels_only_once_measured():
+    # REFINEMENTS_DECLARED (backend_sm90): until the GPU suite has run tests/test_sm90_refined_gpu.py, a call with
+    # the refinements runs without them on the Hopper kernel
+    from vc_attention.kernels import backend_sm90
+    from vc_attention.kernels.constants import SM90_V_LO_CHANNELS
+
+    c = backend_sm90.CONSTRAINTS
+    declared = backend_sm90.REFINEMENTS_DECLARED
+    assert (SM90_V_LO_CHANNELS in c.v_lo_channels) == declared and ("mixed" in c.p_encodings) == declared
+    assert c.refinements_where is backend_sm90.refinements_where
+
+
+def test_the_fidelity_preset_carries_both_refinements_and_drops_to_the_base():
+    assert FIDELITY.has_refinements and FIDELITY.p == "mixed" and FIDELITY.v_lo_channels == 32
+    assert FIDELITY.refinements_dropped()[-1] == BASE and not BASE.has_refinements
+    assert not SPEED.has_refinements and not PLAIN_8BIT.has_refinements

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from vc_attention.kernels import backend_sm90, jit
+from vc_attention.kernels import backend_sm90, constants, jit
 from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT
 
 pytestmark = [
@@ -137,13 +137,38 @@ def _check_k_pair_kernels(flags, two_consumer_report: str) -> None:
     if "-DVC_SM90_KPAIR_EXP2=1" not in flags:
         assert not k_pair, k_pair
         return
+    # the refined kernels (sm90_launch.cu launch_refined: the second V term and the mixed encoding chosen per call),
+    # beside the build's own (VLO, CHORD): in builds without a VC_SM90_V_LO / VC_SM90_EXP2_CHORD_EIGHTHS default whose
+    # paired-K loop is not the early-QK one, (L, 0), (0, C) and (L, C) of the constants, both output types
+    default = (_macro(flags, "VC_SM90_V_LO"), _macro(flags, "VC_SM90_EXP2_CHORD_EIGHTHS"))
+    refined = {k for k in k_pair if _lo_chord(k) != default}
+    L, C = constants.SM90_V_LO_CHANNELS, constants.MIXED_CHORD_EIGHTHS
+    if default == (0, 0) and "-DVC_SM90_STEP256_EARLY_QK=3" not in flags:
+        assert sorted(_lo_chord(k) for k in refined) == sorted([(L, 0), (0, C), (L, C)] * 2), refined
+    else:
+        assert not refined, refined
+    k_pair -= refined
     assert len(k_pair) == 2 and all(re.search(r"ILi128ELb0ELb1E", k) and not _low_rank(k) and not _step_mean(k)
-                                    for k in k_pair), k_pair
+                                    for k in k_pair | refined), k_pair
     spills = _spill_stores(two_consumer_report)
     # four partial row maxima (VC_SM90_EXP2_KPAIR_PARTS=4, a variant) keep two more words live: 8 B measured; the
     # early-QK loop (VC_SM90_STEP256_EARLY_QK=3, a variant) keeps the next step's first scores live across the fold: 8 B
     bound = 16 if "-DVC_SM90_EXP2_KPAIR_PARTS=4" in flags else (8 if "-DVC_SM90_STEP256_EARLY_QK=3" in flags else 0)
     assert all(spills[k] <= bound for k in k_pair), {k: spills[k] for k in k_pair}
+    # the refined kernels of the product-like builds keep their loops in registers too (measured: 0 B)
+    assert all(spills[k] <= bound for k in refined), {k: spills[k] for k in refined}
+
+
+def _macro(flags, name: str) -> int:
+    """The integer a -D flag gives the macro (0 without it)."""
+    found = [f for f in flags if f.startswith(f"-D{name}=")]
+    return int(found[-1].split("=", 1)[1]) if found else 0
+
+
+def _lo_chord(kernel: str) -> tuple[int, int]:
+    """(VLO, CHORD) of a vc_attention_sm90_kernel_lo_chord kernel; (0, 0) for the others."""
+    found = re.search(r"ELi(\d+)ELi(\d+)EEEv", kernel)
+    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
 
 
 def _spill_stores(report: str) -> dict[str, int]:
@@ -194,8 +219,11 @@ def _check_k_lane_kernels(flags, report: str) -> set[str]:
     kernels = set(re.findall(KERNEL_ENTRY, report))
     lanes = {k for k in kernels if _k_lanes(k)}
     speed = {k for k in kernels if _step_mean(k) and re.search(r"ILi128ELb1ELb1E", k) and not _k_lanes(k)}
+    # (the refined kernels, launch_refined, have no lane twins: their (VLO, CHORD) is not the build's own)
+    default = (_macro(flags, "VC_SM90_V_LO"), _macro(flags, "VC_SM90_EXP2_CHORD_EIGHTHS"))
     expected = (len(speed) if "-DVC_SM90_KPAIR=1" in flags else 0) + \
-        (len({k for k in kernels if _k_pair(k) and not _k_lanes(k)}) if "-DVC_SM90_KPAIR_EXP2=1" in flags else 0)
+        (len({k for k in kernels if _k_pair(k) and not _k_lanes(k) and _lo_chord(k) == default})
+         if "-DVC_SM90_KPAIR_EXP2=1" in flags else 0)
     assert len(lanes) == expected, (lanes, expected)
     spills = _spill_stores(report)
     for k in lanes:

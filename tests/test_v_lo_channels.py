@@ -8,7 +8,11 @@ import torch
 
 from vc_attention.kernels import backends, operand_emulation, prepare_reference
 from vc_attention.kernels import reference as R
-from vc_attention.kernels.config import FIDELITY, SPEED, VCConfig
+from vc_attention.kernels.config import FIDELITY as FIDELITY_PRESET, SPEED, VCConfig
+
+# fidelity without its refinements (the preset carries the term on 32 channels and the mixed encoding since kernel-notes
+# section 38): the base these tests add the term to
+FIDELITY = FIDELITY_PRESET.refinements_dropped()[-1]
 
 
 def busy_channels_v(n=700, d=64, seed=0):
@@ -74,15 +78,22 @@ def test_the_configuration_field():
     assert FIDELITY.with_(v_lo_channels=16).with_rank(6).v_lo_channels == 0
 
 
-def test_no_kernel_claims_it_yet_and_the_reference_runs_it():
-    q = torch.zeros(1, 2, 8, 64)
+def test_sm90_claims_the_presets_32_channels_the_reference_runs_every_count():
+    q, q128 = torch.zeros(1, 2, 8, 64), torch.zeros(1, 2, 8, 128)
     config = FIDELITY.with_(v_lo_channels=16)
     for name in ("sm90", "mma"):
         # the backend's declarations with the device checks taken out: what remains is the term
         c = dataclasses.replace(backends.get(name).constraints, device_type="any", dtypes=None, aligned_rows=False)
         assert backends.call_reason(c, config.with_(v_lo_channels=0), "bhnd", q) is None
         assert "v_lo_channels" in backends.call_reason(c, config, "bhnd", q)
-    assert 16 not in backends.get("sm90").constraints.v_lo_channels
+    # sm90's refined fidelity kernels: 32 channels (constants.SM90_V_LO_CHANNELS), head dim 128 only
+    from vc_attention.kernels import backend_sm90
+
+    sm90 = dataclasses.replace(backends.get("sm90").constraints, device_type="any", dtypes=None, aligned_rows=False)
+    assert 16 not in sm90.v_lo_channels and (32 in sm90.v_lo_channels) == backend_sm90.REFINEMENTS_DECLARED
+    if backend_sm90.REFINEMENTS_DECLARED:
+        assert backends.call_reason(sm90, FIDELITY_PRESET, "bhnd", q128) is None
+        assert "head dim 128" in backends.call_reason(sm90, FIDELITY_PRESET, "bhnd", q)
     assert backends.call_reason(backends.get("reference").constraints, config, "bhnd", q) is None
 
 

@@ -32,16 +32,64 @@ def build(tmp_path, flags) -> tuple[dict[str, tuple[int, int]], dict[str, int]]:
     spills = {}
     for block in run.stderr.split("Compiling entry function '")[1:]:
         name = block.split("'")[0]
-        spills[name] = int(re.search(r"(\d+) bytes spill stores", block).group(1))
+        if not _refined(name, flags):
+            spills[name] = int(re.search(r"(\d+) bytes spill stores", block).group(1))
     sass = subprocess.run([clamp_bound_sass.nvdisasm(), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
     loops = {}
     for name, rows in sass_loop_mix.functions(sass).items():
-        if "kernel" in name:
+        if "kernel" in name and not _refined(name, flags):
             trip = sass_loop_mix.hot_loop(rows, votes_pass=True)
             loops[name] = (len(trip), sum(ins.lstrip("@!UPT0123456789 ").startswith("QGMMA") for ins in trip))
     # (the variant's kernels with the term are vc_attention_sm90_kernel_lo_chord: keyed by the product kernel they vary)
     plain = sass_loop_mix.plain_kernel_name
     return {plain(k): v for k, v in loops.items()}, {plain(k): v for k, v in spills.items()}
+
+
+def _refined(name: str, flags) -> bool:
+    """A product build's refined kernel (launch_refined: the term / the mixed encoding per call), which the variant
+    build (VLO / CHORD for every paired-K fidelity kernel) instantiates under the same plain name: kept apart."""
+    variant = any(f.startswith(("-DVC_SM90_V_LO=", "-DVC_SM90_EXP2_CHORD_EIGHTHS=")) for f in flags)
+    return "kernel_lo_chord" in name and not variant
+
+
+def masked_sass(tmp_path, flags) -> dict[str, list[str]]:
+    """kernel -> its SASS with the build-specific names masked (its own symbol, labels, internal helpers)."""
+    cubin = tmp_path / f"sass-{abs(hash(tuple(flags)))}.cubin"
+    run = subprocess.run(jit.nvcc_compile_only_command(jit.CSRC_DIR / "sm90_launch.cu", "9.0a", cubin, extra_flags=tuple(flags)),
+                         capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    text = subprocess.run([clamp_bound_sass.nvdisasm(), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+    out, cur = {}, None
+    for line in text.splitlines():
+        head = re.match(r"\s*\.text\.(\S+):", line)
+        if head:
+            cur = out.setdefault(head.group(1), [])
+        elif cur is not None and re.search(r"/\*[0-9a-f]{4,}\*/", line):
+            ins = re.sub(r"/\*[0-9a-f]+\*/", "", line)
+            ins = re.sub(r"`\(_Z[^)]*\)", "SYM", ins)
+            ins = re.sub(r"\.L_x_\d+", "L", re.sub(r"__internal_\d+_", "__internal_", ins))
+            cur.append(" ".join(ins.split()))
+    return out
+
+
+def test_the_product_refined_kernels_are_the_variants_that_were_measured(tmp_path):
+    """The product library's refined kernels (VLO = SM90_V_LO_CHANNELS, CHORD = MIXED_CHORD_EIGHTHS, each and both) are
+    instruction for instruction the kernels of the variant builds bench/sm90_variants.sh times and gates (split_lo32,
+    split_ch8, split_ch8_lo32 at the adopted constants), so the variants' measurements are the product's."""
+    from vc_attention.kernels.constants import MIXED_CHORD_EIGHTHS, SM90_V_LO_CHANNELS
+
+    L, C = SM90_V_LO_CHANNELS, MIXED_CHORD_EIGHTHS
+    product = masked_sass(tmp_path, backend_sm90.CUDA_FLAGS)
+    refined = {k for k in product if "kernel_lo_chord" in k}
+    assert len(refined) == 6, sorted(refined)
+    for vlo, chord in ((L, 0), (0, C), (L, C)):
+        flags = (*backend_sm90.CUDA_FLAGS, *([f"-DVC_SM90_V_LO={vlo}"] if vlo else []),
+                 *([f"-DVC_SM90_EXP2_CHORD_EIGHTHS={chord}"] if chord else []))
+        variant = masked_sass(tmp_path, flags)
+        mine = {k for k in refined if k.endswith(f"ELi{vlo}ELi{chord}EEEv14CUtensorMap_stS3_S3_S3_NS0_6ParamsE")}
+        assert len(mine) == 2, (vlo, chord, sorted(refined))
+        for k in mine:
+            assert k in variant and variant[k] == product[k], (vlo, chord, k)
 
 
 @pytest.mark.parametrize("channels", [16, 32])

@@ -229,11 +229,11 @@ void prepare_attend(const torch::Tensor& q, const torch::Tensor& k, const torch:
                     const std::optional<torch::Tensor>& perm, const std::optional<torch::Tensor>& v_basis,
                     double qk_scale, bool qk_fp8, bool vsmooth, bool smooth_k, int64_t v_mean_rows, bool v_merge,
                     int64_t k_scale_rows, bool k_lanes, int64_t v_lo_channels, const torch::Tensor& out, bool expcast,
-                    int64_t vsmooth_mode, int64_t forward_fn, int64_t error_fn) {
+                    int64_t vsmooth_mode, int64_t forward_fn, int64_t error_fn, bool mixed) {
   TORCH_CHECK_VALUE(forward_fn != 0 && error_fn != 0, "prepare_attend needs the sm90 extension's entry addresses.");
-  // the Hopper kernel's second-term build (VC_SM90_V_LO) has its own entry, which this call does not take
-  TORCH_CHECK_VALUE(v_lo_channels == 0, "prepare_attend runs the Hopper kernel without the V residual's second term: "
-                                        "v_lo_channels must be 0 here (prepare, then that build's own entry, takes it).");
+  // the V residual's second term (v_lo_channels) and the mixed encoding go on to the Hopper entry, which refuses a call
+  // whose kernel lacks them (its channel count included)
+  TORCH_CHECK_VALUE(!(mixed && expcast), "the mixed encoding is an exp2-family encoding: expcast must be false.");
   TORCH_CHECK_VALUE(!qk_fp8, "the Hopper kernel takes INT8 Q and K only.");
   // vc::kVsmoothPairedK on top of 1 or 2 says the K scales are equal in 128-key pairs: only where this prepare pairs them
   const int64_t v_mode = vsmooth_mode & ~int64_t(vc::kVsmoothPairedK | vc::kVsmoothKLanes);
@@ -255,7 +255,8 @@ void prepare_attend(const torch::Tensor& q, const torch::Tensor& k, const torch:
                         out.scalar_type() == q.scalar_type() && out.device() == q.device(),
                     "out must be a (B, H, N, D) view with q's shape, dtype and device and unit channel stride.");
   const auto [q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_low_t, v_low_scale, v_seg_end, v_lo_t, v_lo_sel] =
-      prepare(q, k, v, perm, v_basis, qk_scale, qk_fp8, vsmooth, smooth_k, v_mean_rows, v_merge, k_scale_rows, k_lanes, 0);
+      prepare(q, k, v, perm, v_basis, qk_scale, qk_fp8, vsmooth, smooth_k, v_mean_rows, v_merge, k_scale_rows, k_lanes,
+              v_lo_channels);
   const int64_t b = q_q.size(0), h = q_q.size(1), n_pad = q_q.size(2), d = q_q.size(3);
   TORCH_CHECK_VALUE(b * h * n_pad < (int64_t(1) << 31), "B*H*N is too large for the TMA coordinates.");
   const c10::cuda::CUDAGuard guard(q.device());
@@ -269,7 +270,9 @@ void prepare_attend(const torch::Tensor& q, const torch::Tensor& k, const torch:
       low_rank ? static_cast<int>(v_basis->size(2)) : 0, out.data_ptr(), static_cast<int>(b), static_cast<int>(h),
       static_cast<int>(q.size(2)), static_cast<int>(n_pad), static_cast<int>(d), out.stride(0), out.stride(1),
       out.stride(2), expcast, static_cast<int>(vsmooth_mode), out.scalar_type() == torch::kBFloat16, stream,
-      v_mode == 2 && v_seg_end.has_value() ? v_seg_end->data_ptr() : nullptr);
+      v_mode == 2 && v_seg_end.has_value() ? v_seg_end->data_ptr() : nullptr,
+      v_lo_t.has_value() ? v_lo_t->data_ptr() : nullptr, v_lo_sel.has_value() ? v_lo_sel->data_ptr<int32_t>() : nullptr,
+      static_cast<int>(v_lo_channels), mixed);
   TORCH_CHECK(rc == 0, vc::text("sm90 attention launch failed: ", reinterpret_cast<vc::Sm90ErrorFn>(error_fn)()));
 }
 

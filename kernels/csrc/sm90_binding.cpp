@@ -11,12 +11,15 @@
 #include "vc_constants.h"
 #include "vc_params.h"
 
-extern "C" int vc_sm90_forward_low_rank(const void* q_q, const float* q_scale, const void* k_q, const float* k_scale,
-                                        const void* v_t, const float* v_scale, const void* v_mean, const void* v_low_t,
-                                        const void* v_low_basis, const float* v_low_scale, int v_rank, void* out,
-                                        int batch, int heads, int n, int n_pad, int head_dim, long long out_stride_b,
-                                        long long out_stride_h, long long out_stride_n, int expcast, int vsmooth,
-                                        int out_bf16, void* stream, const void* v_seg_end);
+extern "C" int vc_sm90_forward_all(const void* q_q, const float* q_scale, const void* k_q, const float* k_scale,
+                                   const void* v_t, const float* v_scale, const void* v_mean, const void* v_low_t,
+                                   const void* v_low_basis, const float* v_low_scale, int v_rank, void* out, int batch,
+                                   int heads, int n, int n_pad, int head_dim, long long out_stride_b,
+                                   long long out_stride_h, long long out_stride_n, int expcast, int vsmooth,
+                                   int out_bf16, void* stream, const void* v_seg_end, const void* v_lo_t,
+                                   const int* v_lo_sel, int v_lo_rows, int mixed);
+extern "C" int vc_sm90_call_v_lo_channels();
+extern "C" int vc_sm90_call_chord_eighths();
 extern "C" int vc_sm90_low_rank(int head_dim, int expcast, int vsmooth);
 extern "C" const char* vc_sm90_last_error();
 extern "C" int vc_sm90_consumers(int head_dim, int expcast, int vsmooth);
@@ -24,8 +27,8 @@ extern "C" int vc_sm90_step_keys(int head_dim, int expcast, int vsmooth);
 extern "C" int vc_sm90_step_mean(int head_dim, int expcast);
 extern "C" int vc_sm90_k_lanes(int head_dim, int expcast);
 
-static_assert(std::is_same_v<decltype(&vc_sm90_forward_low_rank), vc::Sm90ForwardFn>,
-              "the prepare extension calls vc_sm90_forward_low_rank as vc::Sm90ForwardFn (vc_params.h)");
+static_assert(std::is_same_v<decltype(&vc_sm90_forward_all), vc::Sm90ForwardFn>,
+              "the prepare extension calls vc_sm90_forward_all as vc::Sm90ForwardFn (vc_params.h)");
 static_assert(std::is_same_v<decltype(&vc_sm90_last_error), vc::Sm90ErrorFn>, "vc_sm90_last_error as vc::Sm90ErrorFn");
 // Every message is one literal or one vc::text(...) (refusal_text.h: a number written through a stream ended the
 // process on the H200). The numbers the literal sentences name:
@@ -44,7 +47,8 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
                const torch::Tensor& v_mean, const std::optional<torch::Tensor>& v_low_t,
                const std::optional<torch::Tensor>& v_low_basis, const std::optional<torch::Tensor>& v_low_scale,
                torch::Tensor out, int64_t n_tokens, bool expcast, int64_t vsmooth, int64_t stream,
-               const std::optional<torch::Tensor>& v_seg_end) {
+               const std::optional<torch::Tensor>& v_seg_end, const std::optional<torch::Tensor>& v_lo_t,
+               const std::optional<torch::Tensor>& v_lo_sel, bool mixed) {
   // vsmooth: 0 per-channel V, 1 V-Smooth, 2 V-Smooth with means equal in 128-row pairs (v_mean_rows = 256); 1 and 2
   // may add vc::kVsmoothPairedK: the K scales are equal in 128-key pairs (k_scale_rows = 256)
   // and on top of 4, vc::kVsmoothKLanes (8): the K scales are per quad lane, k_scale (B, H, n_pad / 128, 4)
@@ -96,14 +100,27 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
     check_operand(*v_seg_end, "v_seg_end", torch::kByte);
     TORCH_CHECK_VALUE(v_seg_end->numel() == batch * heads * (n_pad / vc::kKBlock), "v_seg_end must be (B, H, n_pad / 128).");
   }
-  const int rc = vc_sm90_forward_low_rank(
+  // the V residual's second term (VCConfig.v_lo_channels): v_lo_t (B, H, L, n_pad) e4m3 and v_lo_sel (B, H, L) int32
+  TORCH_CHECK_VALUE(v_lo_t.has_value() == v_lo_sel.has_value(), "the V residual's second term needs v_lo_t and v_lo_sel together.");
+  int lo_rows = 0;
+  if (v_lo_t.has_value()) {
+    check_operand(*v_lo_t, "v_lo_t", torch::kFloat8_e4m3fn);
+    check_operand(*v_lo_sel, "v_lo_sel", torch::kInt);
+    TORCH_CHECK_VALUE(v_lo_t->dim() == 4 && v_lo_t->size(0) == batch && v_lo_t->size(1) == heads &&
+                          v_lo_t->size(3) == n_pad && v_lo_t->size(2) >= 1,
+                      "v_lo_t must be (B, H, L, n_pad) of the operands.");
+    lo_rows = static_cast<int>(v_lo_t->size(2));
+    TORCH_CHECK_VALUE(v_lo_sel->numel() == batch * heads * lo_rows, "v_lo_sel must be (B, H, L), L of v_lo_t.");
+  }
+  const int rc = vc_sm90_forward_all(
       q_q.data_ptr(), q_scale.data_ptr<float>(), k_q.data_ptr(), k_scale.data_ptr<float>(), v_t.data_ptr(),
       v_scale.data_ptr<float>(), v_mean.data_ptr(), low_rank ? v_low_t->data_ptr() : nullptr,
       low_rank ? v_low_basis->data_ptr() : nullptr, low_rank ? v_low_scale->data_ptr<float>() : nullptr, rank,
       out.data_ptr(), static_cast<int>(batch), static_cast<int>(heads), static_cast<int>(n_tokens),
       static_cast<int>(n_pad), static_cast<int>(head_dim), out.stride(0), out.stride(1), out.stride(2), expcast, static_cast<int>(vsmooth),
       out.scalar_type() == torch::kBFloat16, reinterpret_cast<void*>(stream),
-      v_seg_end.has_value() ? v_seg_end->data_ptr() : nullptr);
+      v_seg_end.has_value() ? v_seg_end->data_ptr() : nullptr, v_lo_t.has_value() ? v_lo_t->data_ptr() : nullptr,
+      v_lo_sel.has_value() ? v_lo_sel->data_ptr<int32_t>() : nullptr, lo_rows, mixed);
   TORCH_CHECK(rc == 0, vc::text("sm90 attention launch failed: ", vc_sm90_last_error()));
 }
 
@@ -113,11 +130,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention", &attention, "VC-Attention forward on prepared operands (Hopper wgmma kernel)", py::arg("q_q"),
         py::arg("q_scale"), py::arg("k_q"), py::arg("k_scale"), py::arg("v_t"), py::arg("v_scale"), py::arg("v_mean"),
         py::arg("v_low_t"), py::arg("v_low_basis"), py::arg("v_low_scale"), py::arg("out"), py::arg("n_tokens"),
-        py::arg("expcast"), py::arg("vsmooth"), py::arg("stream"), py::arg("v_seg_end") = py::none());
+        py::arg("expcast"), py::arg("vsmooth"), py::arg("stream"), py::arg("v_seg_end") = py::none(),
+        py::arg("v_lo_t") = py::none(), py::arg("v_lo_sel") = py::none(), py::arg("mixed") = false);
   // the entry and its error text as addresses, for the prepare extension's prepare_attend (one binding call per
   // attention call: kernels/backend_sm90.py); valid while this module is loaded, which the caller keeps
-  m.def("forward_address", []() { return reinterpret_cast<int64_t>(&vc_sm90_forward_low_rank); },
-        "address of vc_sm90_forward_low_rank (vc::Sm90ForwardFn)");
+  m.def("forward_address", []() { return reinterpret_cast<int64_t>(&vc_sm90_forward_all); },
+        "address of vc_sm90_forward_all (vc::Sm90ForwardFn)");
+  m.def("refinements", []() { return py::make_tuple(vc_sm90_call_v_lo_channels(), vc_sm90_call_chord_eighths()); },
+        "(L, C): the V residual's second term on L channels and the mixed encoding's chord on C eighths of every step, "
+        "which this library's fidelity kernel takes per call (v_lo_t / v_lo_sel, mixed=True); 0: none");
   m.def("last_error_address", []() { return reinterpret_cast<int64_t>(&vc_sm90_last_error); },
         "address of vc_sm90_last_error (vc::Sm90ErrorFn)");
   m.def("consumers", [](int64_t head_dim, bool expcast, bool vsmooth) {

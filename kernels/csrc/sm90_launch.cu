@@ -202,12 +202,49 @@ constexpr bool has_k_lanes(int head_dim, bool expcast, bool vsmooth) {
   return expcast ? VC_SM90_KPAIR && has_step_mean(head_dim, true, vsmooth) : has_k_pair_exp2(head_dim, false, vsmooth);
 }
 
+// Whether this library instantiates fidelity's refined kernels, chosen per call (refined_kernel): the product build
+// (no VC_SM90_V_LO / VC_SM90_EXP2_CHORD_EIGHTHS variant default: a variant build's kernels all carry its own) with
+// the paired-K exp2 loop. Their (VLO, CHORD): vc::kSm90VLoChannels rows of the second term when the call passes it,
+// vc::kMixedChordEighths of the chord when the call asks for the mixed encoding (kernels/constants.py).
+constexpr bool has_refined_kernels(int head_dim, bool expcast, bool vsmooth) {
+  // (a build that puts the paired-K exp2 kernel on the early-QK loop, VC_SM90_STEP256_EARLY_QK=3, has none: the
+  // second term's loop is the one without it, consumer_loop's static_assert)
+  return VC_SM90_V_LO == 0 && VC_SM90_EXP2_CHORD_EIGHTHS == 0 && has_k_pair_exp2(head_dim, expcast, vsmooth) &&
+         !early_qk_loop(expcast, true);
+}
+
+// The refinements a call asked for (the second V term: p.v_lo_sel != nullptr; mixed: the mixed P encoding) on
+// fidelity's paired-K exp2 kernel (no lanes), each of the three refined kernels of the product library.
+template <int D, bool EXPCAST, bool VSMOOTH, typename OutT, int STAGES>
+int launch_refined(const void* q_q, const void* k_q, const void* v_t, const void* v_low_t, const Params& p, int bh,
+                   bool mixed, cudaStream_t stream) {
+  constexpr int L = vc::kSm90VLoChannels, C = vc::kMixedChordEighths;
+  const bool lo = p.v_lo_sel != nullptr;
+  if (lo && L == 0) return fail("this library has no kernel with the V residual's second term");
+  if constexpr (L > 0) {
+    if (lo && mixed) return launch<D, EXPCAST, VSMOOTH, OutT, STAGES, false, false, true, false, L, C>(q_q, k_q, v_t, v_low_t, p, bh, stream);
+    if (lo) return launch<D, EXPCAST, VSMOOTH, OutT, STAGES, false, false, true, false, L, 0>(q_q, k_q, v_t, v_low_t, p, bh, stream);
+  }
+  return launch<D, EXPCAST, VSMOOTH, OutT, STAGES, false, false, true, false, 0, C>(q_q, k_q, v_t, v_low_t, p, bh, stream);
+}
+
 // pair_means: the V-Smooth means are equal in 128-row pairs; pair_k: so are the K scales; lanes: the K scales are per
-// quad lane (then only the kernels has_k_lanes names run the call)
+// quad lane (then only the kernels has_k_lanes names run the call); mixed: the mixed P encoding (refined kernels only)
 template <int D, bool EXPCAST, bool VSMOOTH, bool LOWRANK>
 int launch_out(const void* q_q, const void* k_q, const void* v_t, const void* v_low_t, const Params& p, int bh,
-               bool out_bf16, bool pair_means, bool pair_k, bool lanes, cudaStream_t stream) {
+               bool out_bf16, bool pair_means, bool pair_k, bool lanes, bool mixed, cudaStream_t stream) {
   constexpr int kStages = stages_for<D>();
+  // the refinements (the second V term, the mixed encoding) run in fidelity's paired-K kernel without lanes only
+  const bool refined = mixed || (p.v_lo_sel != nullptr && VC_SM90_V_LO == 0);
+  if (refined) {
+    if constexpr (!LOWRANK && has_refined_kernels(D, EXPCAST, VSMOOTH)) {
+      if (pair_k && !lanes && !(pair_means && has_step_mean(D, EXPCAST, VSMOOTH)))
+        return out_bf16 ? launch_refined<D, EXPCAST, VSMOOTH, __nv_bfloat16, kStages>(q_q, k_q, v_t, v_low_t, p, bh, mixed, stream)
+                        : launch_refined<D, EXPCAST, VSMOOTH, __half, kStages>(q_q, k_q, v_t, v_low_t, p, bh, mixed, stream);
+    }
+    return fail("the V residual's second term and the mixed encoding run in fidelity's paired-K kernel only (head dim "
+                "128, V-Smooth, exp2 P, K scales per 256 keys, not per lane) of the product library");
+  }
   if constexpr (VC_SM90_SPLIT && split_consumers(D, EXPCAST, VSMOOTH) != kConsumers) {
     return fail("internal: this kernel lives in the other consumer build");  // never instantiated here
   } else if constexpr (LOWRANK && !has_low_rank(D, EXPCAST, VSMOOTH)) {
@@ -242,12 +279,14 @@ int launch_out(const void* q_q, const void* k_q, const void* v_t, const void* v_
 
 template <int D, bool LOWRANK>
 int launch_d(const void* q_q, const void* k_q, const void* v_t, const void* v_low_t, const Params& p, int bh,
-             bool expcast, bool vsmooth, bool pair_means, bool pair_k, bool lanes, bool out_bf16, cudaStream_t stream) {
+             bool expcast, bool vsmooth, bool pair_means, bool pair_k, bool lanes, bool mixed, bool out_bf16,
+             cudaStream_t stream) {
+  if (expcast && mixed) return fail("the mixed encoding is an exp2-family encoding: expcast must be 0");
   if (expcast)
-    return vsmooth ? launch_out<D, true, true, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, pair_means, pair_k, lanes, stream)
-                   : launch_out<D, true, false, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, false, false, lanes, stream);
-  return vsmooth ? launch_out<D, false, true, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, pair_means, pair_k, lanes, stream)
-                 : launch_out<D, false, false, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, false, false, lanes, stream);
+    return vsmooth ? launch_out<D, true, true, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, pair_means, pair_k, lanes, false, stream)
+                   : launch_out<D, true, false, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, false, false, lanes, false, stream);
+  return vsmooth ? launch_out<D, false, true, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, pair_means, pair_k, lanes, mixed, stream)
+                 : launch_out<D, false, false, LOWRANK>(q_q, k_q, v_t, v_low_t, p, bh, out_bf16, false, false, lanes, mixed, stream);
 }
 
 }  // namespace
@@ -328,7 +367,7 @@ static int forward_impl(const void* q_q, const float* q_scale, const void* k_q, 
                         const float* v_low_scale, int v_rank, void* out, int batch, int heads, int n, int n_pad,
                         int head_dim, long long out_stride_b, long long out_stride_h, long long out_stride_n, int expcast,
                         int vsmooth, int out_bf16, void* stream, const void* v_seg_end, const void* v_lo_t,
-                        const int* v_lo_sel) {
+                        const int* v_lo_sel, int v_lo_rows, int mixed) {
   using namespace vc_sm90;
   // vsmooth: 0 per-channel V, 1 V-Smooth, 2 its means equal in 128-row pairs, each of 1 and 2 plus kVsmoothPairedK
   if (!vc::valid_vsmooth(vsmooth))
@@ -339,6 +378,7 @@ static int forward_impl(const void* q_q, const float* q_scale, const void* k_q, 
   if (split_consumers(head_dim, expcast != 0, vsmooth != 0) == 3) {
     if (v_rank != 0) return fail("this build has no low-rank V kernel for this head dim and mode");
     if (v_lo_t != nullptr) return fail("the V residual's second term runs in fidelity's paired-K kernel only");
+    if (mixed) return fail("the mixed encoding runs in fidelity's paired-K kernel only");
     const int rc = vc_sm90_forward_c3(q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, out, batch, heads, n, n_pad,
                                       head_dim, out_stride_b, out_stride_h, out_stride_n, expcast, vsmooth, out_bf16,
                                       stream);
@@ -365,9 +405,16 @@ static int forward_impl(const void* q_q, const float* q_scale, const void* k_q, 
   p.v_rank = v_rank;
   // V-Smooth segments: read by the one-mean-per-step kernels only (vsmooth 2); the others restore per tile
   p.v_seg_end = static_cast<const uint8_t*>(v_seg_end);
-  // the residual's second term: the kernels this build instantiates with it (VC_SM90_V_LO) read it
-  if (VC_SM90_V_LO == 0 && (v_lo_t != nullptr || v_lo_sel != nullptr))
+  // the residual's second term: the kernels this build instantiates with it (VC_SM90_V_LO, or the product's refined
+  // kernels, vc::kSm90VLoChannels rows) read it
+  if (VC_SM90_V_LO == 0 && vc::kSm90VLoChannels == 0 && (v_lo_t != nullptr || v_lo_sel != nullptr))
     return fail("this build has no kernel with the V residual's second term");
+  if ((v_lo_t == nullptr) != (v_lo_sel == nullptr) || (v_lo_t == nullptr) != (v_lo_rows == 0))
+    return fail("the V residual's second term needs v_lo_t, v_lo_sel and its channel count together");
+  // the kernels read exactly their own VLO rows per tile: operands of another channel count are refused
+  if (v_lo_t != nullptr && v_lo_rows != (VC_SM90_V_LO ? VC_SM90_V_LO : vc::kSm90VLoChannels))
+    return fail("the V residual's second term has another channel count than this library's kernels take "
+                "(vc_sm90_call_v_lo_channels)");
   p.v_lo_sel = v_lo_sel;  // (nullptr without it: the kernels that cannot take it refuse a call that passes it)
   if (v_lo_t != nullptr) {
     if (v_rank) return fail("the V residual's second term takes no low-rank term");
@@ -377,14 +424,14 @@ static int forward_impl(const void* q_q, const float* q_scale, const void* k_q, 
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   // v_mode 2: V-Smooth means equal in 128-row pairs (VCConfig.v_mean_rows = 256); kVsmoothPairedK: the K scales too
   const bool e = expcast != 0, vs = v_mode != 0, pairs = v_mode == kVsmoothPairMeans, bf = out_bf16 != 0;
-  const bool pk = (vsmooth & kVsmoothPairedK) != 0, lanes = (vsmooth & kVsmoothKLanes) != 0;
+  const bool pk = (vsmooth & kVsmoothPairedK) != 0, lanes = (vsmooth & kVsmoothKLanes) != 0, mx = mixed != 0;
   if (lanes && v_rank) return fail("K scales per lane take no low-rank V term");
   if (head_dim == 128)
-    return v_rank ? launch_d<128, true>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, pk, lanes, bf, s)
-                  : launch_d<128, false>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, pk, lanes, bf, s);
+    return v_rank ? launch_d<128, true>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, pk, lanes, mx, bf, s)
+                  : launch_d<128, false>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, pk, lanes, mx, bf, s);
   if (head_dim == 64)
-    return v_rank ? launch_d<64, true>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, pk, lanes, bf, s)
-                  : launch_d<64, false>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, pk, lanes, bf, s);
+    return v_rank ? launch_d<64, true>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, pk, lanes, mx, bf, s)
+                  : launch_d<64, false>(q_q, k_q, v_t, v_low_t, p, bh, e, vs, pairs, pk, lanes, mx, bf, s);
   return fail("head_dim must be 64 or 128");
 }
 
@@ -397,7 +444,7 @@ int VC_SM90_EXPORT(vc_sm90_forward_low_rank)(const void* q_q, const float* q_sca
                                              int out_bf16, void* stream, const void* v_seg_end) {
   return forward_impl(q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_low_t, v_low_basis, v_low_scale, v_rank, out,
                       batch, heads, n, n_pad, head_dim, out_stride_b, out_stride_h, out_stride_n, expcast, vsmooth,
-                      out_bf16, stream, v_seg_end, nullptr, nullptr);
+                      out_bf16, stream, v_seg_end, nullptr, nullptr, 0, 0);
 }
 
 // The channels of the V residual's second term this library's fidelity kernel takes (VC_SM90_V_LO; 0: none).
@@ -414,7 +461,34 @@ int VC_SM90_EXPORT(vc_sm90_forward_v_lo)(const void* q_q, const float* q_scale, 
   if (v_lo_t == nullptr || v_lo_sel == nullptr) return vc_sm90::fail("v_lo_t and v_lo_sel are required");
   return forward_impl(q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, nullptr, nullptr, nullptr, 0, out, batch, heads,
                       n, n_pad, head_dim, out_stride_b, out_stride_h, out_stride_n, expcast, vsmooth, out_bf16, stream,
-                      nullptr, v_lo_t, v_lo_sel);
+                      nullptr, v_lo_t, v_lo_sel, VC_SM90_V_LO, 0);
+}
+
+// The refinements this library takes per call (vc_sm90_forward_all), beside the kernels without them: the channels of
+// the V residual's second term (vc::kSm90VLoChannels) and the chord eighths of the mixed encoding
+// (vc::kMixedChordEighths); 0 and 0 in a variant build whose kernels carry VC_SM90_V_LO / VC_SM90_EXP2_CHORD_EIGHTHS.
+int VC_SM90_EXPORT(vc_sm90_call_v_lo_channels)() {
+  return vc_sm90::has_refined_kernels(128, false, true) ? vc::kSm90VLoChannels : 0;
+}
+int VC_SM90_EXPORT(vc_sm90_call_chord_eighths)() {
+  return vc_sm90::has_refined_kernels(128, false, true) ? vc::kMixedChordEighths : 0;
+}
+
+// The forward with every operand (vc::Sm90ForwardFn, which the prepare extension's prepare_attend calls): the
+// low-rank term (v_low_t, v_low_basis, v_low_scale, v_rank), the V-Smooth segment ends (v_seg_end), the V residual's
+// second term (v_lo_t (B,H,L,n_pad) e4m3 and v_lo_sel (B,H,L) int32, v_lo_rows = L = vc_sm90_call_v_lo_channels();
+// nullptr, nullptr, 0: without it) and mixed (1: the mixed P encoding, p="mixed", with expcast 0). A refinement this call's kernel lacks
+// is refused, never dropped.
+int VC_SM90_EXPORT(vc_sm90_forward_all)(const void* q_q, const float* q_scale, const void* k_q, const float* k_scale,
+                                        const void* v_t, const float* v_scale, const void* v_mean, const void* v_low_t,
+                                        const void* v_low_basis, const float* v_low_scale, int v_rank, void* out,
+                                        int batch, int heads, int n, int n_pad, int head_dim, long long out_stride_b,
+                                        long long out_stride_h, long long out_stride_n, int expcast, int vsmooth,
+                                        int out_bf16, void* stream, const void* v_seg_end, const void* v_lo_t,
+                                        const int* v_lo_sel, int v_lo_rows, int mixed) {
+  return forward_impl(q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, v_low_t, v_low_basis, v_low_scale, v_rank, out,
+                      batch, heads, n, n_pad, head_dim, out_stride_b, out_stride_h, out_stride_n, expcast, vsmooth,
+                      out_bf16, stream, v_seg_end, v_lo_t, v_lo_sel, v_lo_rows, mixed);
 }
 
 // Returns 0 on success, else non-zero with vc_sm90_last_error() describing the failure. vsmooth (here and in

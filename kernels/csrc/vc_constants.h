@@ -10,7 +10,7 @@
     !defined(VC_K_BLOCK) || !defined(VC_P_LOG2_MAX) || !defined(VC_E4M3_OCTAVE_CODES) ||                \
     !defined(VC_E4M3_ONE_CODE) || !defined(VC_EXPCAST_MAX_CODE) || !defined(VC_EXPCAST_BIAS) ||          \
     !defined(VC_EXPCAST_BETA) || !defined(VC_EXPCAST_P_LOG2_SCALE) || !defined(VC_EXPCAST_TOP) || \
-    !defined(VC_EXPCAST_SLOPE_CAP) || !defined(VC_MIXED_P_LOG2_MAX) || !defined(VC_V_LOW_ROWS) || !defined(VC_V_LOW_FIRST) ||         \
+    !defined(VC_EXPCAST_SLOPE_CAP) || !defined(VC_MIXED_P_LOG2_MAX) || !defined(VC_MIXED_CHORD_EIGHTHS) || !defined(VC_SM90_V_LO_CHANNELS) || !defined(VC_V_LOW_ROWS) || !defined(VC_V_LOW_FIRST) ||         \
     !defined(VC_VSMOOTH_PAIRED_K) || !defined(VC_K_LANES) || !defined(VC_K_LANE_KEYS) || !defined(VC_VSMOOTH_K_LANES)
 #error "VC-Attention numeric constants are missing: build through kernels/jit.py, or pass kernels.constants.cuda_defines() to nvcc"
 #endif
@@ -32,6 +32,14 @@ constexpr float kExpCastTop = VC_EXPCAST_TOP;  // 127 + log2(448) + beta/8: t / 
 constexpr float kExpCastSlopeCap = VC_EXPCAST_SLOPE_CAP;  // A <= 2^28
 // the mixed encoding's exp2 keys (reference p="mixed"): the row max at 448 = 2^this, as the chord keys beside them
 constexpr float kMixedPLog2Max = VC_MIXED_P_LOG2_MAX;
+// ... and the eighths of every online-softmax step whose keys take the chord (reference.mixed_chord_keys)
+constexpr int kMixedChordEighths = VC_MIXED_CHORD_EIGHTHS;
+static_assert(kMixedChordEighths > 0 && kMixedChordEighths <= 8 && kMixedChordEighths % 2 == 0,
+              "the Hopper kernel's chord takes 2, 4, 6 or 8 eighths of a 256-key step (32-key k-steps)");
+// the V residual's second term's channels that the Hopper product library takes per call (VCConfig.v_lo_channels)
+constexpr int kSm90VLoChannels = VC_SM90_V_LO_CHANNELS;
+static_assert(kSm90VLoChannels == 0 || kSm90VLoChannels == 16 || kSm90VLoChannels == 32,
+              "the second term's wgmma takes 16 or 32 rows");
 constexpr int kExpCastMaxCode = VC_EXPCAST_MAX_CODE;
 constexpr int kVLowRows = VC_V_LOW_ROWS;  // extra V^T rows: two parity row-sum rows, then coefficients
 constexpr int kVLowFirst = VC_V_LOW_FIRST;  // the first coefficient row

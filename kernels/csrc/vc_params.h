@@ -87,7 +87,7 @@ struct AttnParams {
   // one more field here moved ptxas's spills in every portable kernel, e.g. sm_90a speed 32 -> 112 B: section 34)
 };
 
-// The Hopper library's C entry (sm90_launch.cu: vc_sm90_forward_low_rank) and its error text, as the prepare
+// The Hopper library's C entry (sm90_launch.cu: vc_sm90_forward_all) and its error text, as the prepare
 // extension calls them through addresses the sm90 extension hands out (prepare_attend in prepare_binding.cpp:
 // one binding call for the prepare and the attention of a call); sm90_binding.cpp static_asserts that the
 // entry has this type, so the two JIT builds cannot disagree on it.
@@ -96,7 +96,8 @@ using Sm90ForwardFn = int (*)(const void* q_q, const float* q_scale, const void*
                               const void* v_low_basis, const float* v_low_scale, int v_rank, void* out, int batch,
                               int heads, int n, int n_pad, int head_dim, long long out_stride_b, long long out_stride_h,
                               long long out_stride_n, int expcast, int vsmooth, int out_bf16, void* stream,
-                              const void* v_seg_end);
+                              const void* v_seg_end, const void* v_lo_t, const int* v_lo_sel, int v_lo_rows,
+                              int mixed);
 using Sm90ErrorFn = const char* (*)();
 
 // Launchers (prepare.cu, attn_mma.cu). Return a CUDA error string or nullptr on success.
