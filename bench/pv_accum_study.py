@@ -29,7 +29,11 @@ import torch
 from vc_attention.study import fidelity
 from vc_attention.kernels import reference as ref
 from vc_attention.study import videodata
-from vc_attention.kernels.config import FIDELITY, SPEED, VCConfig
+from vc_attention.kernels.config import FIDELITY as FIDELITY_PRESET, SPEED, VCConfig
+
+# the study's fidelity mode: exp2 P without the preset's refinements (the portable kernel's fidelity, whose PV
+# accumulation this studies; its encoders are reference.P_ENCODERS')
+FIDELITY = FIDELITY_PRESET.refinements_dropped()[-1]
 from vc_attention.kernels.grouping import DEFAULT_ITERS
 
 GRIDS = {1024: (1, 32, 32), 4096: (2, 32, 64), 32760: (21, 30, 52)}

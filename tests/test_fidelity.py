@@ -76,8 +76,9 @@ def test_vsmooth_lowers_the_v_term_on_video_like_data(small_table):
     # (across key orders it is not: K block scales and the running max's history follow the order)
     q, k, v = vd.video_like_qkv(T=1, Hgrid=16, Wgrid=32, seed=0)
     perm = fi.grouping_permutation(v, 8, 4)
-    # (FIDELITY with PLAIN_8BIT's K scales per 128 keys: only V's quantization differs between the two)
-    vsmooth = ref.vc_attention_reference(q, k, v, FIDELITY.with_(k_scale_rows=PLAIN_8BIT.k_scale_rows), perm=perm, parts=True)
+    # (FIDELITY with PLAIN_8BIT's P encoding and K scales per 128 keys: only V's quantization differs between the two)
+    vsmooth = ref.vc_attention_reference(q, k, v, FIDELITY.with_(k_scale_rows=PLAIN_8BIT.k_scale_rows, p=PLAIN_8BIT.p),
+                                         perm=perm, parts=True)
     per_channel = ref.vc_attention_reference(q, k, v, PLAIN_8BIT, perm=perm, parts=True)
     assert torch.equal(vsmooth.out_exact_v, per_channel.out_exact_v)
     assert not torch.equal(vsmooth.out, per_channel.out)

@@ -23,7 +23,7 @@ def test_config_field_its_values_and_its_pairing():
     assert VCConfig().k_scale_rows == 128 and PLAIN_8BIT.k_scale_rows == 128 and "-k" not in VCConfig().tag
     assert SPEED.k_scale_rows == 256 and SPEED.tag.endswith("-k256")
     # fidelity pairs its K scales too (its exp2 256-key loop on the Hopper kernel), with its 128-row means
-    assert FIDELITY.k_scale_rows == 256 and FIDELITY.v_mean_rows == 128 and FIDELITY.tag == "int8-vsmooth-exp2-k256"
+    assert FIDELITY.k_scale_rows == 256 and FIDELITY.v_mean_rows == 128 and FIDELITY.tag == "int8-vsmooth-mixed-k256-lo32"
     for bad in (64, 512, True, "256"):
         with pytest.raises(ValueError, match="k_scale_rows must be one of"):
             SPEED.with_(k_scale_rows=bad)
@@ -37,7 +37,7 @@ def test_config_field_its_values_and_its_pairing():
     with pytest.raises(ValueError, match="needs v='vsmooth'"):
         FIDELITY.with_(v="per_channel")  # per-channel V reads K scales per tile in every kernel
     # exp2 P has no per-step anchor: fidelity's K scales may pair with its 128-row means; a rank turns them back
-    assert VCConfig(k_scale_rows=256) == FIDELITY and FIDELITY.with_rank(2).k_scale_rows == 128
+    assert VCConfig(k_scale_rows=256) == FIDELITY.refinements_dropped()[-1] and FIDELITY.with_rank(2).k_scale_rows == 128
     assert FIDELITY.with_rank(2).with_rank(0).k_scale_rows == 128  # with_rank(0) keeps what it is given
     assert SPEED.with_(v_mean_merge=False, v_mean_rows=128, k_scale_rows=128).k_scale_rows == 128
     ranked = SPEED.with_rank(2)  # the low-rank loop anchors per tile: back to 128
@@ -131,7 +131,7 @@ def test_sm90_passes_segment_flags_to_the_paired_loop_only(monkeypatch):
     def ops(d):
         return SimpleNamespace(q_q=torch.empty(1, 2, 512, d, dtype=torch.int8), q_scale=None, k_q=None, k_scale=None,
                                v_t=None, v_scale=None, v_mean=None, v_low_t=None, v_low_basis=None, v_low_scale=None,
-                               n_tokens=500, v_seg_end=flags)
+                               n_tokens=500, v_seg_end=flags, v_lo_t=None, v_lo_sel=None)
 
     backend_sm90.attention_from_operands(ops(128), SPEED, torch.empty(1, 2, 500, 128), "bhnd")
     backend_sm90.attention_from_operands(ops(128), SPEED.with_(k_scale_rows=128), torch.empty(1, 2, 500, 128), "bhnd")
@@ -141,10 +141,11 @@ def test_sm90_passes_segment_flags_to_the_paired_loop_only(monkeypatch):
     backend_sm90.attention_from_operands(ops(128), FIDELITY.with_(k_scale_rows=128), torch.empty(1, 2, 500, 128), "bhnd")
     backend_sm90.attention_from_operands(ops(64), FIDELITY, torch.empty(1, 2, 500, 64), "bhnd")
     (paired, per_tile, d64, fidelity, fidelity_per_tile, fidelity_d64) = calls
-    assert paired[13] == 2 | VSMOOTH_PAIRED_K and paired[-1] is flags
-    assert per_tile[13] == 1 and per_tile[-1] is None
-    assert d64[13] == 1 and d64[-1] is None
-    assert fidelity[13] == 1 | VSMOOTH_PAIRED_K and fidelity[-1] is None
+    # (the arguments: ..., vsmooth 13, stream 14, v_seg_end 15, then the refinements v_lo_t, v_lo_sel, mixed)
+    assert paired[13] == 2 | VSMOOTH_PAIRED_K and paired[15] is flags and paired[18] is False
+    assert per_tile[13] == 1 and per_tile[15] is None
+    assert d64[13] == 1 and d64[15] is None
+    assert fidelity[13] == 1 | VSMOOTH_PAIRED_K and fidelity[15] is None and fidelity[18] is (FIDELITY.p == "mixed")
     assert fidelity_per_tile[13] == 1 and fidelity_d64[13] == 1
     assert backend_sm90.vsmooth_mode(PLAIN_8BIT) == 0
 
