@@ -164,6 +164,11 @@ class RunStats:
         self.checked_calls = 0
         self._finite_candidates = 0
         self._nonfinite: Optional[torch.Tensor] = None  # count on the device, read at run end
+        # calls whose backend ran the configuration without a refinement it lacks (the fidelity preset's mixed encoding
+        # and second V term on the portable kernel or at head dim 64: kernels/api.REFINEMENTS_DROPPED, process-wide,
+        # read as a difference so that the run's own calls are counted with no work per call)
+        from ..kernels import api
+        self._dropped_before = Counter(api.REFINEMENTS_DROPPED)
 
     def fallback(self, reason: str, detail: Optional[str] = None) -> None:
         """Count a call sent to the model's own attention; log the detail once per run."""
@@ -182,6 +187,13 @@ class RunStats:
         extremes = torch.stack([x.float() for t in (q, k, v) for x in torch.aminmax(t)])
         bad = (~torch.isfinite(extremes)).any().int()
         self._nonfinite = bad if self._nonfinite is None else self._nonfinite + bad
+
+    def refinements_dropped(self) -> dict[str, int]:
+        """'backend: configuration it ran' -> calls in this run (since reset) that ran without a refinement."""
+        from ..kernels import api
+        diff = Counter(api.REFINEMENTS_DROPPED)
+        diff.subtract(self._dropped_before)
+        return {f"{name}: {tag}": n for (name, tag), n in sorted(diff.items()) if n > 0}
 
     def is_slower(self, shape: tuple) -> bool:
         """Whether VC-Attention (grouping included) measured slower than the model's attention at
@@ -272,6 +284,7 @@ class RunStats:
             "baseline_reused": sum(stats.baseline_reused for stats in self._shapes.values()),
             "cross_attention": dict(cross[0]) if cross else {},
             "cross_slower_shapes": list(cross[1]) if cross else [],
+            "refinements_dropped": self.refinements_dropped(),
         }
 
     @staticmethod
@@ -297,6 +310,8 @@ class RunStats:
             line += _eviction_note(payload)
         if payload.get("nonfinite_calls"):
             line += _nonfinite_note(payload)
+        if payload.get("refinements_dropped"):
+            line += _refinements_note(payload)
         return line
 
 
@@ -309,6 +324,12 @@ def _cross_note(payload: dict) -> str:
 def _eviction_note(payload: dict) -> str:
     return (f"; {payload['cache_evictions']} cached groupings replaced (the CFG batching, token count or batch "
             "size changed within the run)")
+
+
+def _refinements_note(payload: dict) -> str:
+    ran = ", ".join(f"{n} as {what}" for what, n in payload["refinements_dropped"].items())
+    return (f"; calls run without the fidelity refinements their kernel lacks (the mixed encoding, the V residual's "
+            f"second term: the Hopper kernel at head dim 128 has them): {ran}")
 
 
 def _nonfinite_note(payload: dict) -> str:

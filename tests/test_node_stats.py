@@ -8,7 +8,7 @@ pytestmark = pytest.mark.usefixtures("comfy_standin")
 
 KEYS = {"node_id", "backend_calls", "fallbacks", "grouping_calls", "baseline_calls", "attention_ms", "sampled_calls",
         "steps", "est_speedup", "grouping_share", "slower_shapes", "kept_slower", "cache_evictions", "checked_calls",
-        "nonfinite_calls", "baseline_reused", "cross_attention", "cross_slower_shapes"}
+        "nonfinite_calls", "baseline_reused", "cross_attention", "cross_slower_shapes", "refinements_dropped"}
 
 
 def test_one_event_and_one_log_line_per_run(caplog):
@@ -267,3 +267,24 @@ def test_a_baseline_is_reused_only_for_the_same_shape_and_attention():
     assert one_run(shape, None)["baseline_calls"] == 2  # no id: never remembered
     stats.forget_baselines()
     assert one_run(shape, (shape, "a"))["baseline_calls"] == 2
+
+
+def test_calls_run_without_a_refinement_are_reported_for_this_run_only(monkeypatch):
+    # kernels/api.REFINEMENTS_DROPPED is process-wide: a run reports only its own calls, as "backend: what it ran"
+    from vc_attention.kernels import api
+    from vc_attention.kernels.config import FIDELITY
+    from vc_attention.nodes import stats
+
+    base = FIDELITY.refinements_dropped()[-1]
+    monkeypatch.setattr(api, "REFINEMENTS_DROPPED", api.Counter({("mma", base.tag): 5}))
+    run = stats.RunStats()
+    assert run.refinements_dropped() == {}
+    api.REFINEMENTS_DROPPED[("mma", base.tag)] += 3
+    api.REFINEMENTS_DROPPED[("sm90", base.tag)] += 1
+    payload = run.payload("7")
+    assert payload["refinements_dropped"] == {f"mma: {base.tag}": 3, f"sm90: {base.tag}": 1}
+    line = stats.RunStats.log_line(payload)
+    assert f"3 as mma: {base.tag}" in line and "fidelity refinements" in line
+    run.reset()
+    assert run.payload("7")["refinements_dropped"] == {}
+    assert "refinements" not in stats.RunStats.log_line(run.payload("7"))

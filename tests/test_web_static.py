@@ -101,6 +101,7 @@ def test_core_helpers_under_node():
       cross: core.statusLines({{...stats, cross_attention: {{cudnn: 598, model: 2}}, cross_slower_shapes: []}}),
       crossSlower: core.statusLines({{...stats, cross_attention: {{"model: cuDNN measured slower": 590, cudnn: 10}},
                                      cross_slower_shapes: ["2x12x32760x128x512"]}}),
+      dropped: core.statusLines({{...stats, refinements_dropped: {{"mma: int8-vsmooth-exp2-k256": 40}}}}),
     }}));
     """
     proc = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60)
@@ -131,6 +132,7 @@ def test_core_helpers_under_node():
     assert out["cross"][3] == "cross-attention (exact): cudnn x598, model x2"
     assert out["crossSlower"][3] == ("cross-attention (exact): model: cuDNN measured slower x590, cudnn x10 "
                                      "(cuDNN slower at 2x12x32760x128x512)")
+    assert out["dropped"][3] == "ran without the fidelity refinements this kernel lacks: mma: int8-vsmooth-exp2-k256 x40"
 
 
 def test_the_backend_marks_come_from_the_schema_key_the_node_sends():

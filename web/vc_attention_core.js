@@ -66,6 +66,9 @@ export function statusLines(stats) {
       ? ` (cuDNN slower at ${stats.cross_slower_shapes.join(", ")})` : "";
     lines.push(`cross-attention (exact): ${cross}${slower}`);
   }
+  // calls whose kernel lacks the fidelity preset's refinements ran without them (nodes/stats.py refinements_dropped)
+  const dropped = counts(stats.refinements_dropped);
+  if (dropped) lines.push(`ran without the fidelity refinements this kernel lacks: ${dropped}`);
   return lines;
 }
 

@@ -202,7 +202,7 @@ constexpr bool has_k_lanes(int head_dim, bool expcast, bool vsmooth) {
   return expcast ? VC_SM90_KPAIR && has_step_mean(head_dim, true, vsmooth) : has_k_pair_exp2(head_dim, false, vsmooth);
 }
 
-// Whether this library instantiates fidelity's refined kernels, chosen per call (refined_kernel): the product build
+// Whether this library instantiates fidelity's refined kernels, chosen per call (launch_refined): the product build
 // (no VC_SM90_V_LO / VC_SM90_EXP2_CHORD_EIGHTHS variant default: a variant build's kernels all carry its own) with
 // the paired-K exp2 loop. Their (VLO, CHORD): vc::kSm90VLoChannels rows of the second term when the call passes it,
 // vc::kMixedChordEighths of the chord when the call asks for the mixed encoding (kernels/constants.py).
@@ -451,7 +451,8 @@ int VC_SM90_EXPORT(vc_sm90_forward_low_rank)(const void* q_q, const float* q_sca
 int VC_SM90_EXPORT(vc_sm90_v_lo_channels)() { return VC_SM90_V_LO; }
 
 // The forward with the V residual's second term (VC_SM90_V_LO builds; VCConfig.v_lo_channels): v_lo_t (B,H,L,n_pad)
-// e4m3, v_lo_sel (B,H,L) int32 distinct channel indices in [0, head_dim), L = vc_sm90_v_lo_channels(). Fidelity's
+// e4m3, v_lo_sel (B,H,L) int32 distinct channel indices in [0, head_dim), L = vc_sm90_v_lo_channels() in a variant build
+// (vc_sm90_call_v_lo_channels() in the product's, whose refined kernels this entry then runs with exp2 P). Fidelity's
 // paired-K exp2 kernel reads them; a call that would run another kernel is refused (the term is never dropped).
 int VC_SM90_EXPORT(vc_sm90_forward_v_lo)(const void* q_q, const float* q_scale, const void* k_q, const float* k_scale,
                                          const void* v_t, const float* v_scale, const void* v_mean, const void* v_lo_t,
@@ -461,7 +462,7 @@ int VC_SM90_EXPORT(vc_sm90_forward_v_lo)(const void* q_q, const float* q_scale, 
   if (v_lo_t == nullptr || v_lo_sel == nullptr) return vc_sm90::fail("v_lo_t and v_lo_sel are required");
   return forward_impl(q_q, q_scale, k_q, k_scale, v_t, v_scale, v_mean, nullptr, nullptr, nullptr, 0, out, batch, heads,
                       n, n_pad, head_dim, out_stride_b, out_stride_h, out_stride_n, expcast, vsmooth, out_bf16, stream,
-                      nullptr, v_lo_t, v_lo_sel, VC_SM90_V_LO, 0);
+                      nullptr, v_lo_t, v_lo_sel, VC_SM90_V_LO ? VC_SM90_V_LO : vc::kSm90VLoChannels, 0);
 }
 
 // The refinements this library takes per call (vc_sm90_forward_all), beside the kernels without them: the channels of
