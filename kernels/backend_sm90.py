@@ -34,8 +34,8 @@ ARCH = "9.0a"  # wgmma and setmaxnreg exist only in the arch-specific Hopper tar
 # The refined fidelity kernels (the V residual's second term on SM90_V_LO_CHANNELS channels and the mixed encoding,
 # chosen per call: launch_refined in sm90_launch.cu) are declared once the GPU suite's tests of them
 # (tests/test_sm90_refined_gpu.py) have passed on a Hopper GPU: they did on an H100 in session 28 (18 passed,
-# bench/results/nvidia-h100-refined-tests-session28.log, after the suite's run beside the rest; kernel-notes 38). Off, a call that carries them runs without
-# them (VCConfig.refinements_dropped), as on the portable kernel.
+# bench/results/nvidia-h100-refined-tests-session28.log, after the suite's run beside the rest; kernel-notes 38).
+# Off, a call that carries them runs without them (VCConfig.refinements_dropped), as on the portable kernel.
 REFINEMENTS_DECLARED = True
 
 
