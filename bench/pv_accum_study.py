@@ -33,7 +33,7 @@ from vc_attention.kernels.config import FIDELITY as FIDELITY_PRESET, SPEED, VCCo
 
 # the study's fidelity mode: exp2 P without the preset's refinements (the portable kernel's fidelity, whose PV
 # accumulation this studies; its encoders are reference.P_ENCODERS')
-FIDELITY = FIDELITY_PRESET.refinements_dropped()[-1]
+FIDELITY = FIDELITY_PRESET.without_refinements()
 from vc_attention.kernels.grouping import DEFAULT_ITERS
 
 GRIDS = {1024: (1, 32, 32), 4096: (2, 32, 64), 32760: (21, 30, 52)}

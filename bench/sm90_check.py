@@ -30,7 +30,7 @@ from vc_attention.kernels import FIDELITY as FIDELITY_PRESET, PLAIN_8BIT, SPEED,
 
 # the variant libraries' fidelity: the preset without its refinements (the mixed encoding, the V residual's second
 # term), which a variant build adds through its own flags (VC_SM90_EXP2_CHORD_EIGHTHS, VC_SM90_V_LO: Sm90Library.spec)
-FIDELITY = FIDELITY_PRESET.refinements_dropped()[-1]
+FIDELITY = FIDELITY_PRESET.without_refinements()
 
 # fidelity's exp2 with 256-row means merged into segments: the exp2 one-mean loop of VC_SM90_STEPMEAN_EXP2
 # builds (split_f256), the two-mean fold elsewhere

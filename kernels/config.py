@@ -171,8 +171,15 @@ class VCConfig:
             return (self,)
         no_lo = replace(self, v_lo_channels=0)
         no_mixed = replace(self, p="exp2") if self.p == "mixed" else self
-        chain = (self, no_lo, no_mixed, replace(no_mixed, v_lo_channels=0))
+        chain = (self, no_lo, no_mixed, self.without_refinements())
         return tuple(dict.fromkeys(chain))  # (in order, each once)
+
+    def without_refinements(self) -> "VCConfig":
+        """What a kernel with neither refinement runs: no second V term, "exp2" for "mixed" (refinements_dropped's
+        last); the configuration itself when it has none."""
+        if not self.has_refinements:
+            return self
+        return replace(self, p="exp2" if self.p == "mixed" else self.p, v_lo_channels=0)
 
     @property
     def has_refinements(self) -> bool:

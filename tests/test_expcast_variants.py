@@ -109,7 +109,7 @@ def test_quantize_p_with_matches_reference_quantize_p():
     assert not torch.equal(X.quantize_p_with(s, X.bits_cast_448), R.quantize_p(s, SPEED))
     s = torch.round(s * 2**10) / 2**10  # s - M and c - M exact: both orders of rounding agree
     assert torch.equal(X.quantize_p_with(s, X.paper), R.quantize_p(s, SPEED.with_(p="expcast_paper")))
-    assert torch.equal(X.quantize_p_with(s, X.exp2_cast), R.quantize_p(s, FIDELITY.refinements_dropped()[-1]))
+    assert torch.equal(X.quantize_p_with(s, X.exp2_cast), R.quantize_p(s, FIDELITY.without_refinements()))
 
 
 def _stated_cost(variant):

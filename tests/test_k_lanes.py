@@ -149,7 +149,7 @@ def test_a_backend_without_lane_kernels_refuses_the_call_with_a_sentence():
 
     plain = backends.Constraints(device_type="any")
     q128, q64 = torch.zeros(1, 1, 8, 128), torch.zeros(1, 1, 8, 64)
-    base = FIDELITY.refinements_dropped()[-1]  # (the preset's refinements are another question: tests/test_refinements.py)
+    base = FIDELITY.without_refinements()  # (the preset's refinements are another question: tests/test_refinements.py)
     reason = backends.call_reason(plain, base.with_(k_lane_scales=True), "bhnd", q128)
     assert reason is not None and "k_lane_scales" in reason
     assert backends.call_reason(plain, base.with_(k_lane_scales=True), "bhnd", q64) is None

@@ -37,7 +37,7 @@ def test_config_field_its_values_and_its_pairing():
     with pytest.raises(ValueError, match="needs v='vsmooth'"):
         FIDELITY.with_(v="per_channel")  # per-channel V reads K scales per tile in every kernel
     # exp2 P has no per-step anchor: fidelity's K scales may pair with its 128-row means; a rank turns them back
-    assert VCConfig(k_scale_rows=256) == FIDELITY.refinements_dropped()[-1] and FIDELITY.with_rank(2).k_scale_rows == 128
+    assert VCConfig(k_scale_rows=256) == FIDELITY.without_refinements() and FIDELITY.with_rank(2).k_scale_rows == 128
     assert FIDELITY.with_rank(2).with_rank(0).k_scale_rows == 128  # with_rank(0) keeps what it is given
     assert SPEED.with_(v_mean_merge=False, v_mean_rows=128, k_scale_rows=128).k_scale_rows == 128
     ranked = SPEED.with_rank(2)  # the low-rank loop anchors per tile: back to 128

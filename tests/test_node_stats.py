@@ -275,7 +275,7 @@ def test_calls_run_without_a_refinement_are_reported_for_this_run_only(monkeypat
     from vc_attention.kernels.config import FIDELITY
     from vc_attention.nodes import stats
 
-    base = FIDELITY.refinements_dropped()[-1]
+    base = FIDELITY.without_refinements()
     monkeypatch.setattr(api, "REFINEMENTS_DROPPED", api.Counter({("mma", base.tag): 5}))
     run = stats.RunStats()
     assert run.refinements_dropped() == {}

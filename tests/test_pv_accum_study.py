@@ -16,7 +16,7 @@ from vc_attention.kernels.config import FIDELITY, SPEED
 
 def study_fidelity():
     """bench/pv_accum_study.py's fidelity: the preset without its refinements (exp2 P, the portable kernel's)."""
-    return FIDELITY.refinements_dropped()[-1]
+    return FIDELITY.without_refinements()
 
 STUDY_PATH = Path(__file__).resolve().parent.parent / "bench" / "pv_accum_study.py"
 

@@ -140,3 +140,9 @@ def test_the_fidelity_preset_carries_both_refinements_and_drops_to_the_base():
     assert FIDELITY.has_refinements and FIDELITY.p == "mixed" and FIDELITY.v_lo_channels == 32
     assert FIDELITY.refinements_dropped()[-1] == BASE and not BASE.has_refinements
     assert not SPEED.has_refinements and not PLAIN_8BIT.has_refinements
+
+
+def test_without_refinements_is_the_chains_last():
+    for config in (FIDELITY, BASE, SPEED, PLAIN_8BIT, BASE.with_(p="mixed"), BASE.with_(v_lo_channels=16)):
+        assert config.without_refinements() == config.refinements_dropped()[-1]
+        assert not config.without_refinements().has_refinements

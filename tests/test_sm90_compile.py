@@ -258,7 +258,7 @@ def test_product_library_splits_the_kernels_between_two_cta_shapes(tmp_path):
     step256 = "-DVC_SM90_STEP256=1" in backend_sm90.CUDA_FLAGS
     for kernels_args, steps in ((two_args, 256 if step256 else 128), (three_args, 128)):
         for d, e, v, _ in kernels_args:
-            config = dataclasses.replace(FIDELITY.refinements_dropped()[-1], p="expcast" if e == "1" else "exp2",
+            config = dataclasses.replace(FIDELITY.without_refinements(), p="expcast" if e == "1" else "exp2",
                                          v="vsmooth" if v == "1" else PLAIN_8BIT.v,
                                          k_scale_rows=128)
             assert backend_sm90.softmax_step_keys(int(d), config) == steps, (d, e, v)

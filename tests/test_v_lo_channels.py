@@ -12,7 +12,7 @@ from vc_attention.kernels.config import FIDELITY as FIDELITY_PRESET, SPEED, VCCo
 
 # fidelity without its refinements (the preset carries the term on 32 channels and the mixed encoding since kernel-notes
 # section 38): the base these tests add the term to
-FIDELITY = FIDELITY_PRESET.refinements_dropped()[-1]
+FIDELITY = FIDELITY_PRESET.without_refinements()
 
 
 def busy_channels_v(n=700, d=64, seed=0):
