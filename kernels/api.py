@@ -56,16 +56,16 @@ def _run(q, k, v, perm, v_basis, layout: str, config: VCConfig, sm_scale, backen
     # the one selection of this call: here, or by the caller that passed the Backend it selected
     if isinstance(backend, backends.Backend):
         chosen = backend
-    else:
-        chosen = backends.select(q, config, layout, backend, kv=(k, v))
+        # (a configuration without refinements skips the check: a short call's host time counts)
+        runnable = backends.runnable_config(chosen, q, config, layout, k, v) if config.has_refinements else config
+    else:  # the selection already found what the backend runs
+        chosen, runnable = backends.select_runnable(q, config, layout, backend, kv=(k, v))
         if chosen.slow and backend == "auto" and q.device.type not in SILENT_EMULATION_DEVICES:
             _announce_emulation(q, config, layout)
     BACKEND_CALLS[chosen.name] += 1
-    if config.has_refinements:  # (a configuration without any skips the check: a short call's host time counts)
-        runnable = backends.runnable_config(chosen, q, config, layout, k, v)
-        if runnable is not None and runnable != config:
-            REFINEMENTS_DROPPED[(chosen.name, runnable.tag)] += 1
-            config = runnable
+    if runnable is not None and runnable != config:
+        REFINEMENTS_DROPPED[(chosen.name, runnable.tag)] += 1
+        config = runnable
     if v_basis is None:  # a backend's run takes v_basis only if it declares the low-rank term (max_v_rank)
         return chosen.run(q, k, v, perm, config, layout, sm_scale)
     return chosen.run(q, k, v, perm, config, layout, sm_scale, v_basis)

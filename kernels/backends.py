@@ -235,16 +235,23 @@ def select(q: torch.Tensor, config: VCConfig, layout: str, backend: str = "auto"
     backend="auto": the highest-priority capable backend; the slow emulation only if allow_slow.
     A named backend must be capable, else NoCapableBackend says why (never a silent swap).
     """
+    return select_runnable(q, config, layout, backend, allow_slow, kv)[0]
+
+
+def select_runnable(q: torch.Tensor, config: VCConfig, layout: str, backend: str = "auto", allow_slow: bool = True,
+                    kv: tuple[torch.Tensor, ...] = ()) -> tuple[Backend, VCConfig]:
+    """select's backend and the configuration it runs (runnable_config), found in the same pass."""
     if backend != "auto":
         chosen = get(backend)
-        if runnable_config(chosen, q, config, layout, *kv) is None:
+        runnable = runnable_config(chosen, q, config, layout, *kv)
+        if runnable is None:
             raise NoCapableBackend(f"backend {backend!r} cannot run this call: {chosen.why_not(q, config, layout, *kv)}")
-        return chosen
+        return chosen, runnable
     reasons = []
     for cand in backends():
         runnable = runnable_config(cand, q, config, layout, *kv)
         if runnable is not None and (allow_slow or not cand.slow):
-            return cand
+            return cand, runnable
         reasons.append(f"{cand.name}: {cand.why_not(q, config, layout, *kv) or 'slow emulation not allowed here'}")
     raise NoCapableBackend("no VC-Attention backend can run this call (" + "; ".join(reasons) + ").")
 

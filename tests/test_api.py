@@ -74,8 +74,8 @@ def test_one_call_selects_its_backend_once(monkeypatch):
     q = torch.randn(1, 1, 8, 64)
     chosen = backends.select(q, FIDELITY, "bhnd", "reference")
     selections = []
-    real_select = backends.select
-    monkeypatch.setattr(backends, "select", lambda *a, **kw: selections.append(a) or real_select(*a, **kw))
+    real_select = backends.select_runnable  # (select itself goes through it)
+    monkeypatch.setattr(backends, "select_runnable", lambda *a, **kw: selections.append(a) or real_select(*a, **kw))
     api.vc_attention(q, q, q, backend=chosen)
     assert selections == []
     api.vc_attention(q, q, q, backend="reference")
