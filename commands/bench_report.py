@@ -75,6 +75,11 @@ def stale_presets(env: dict) -> list[str]:
             "(docs/kernel-notes.md), measured in this table by the next `vc-attention bench --save`." for m in changed]
 
 
+def _stale_lines(env: dict) -> list[str]:
+    """stale_presets' sentences as report lines, each after a blank line (none when no preset changed)."""
+    return [line for note in stale_presets(env) for line in ("", note)]
+
+
 def _in_table(row: dict, portable: bool) -> bool:
     """The portable tables hold the portable kernels plus cuDNN as the common yardstick."""
     return (row["portable"] or row["method"] == "sdpa-cudnn") if portable else not row["portable"]
@@ -186,7 +191,7 @@ def render_benchmarks(docs: dict[str, dict]) -> str:
         if "attention" in sections:
             rows = sections["attention"]["rows"]
             lines += ["", f"## Attention kernels on {gpu}"] + _fidelity_grouping_note(rows) + _attention_tables(rows, portable=False)
-            lines += [x for note in stale_presets(sections["attention"]["env"]) for x in ("", note)]
+            lines += _stale_lines(sections["attention"]["env"])
             if any(r["portable"] for r in rows):
                 lines += ["", f"## Portable kernels (the RTX 40/50 path), measured on {gpu} as a proxy",
                           "", "Our `mma` backend and SageAttention 2.2's sm89 kernel, both built for this GPU."]
@@ -195,12 +200,12 @@ def render_benchmarks(docs: dict[str, dict]) -> str:
             lines += ["", f"## Grouping (V-Smooth k-means + ordering + permutation) on {gpu}", ""] + _grouping_table(sections["grouping"]["rows"])
         if "e2e" in sections:
             lines += ["", f"## End to end on {gpu}", ""] + _e2e_table(sections["e2e"]["rows"])
-            lines += [x for note in stale_presets(sections["e2e"]["env"]) for x in ("", note)]
+            lines += _stale_lines(sections["e2e"]["env"])
         if "e2e-multigpu" in sections:
             lines += ["", f"## End to end on several GPUs ({gpu})", ""] + _multigpu_table(sections["e2e-multigpu"]["rows"])
         if "comfyui" in sections:
             lines += ["", f"## Sampling in real ComfyUI on {gpu}", ""] + _comfyui_table(sections["comfyui"]["rows"])
-            lines += [x for note in stale_presets(sections["comfyui"]["env"]) for x in ("", note)]
+            lines += _stale_lines(sections["comfyui"]["env"])
     return "\n".join(lines) + "\n"
 
 
@@ -219,7 +224,7 @@ def render_headline(docs: dict[str, dict]) -> str:
              "| attention | ms | x cuDNN SDPA | x SageAttention 2.2 | rel-L2 on video-like data |", "|---|---|---|---|---|"]
     lines += [f"| {_name(r['method'])} | {r['ms']:.1f} | {_num(r['x_cudnn'], '.2f')} | {_num(r['x_sageattn'], '.2f')} | "
               f"{_num(r['rel_l2_video_like'], '.4f')} |" for r in rows]
-    lines += [x for note in stale_presets(env) for x in ("", note)]
+    lines += _stale_lines(env)
     if "comfyui" in doc["sections"]:
         comfy = {r["mode"]: r for r in doc["sections"]["comfyui"]["rows"]}
         parts = [f"{mode} {comfy[mode]['seconds']:.2f} s ({_num(comfy[mode]['x_sage'], '.2f')}x, rel-L2 "
