@@ -61,12 +61,8 @@ def accuracy(rows):
 
 
 def timing(rows):
-    # the refinements declared for this run (backend_sm90.REFINEMENTS_DECLARED's effect): the op runs them, drops nothing
-    from dataclasses import replace
-
-    from vc_attention.kernels import api, backends
-    sm90 = backends.get("sm90")
-    sm90.constraints = replace(sm90.constraints, p_encodings=("exp2", "expcast", "mixed"), v_lo_channels=(0, LO))
+    # the op runs the refinements on sm90 (backend_sm90.REFINEMENTS_DECLARED); the dropped count printed per shape shows it
+    from vc_attention.kernels import api
     api.REFINEMENTS_DROPPED.clear()
     try:
         from sageattention import sageattn
