@@ -6,7 +6,9 @@ grouping separate) at the Wan shapes beside cuDNN and SageAttention 2.2, in one 
   python3 bench/refined_check_gpu.py [--json OUT.json]
 """
 import argparse
+import datetime
 import json
+import sys
 
 import torch
 
@@ -102,6 +104,7 @@ def main():
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
+                               command="python3 " + " ".join(sys.argv), date=datetime.date.today().isoformat(),
                                accuracy=acc, timing=times), f, indent=1)
 
 
