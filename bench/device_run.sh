@@ -30,6 +30,10 @@
 #                 (bench/mixed_fidelity_gpu.py)
 #         adopt   (not in the default list) `mixed` + `lo` cut to one call: the five candidates of kernel-notes 36's
 #                 adoption rule, their rel-L2 at 32,760 / 75,600 (no lanes), then their times at the Wan shapes
+#         merged  (not in the default list) the V residual's second term inside the PV MMA (VC_SM90_LO_MERGED, kernel-notes
+#                 39): split_ch8, ch8_lo32 / lo16 (merged, the default) and their two-wgmma builds (x2) timed at the Wan
+#                 shapes, gated against the spec, the merged output bits against the two-wgmma builds' (bench/lib_identity.py),
+#                 lo16's rel-L2 beside lo32's
 #         variants (not in the default list) the portable kernel's build-time variants side by side with
 #                 SageAttention 2.2's portable kernel (bench/mma_variants.py; $MMA_VARIANTS), the prepare
 #                 extension's variants (bench/prepare_variants.py), then one ncu
@@ -77,6 +81,8 @@ step() {  # step NAME SECONDS COMMAND...: each step has its own limit so one slo
 stages=${*:-build tests bench grouping e2e comfyui}
 # the Hopper fidelity variants of the mixed and lo stages (bench/sm90_variants.sh names; docs/kernel-notes.md 36)
 FIDELITY_VARIANTS="split split_ch4 split_ch6 split_ch8 split_lo16 split_lo32 split_ch4_lo32 split_ch8_lo32"
+# the `merged` stage's builds: the chord alone, the second term on 32 / 16 channels beside the PV MMA and inside it
+MERGED_VARIANTS="split_ch8 split_ch8_lo32x2 split_ch8_lo32 split_ch8_lo16x2 split_ch8_lo16"
 # the `adopt` stage's candidates: the product, the chord for every key, the second V term on 32 channels, both (chord 4/8 or 8/8)
 ADOPT_VARIANTS=${ADOPT_VARIANTS:-"split split_ch8 split_lo32 split_ch4_lo32 split_ch8_lo32"}  # (a short lease: fewer)
 for stage in $stages; do
@@ -148,9 +154,19 @@ for stage in $stages; do
         (export OUT SM90_REUSE_BUILD=1 SM90_VARIANTS="$ADOPT_VARIANTS" SM90_SHAPES="1,40,75600,128 1,12,32760,128"
          step adopt_sm90 300 bash bench/sm90_variants.sh; mv "$OUT/sm90_check.json" "$OUT/sm90_check_adopt.json")
       fi ;;
+    merged)  # (not in the default list) the V residual's second term inside the PV MMA (kernel-notes 39): the chord
+      # alone, the two-wgmma term (lo32x2, lo16x2) and the merged one (lo32, lo16) built, gated against the spec and timed
+      # at the Wan shapes; the merged builds' output bits against the two-wgmma ones; lo16's rel-L2 beside lo32's
+      (export OUT SM90_VARIANTS="$MERGED_VARIANTS" SM90_SHAPES="1,40,75600,128 1,12,32760,128"
+       step merged_sm90 420 bash bench/sm90_variants.sh; mv "$OUT/sm90_check.json" "$OUT/sm90_check_merged.json")
+      b=${SM90_BUILD_DIR:-build/sm90_variants}
+      step merged_identity 150 python3 bench/lib_identity.py --lib "$b/sm90_split_ch8_lo32x2.so" --lib "$b/sm90_split_ch8_lo32.so" \
+        --lib "$b/sm90_split_ch8_lo16x2.so" --lib "$b/sm90_split_ch8_lo16.so" --out "$OUT"
+      step merged_error 200 python3 bench/mixed_fidelity_gpu.py --lib "$b/sm90_split_ch8_lo32.so" --lib "$b/sm90_split_ch8_lo16.so" \
+        --sizes 32760 75600 --seeds 0 1 --out "$OUT" ;;
     spread)  # fidelity's paired-K loop against the unpaired one in rounds, with the GPU's clocks (kernel-notes 35)
       step fidelity_spread 300 python3 bench/fidelity_spread.py --rounds 6 --out "$OUT" ;;
-    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt)"; exit 2 ;;
+    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged)"; exit 2 ;;
   esac
 done
 tail -n 4 "$OUT"/*.log

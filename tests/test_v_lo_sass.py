@@ -1,8 +1,11 @@
 """The Hopper variant with the V residual's second term (VC_SM90_V_LO, VCConfig.v_lo_channels) in machine code,
-compile-only: fidelity's paired-K exp2 kernels issue one more FP8 wgmma per k-step (the term's m64n16k32 / m64n32k32
-beside the PV MMA), keep every register in place (no spill: the running sum lives in shared memory), and nothing else
-changes (docs/kernel-notes.md section 36). Its numbers against the spec are the GPU's (bench/sm90_variants.sh split_lo16
-/ split_lo32 gate it against reference.quantize_v_vsmooth with lo_channels)."""
+compile-only: fidelity's paired-K exp2 kernels read the term's rows in the PV MMA itself (one m64n{136+L}k32 per
+k-step, VC_SM90_LO_MERGED, docs/kernel-notes.md section 39; with VC_SM90_LO_MERGED=0 an m64nLk32 beside the m64n136 PV
+MMA, section 36), keep every register in place (no spill: the running sum lives in shared memory), and nothing else
+changes. Its numbers against the spec are the GPU's (bench/sm90_variants.sh split_ch8_lo32 / split_lo16 gate it against
+reference.quantize_v_vsmooth with lo_channels; bench/lib_identity.py: the merged and the two-wgmma builds give the same
+bits)."""
+import collections
 import importlib.util
 import re
 import subprocess
@@ -22,7 +25,8 @@ PAIRED_FIDELITY = re.compile(r"ILi128ELb0ELb1E\w+?Li4ELb0ELb0ELb1ELb[01]E")  # <
 
 
 def build(tmp_path, flags) -> tuple[dict[str, tuple[int, int]], dict[str, int]]:
-    """(kernel -> (loop trip, QGMMA in it) along the passed votes, kernel -> spill-store bytes) of sm90_launch.cu."""
+    """(kernel -> (loop trip, its QGMMA shapes counted) along the passed votes, kernel -> spill-store bytes) of
+    sm90_launch.cu."""
     cubin = tmp_path / f"sm90-{len(flags)}.cubin"
     run = subprocess.run(jit.nvcc_compile_only_command(jit.CSRC_DIR / "sm90_launch.cu", "9.0a", cubin,
                                                        extra_flags=(*flags, "-Xptxas=-v")),
@@ -39,7 +43,8 @@ def build(tmp_path, flags) -> tuple[dict[str, tuple[int, int]], dict[str, int]]:
     for name, rows in sass_loop_mix.functions(sass).items():
         if "kernel" in name and not _refined(name, flags):
             trip = sass_loop_mix.hot_loop(rows, votes_pass=True)
-            loops[name] = (len(trip), sum(ins.lstrip("@!UPT0123456789 ").startswith("QGMMA") for ins in trip))
+            loops[name] = (len(trip), collections.Counter(m.group(1) for ins in trip
+                                                          if (m := re.search(r"\bQGMMA\.(\d+x\d+x\d+)", ins))))
     # (the variant's kernels with the term are vc_attention_sm90_kernel_lo_chord: keyed by the product kernel they vary)
     plain = sass_loop_mix.plain_kernel_name
     return {plain(k): v for k, v in loops.items()}, {plain(k): v for k, v in spills.items()}
@@ -86,15 +91,20 @@ def test_the_product_refined_kernels_are_the_variants_that_were_measured(tmp_pat
 
 
 @pytest.mark.parametrize("channels", [16, 32])
-def test_the_fidelity_kernel_takes_one_more_fp8_mma_per_k_step_without_spilling(tmp_path, channels):
+@pytest.mark.parametrize("merged", [True, False], ids=["in-the-pv-mma", "beside-it"])
+def test_the_fidelity_kernel_reads_the_term_in_its_fp8_mmas_without_spilling(tmp_path, channels, merged):
     product, product_spills = build(tmp_path, backend_sm90.CUDA_FLAGS)
-    variant, variant_spills = build(tmp_path, (*backend_sm90.CUDA_FLAGS, f"-DVC_SM90_V_LO={channels}"))
+    variant, variant_spills = build(tmp_path, (*backend_sm90.CUDA_FLAGS, f"-DVC_SM90_V_LO={channels}",
+                                               *([] if merged else ["-DVC_SM90_LO_MERGED=0"])))
     assert set(product) == set(variant)
     fidelity = [k for k in product if PAIRED_FIDELITY.search(k)]
     assert len(fidelity) == 4, sorted(product)  # fp16 / bf16 output, with and without lane scales
     for k in fidelity:
         (trip, mma), (trip_v, mma_v) = product[k], variant[k]
-        assert mma == 8 and mma_v == 16, (k, mma, mma_v)  # two tiles x four k-steps of PV, then of the term
+        assert mma == {"64x136x32": 8}, (k, mma)  # two tiles x four k-steps of PV
+        # merged: the same eight, each 136 + L columns wide; beside it: the eight PV MMAs and eight of the term
+        expected = {f"64x{136 + channels}x32": 8} if merged else {"64x136x32": 8, f"64x{channels}x32": 8}
+        assert mma_v == expected, (k, mma_v)
         assert trip < trip_v <= trip + 120, (k, trip, trip_v)
         assert variant_spills[k] <= product_spills[k], (k, product_spills[k], variant_spills[k])
     others = [k for k in product if k not in fidelity]

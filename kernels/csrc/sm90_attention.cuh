@@ -188,12 +188,20 @@ static_assert(VC_SM90_EXP2_CHORD_EIGHTHS == 0 || (VC_SM90_KPAIR_EXP2 && !VC_SM90
 #ifndef VC_SM90_V_LO
 // L in {16, 32} (variant; VCConfig.v_lo_channels, reference.quantize_v_vsmooth's lo_channels): fidelity's paired-K exp2
 // kernels add the V-Smooth residual's second E4M3 term on L channels (operands v_lo_t, v_lo_sel). Its L rows ride after
-// the ones rows of every V^T stage (one more TMA box), one m64nLk32 wgmma per k-step beside the PV MMA (the same P
-// registers) fills a fresh accumulator, the fold keeps its running sum (L/2 FFMA per step), and the epilogue adds it to
-// O's columns v_lo_sel. 0 (default): no second term (docs/kernel-notes.md section 36)
+// the ones rows of every V^T stage (one more TMA box), the PV MMA reads them too (m64n{136+L}k32, VC_SM90_LO_MERGED)
+// into a fresh accumulator beside PV's, the fold keeps its running sum (L/2 FFMA per step), and the epilogue adds it
+// to O's columns v_lo_sel. 0 (default): no second term (docs/kernel-notes.md sections 36, 39)
 #define VC_SM90_V_LO 0
 #endif
 static_assert(VC_SM90_V_LO == 0 || VC_SM90_V_LO == 16 || VC_SM90_V_LO == 32, "the residual's second term: 16 or 32 channels");
+#ifndef VC_SM90_LO_MERGED
+// 1 (default): the kernels with the residual's second term issue it inside the PV MMA, one m64n{136+L}k32 wgmma per
+// k-step over the stage's V^T, ones and term rows (adjacent in shared memory) instead of the m64n136 PV MMA and an
+// m64nLk32 beside it: the same tensor work, accumulator registers and output bits, one wgmma less per k-step (the
+// narrow one paid the A operand's register feed again for a fifth of the columns). Fidelity's kernel at Wan2.2-14B
+// 140.4 -> 130.6 ms on an H100 (docs/kernel-notes.md section 39). 0 (variant): the two wgmmas
+#define VC_SM90_LO_MERGED 1
+#endif
 #ifndef VC_SM90_ALPHA_SKIP
 // 1: the speed steps skip the rescale polynomial when no row of the warp moved its running max (warp vote;
 // bit-identical: alpha is exactly 1 there either way). Variant, measured slower (docs/kernel-notes.md section 27).
@@ -1174,6 +1182,20 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       }
     }
   };
+  // the PV MMA of stage s with its second term: one wgmma per k-step (VC_SM90_LO_MERGED) or the two of issue_pv + issue_lo
+  [[maybe_unused]] auto issue_pv_lo = [&](const uint32_t(&pt)[4][4], int s, bool accumulate) {
+    if constexpr (kVLo > 0 && VC_SM90_LO_MERGED && D == 128) {
+      const TileDesc<128> v(vt_tile(s));
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        if constexpr (kVLo == 16)
+          wgmma_e4m3_m64n152k32(pv, lo_acc, pt[kk], v.k_step(kk), kk > 0 || accumulate);
+        else
+          wgmma_e4m3_m64n168k32(pv, lo_acc, pt[kk], v.k_step(kk), kk > 0 || accumulate);
+      }
+    }
+  };
+  constexpr bool kLoMerged = kVLo > 0 && VC_SM90_LO_MERGED && D == 128;
   [[maybe_unused]] auto fold_lo = [&](const float(&alpha_j)[2]) {  // running sum = alpha running sum + lo_acc, per row
     if constexpr (kVLo > 0) {
 #pragma unroll
@@ -1426,12 +1448,17 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       reg_fence(pv);
       if constexpr (kVLo > 0) reg_fence(lo_acc);
       wgmma_fence();
-      issue_pv<D>(pv, p_lo, vt_tile(s0));
-      issue_pv<D>(pv, p_hi, vt_tile(s1), true);
-      if constexpr (kMeanPv) issue_deferred_mean<D>(pv, a_mean, mean_pv_tile(m));
-      if constexpr (kVLo > 0) {
-        issue_lo(p_lo, s0, false);
-        issue_lo(p_hi, s1, true);
+      if constexpr (kLoMerged) {
+        issue_pv_lo(p_lo, s0, false);
+        issue_pv_lo(p_hi, s1, true);
+      } else {
+        issue_pv<D>(pv, p_lo, vt_tile(s0));
+        issue_pv<D>(pv, p_hi, vt_tile(s1), true);
+        if constexpr (kMeanPv) issue_deferred_mean<D>(pv, a_mean, mean_pv_tile(m));
+        if constexpr (kVLo > 0) {
+          issue_lo(p_lo, s0, false);
+          issue_lo(p_hi, s1, true);
+        }
       }
       wgmma_commit();
       turn_end_of(last);
@@ -1475,8 +1502,12 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       reg_fence(pv);
       if constexpr (kVLo > 0) reg_fence(lo_acc);
       wgmma_fence();
-      issue_pv<D>(pv, p_lo, vt_tile(sj));
-      if constexpr (kVLo > 0) issue_lo(p_lo, sj, false);
+      if constexpr (kLoMerged) {
+        issue_pv_lo(p_lo, sj, false);
+      } else {
+        issue_pv<D>(pv, p_lo, vt_tile(sj));
+        if constexpr (kVLo > 0) issue_lo(p_lo, sj, false);
+      }
       wgmma_commit();
       turn_end_of(true);
       wgmma_wait<0>();
