@@ -241,18 +241,21 @@ def select(q: torch.Tensor, config: VCConfig, layout: str, backend: str = "auto"
 def select_runnable(q: torch.Tensor, config: VCConfig, layout: str, backend: str = "auto", allow_slow: bool = True,
                     kv: tuple[torch.Tensor, ...] = ()) -> tuple[Backend, VCConfig]:
     """select's backend and the configuration it runs (runnable_config), found in the same pass."""
+    # a backend that runs none of config's configurations is refused for its least refined one: what stops it is
+    # there (a refinement it lacks would have been dropped, so naming it would hide the real reason)
+    base = config.without_refinements()
     if backend != "auto":
         chosen = get(backend)
         runnable = runnable_config(chosen, q, config, layout, *kv)
         if runnable is None:
-            raise NoCapableBackend(f"backend {backend!r} cannot run this call: {chosen.why_not(q, config, layout, *kv)}")
+            raise NoCapableBackend(f"backend {backend!r} cannot run this call: {chosen.why_not(q, base, layout, *kv)}")
         return chosen, runnable
     reasons = []
     for cand in backends():
         runnable = runnable_config(cand, q, config, layout, *kv)
         if runnable is not None and (allow_slow or not cand.slow):
             return cand, runnable
-        reasons.append(f"{cand.name}: {cand.why_not(q, config, layout, *kv) or 'slow emulation not allowed here'}")
+        reasons.append(f"{cand.name}: {cand.why_not(q, base, layout, *kv) or 'slow emulation not allowed here'}")
     raise NoCapableBackend("no VC-Attention backend can run this call (" + "; ".join(reasons) + ").")
 
 

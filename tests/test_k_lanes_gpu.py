@@ -8,13 +8,16 @@ import pytest
 import torch
 
 from vc_attention.kernels import backends, k_lanes, reference
-from vc_attention.kernels.config import FIDELITY, SPEED
+from vc_attention.kernels.config import FIDELITY as FIDELITY_PRESET, SPEED
 from vc_attention.kernels.constants import VSMOOTH_K_LANES, VSMOOTH_PAIRED_K
 from vc_attention.kernels.operand_emulation import emulate_attention
 from vc_attention.kernels.prepare_cuda import prepare_cuda
 from vc_attention.kernels.prepare_reference import prepare_reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+# the lane kernels take neither refinement (the op drops them there): the preset without them
+FIDELITY = FIDELITY_PRESET.without_refinements()
 
 GATE = 1e-3  # tests/test_backends_gpu.py's: rel-L2 above the dtype's rounding of the float64 emulation
 FIDELITY_LANES = FIDELITY.with_(k_lane_scales=True)

@@ -8,12 +8,15 @@ import pytest
 import torch
 
 from vc_attention.kernels import backends, reference
-from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED
+from vc_attention.kernels.config import FIDELITY as FIDELITY_PRESET, PLAIN_8BIT, SPEED
 from vc_attention.kernels.constants import VSMOOTH_PAIRED_K
 from vc_attention.kernels.prepare_cuda import prepare_cuda
 from vc_attention.kernels.prepare_reference import prepare_reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+# the paired-K loop as it runs without the refinements (tests/test_sm90_refined_gpu.py has the refined kernels)
+FIDELITY = FIDELITY_PRESET.without_refinements()
 
 GATE = 1e-3  # tests/test_backends_gpu.py's: rel-L2 above the dtype's rounding of the float64 emulation
 PER_TILE = SPEED.with_(k_scale_rows=128)

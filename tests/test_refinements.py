@@ -57,6 +57,13 @@ def test_a_backend_runs_the_most_refined_configuration_it_has(registry):
     assert backends.runnable_config(narrow, q, both, "bhnd") is None
     with pytest.raises(backends.NoCapableBackend, match="narrow_stand_in.*head dim"):
         backends.select(q, both, "bhnd", "narrow_stand_in")
+    # one that lacks the refinements too is refused for what stops its base configuration (v's rows, the check's last
+    # clause), not for a refinement it would have dropped (the P encoding 'mixed', which its check of `both` meets first)
+    narrow.constraints = backends.Constraints(device_type="any", aligned_rows=True, p_encodings=("exp2", "expcast"))
+    misaligned = torch.zeros(1, 2, 64, 64).transpose(-1, -2)
+    with pytest.raises(backends.NoCapableBackend, match="v needs a contiguous last dim") as refused:
+        backends.select(q, both, "bhnd", "narrow_stand_in", kv=(q, misaligned))
+    assert "mixed" not in str(refused.value)
 
 
 def test_auto_keeps_a_fast_kernel_without_the_refinement_instead_of_the_emulation(registry):
