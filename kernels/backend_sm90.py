@@ -14,7 +14,7 @@ import torch
 from . import jit, prepare_cuda, reference
 from .backends import Backend, Constraints, register
 from .config import EXP2_FAMILY, KERNEL_P_ENCODINGS, MAX_V_RANK, VCConfig
-from .constants import K_BLOCK, SM90_V_LO_CHANNELS, VSMOOTH_K_LANES, VSMOOTH_PAIRED_K
+from .constants import K_BLOCK, MIXED_CHORD_EIGHTHS, SM90_V_LO_CHANNELS, VSMOOTH_K_LANES, VSMOOTH_PAIRED_K
 from .layout import to_bhnd
 from .operands import PreparedOperands
 
@@ -39,11 +39,36 @@ ARCH = "9.0a"  # wgmma and setmaxnreg exist only in the arch-specific Hopper tar
 REFINEMENTS_DECLARED = True
 
 
+def mixed_runs_expcast(head_dim: int, config: VCConfig) -> bool:
+    """Whether this call's p="mixed" runs on the ExpCast kernel: where the online softmax steps one 128-key tile (head
+    dim 64; head dim 128 without V-Smooth) the library has no refined kernel, but the preset's mixed encoding gives
+    the chord to every key (MIXED_CHORD_EIGHTHS = 8), which reference.quantize_p defines as the speed encoding itself
+    (the same p_expcast, anchored at the same block maxima): the ExpCast kernel of that step is its exact kernel,
+    with the configuration's own means (docs/kernel-notes.md section 39)."""
+    return (config.p == "mixed" and MIXED_CHORD_EIGHTHS == 8 and softmax_step_keys(head_dim, config) == K_BLOCK
+            and not config.v_rank and not reference.k_lanes(config, head_dim))
+
+
+def kernel_expcast(head_dim: int, config: VCConfig) -> bool:
+    """The attention binding's expcast flag for this call: ExpCast P, or the mixed encoding where the ExpCast
+    kernel is its kernel (mixed_runs_expcast)."""
+    return config.p == "expcast" or mixed_runs_expcast(head_dim, config)
+
+
+def kernel_mixed(head_dim: int, config: VCConfig) -> bool:
+    """The binding's mixed flag: the refined kernels' chord, where the mixed encoding does not run on ExpCast's."""
+    return config.p == "mixed" and not mixed_runs_expcast(head_dim, config)
+
+
 def refinements_where(head_dim: int, config: VCConfig) -> Optional[str]:
     """Where the refined kernels run (None: this call's), else the clause that says where: fidelity's paired-K exp2
-    256-key loop (launch_out's refined branch in sm90_launch.cu)."""
+    256-key loop (launch_out's refined branch in sm90_launch.cu); the mixed encoding alone also where the ExpCast
+    kernel is its kernel (mixed_runs_expcast: the per-tile loops)."""
+    if not config.v_lo_channels and mixed_runs_expcast(head_dim, config):
+        return None
     if head_dim != 128 or config.v != "vsmooth" or config.v_rank:
-        return "at head dim 128 with V-Smooth and no low-rank V term"
+        return ("at head dim 128 with V-Smooth and no low-rank V term (the mixed encoding alone also at head dim 64 "
+                "and without V-Smooth)")
     if config.p not in EXP2_FAMILY:
         return "with exp2-family P (p='exp2' or 'mixed')"
     if reference.k_scale_rows(config, head_dim) != 2 * K_BLOCK or reference.k_lanes(config, head_dim):
@@ -108,21 +133,23 @@ def vsmooth_mode(config: VCConfig, head_dim: int = 128) -> int:
     lanes = VSMOOTH_K_LANES if reference.k_lanes(config, head_dim) else 0
     if config.v_mean_rows != 2 * K_BLOCK:
         return 1 | paired_k | lanes
-    return (2 if config.p in EXP2_FAMILY or paired_k else 1) | paired_k | lanes
+    exp2_loop = config.p in EXP2_FAMILY and not mixed_runs_expcast(head_dim, config)  # (that runs as ExpCast does)
+    return (2 if exp2_loop or paired_k else 1) | paired_k | lanes
 
 
 def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.Tensor, layout: str) -> torch.Tensor:
     """Run the Hopper kernel on prepared operands into `out` (q's shape in `layout`)."""
-    mode = vsmooth_mode(config, ops.q_q.shape[-1])
+    d = ops.q_q.shape[-1]
+    mode = vsmooth_mode(config, d)
     extension().attention(
         ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean, ops.v_low_t, ops.v_low_basis,
         ops.v_low_scale, to_bhnd(out, layout),
-        ops.n_tokens, config.p == "expcast", mode, torch.cuda.current_stream(out.device).cuda_stream,
+        ops.n_tokens, kernel_expcast(d, config), mode, torch.cuda.current_stream(out.device).cuda_stream,
         # V-Smooth segments (v_mean_merge): the mode-2 speed loop restores at their ends; the per-tile loops
         # (mode 1: K scales per 128 keys) restore every tile's slot mean, which holds the segment's mean
         ops.v_seg_end if (mode & ~(VSMOOTH_PAIRED_K | VSMOOTH_K_LANES)) == 2 else None,
         # the refinements (refined kernels, refinements_where): the second V term's operands, the mixed encoding
-        ops.v_lo_t, ops.v_lo_sel, config.p == "mixed",
+        ops.v_lo_t, ops.v_lo_sel, kernel_mixed(d, config),
     )
     return out
 
@@ -142,8 +169,9 @@ def run_one_call(q, k, v, perm, config: VCConfig, layout: str, sm_scale, v_basis
     args = prepare_cuda.binding_args(q, k, v, perm, config, layout, sm_scale, v_basis)
     out = torch.empty_like(q)  # q's strides where q is dense (kernels/prepared_run.py)
     forward, error = _entry()
-    prepare_cuda.extension().prepare_attend(*args, to_bhnd(out, layout), config.p == "expcast",
-                                            vsmooth_mode(config, args[0].shape[-1]), forward, error, config.p == "mixed")
+    d = args[0].shape[-1]
+    prepare_cuda.extension().prepare_attend(*args, to_bhnd(out, layout), kernel_expcast(d, config),
+                                            vsmooth_mode(config, d), forward, error, kernel_mixed(d, config))
     return out
 
 

@@ -121,8 +121,9 @@ def test_a_backend_with_the_refinements_in_some_kernels_only_runs_them_there(reg
     stand_in.constraints = declared
     q128, q64 = torch.zeros(1, 2, 64, 128), torch.zeros(1, 2, 64, 64)
     assert backends.runnable_config(stand_in, q128, both, "bhnd") == both
-    # elsewhere each refinement is dropped, the base configuration runs
-    assert backends.runnable_config(stand_in, q64, both, "bhnd") == BASE
+    # elsewhere each refinement is dropped where no kernel has it: at head dim 64 the second term (the mixed encoding
+    # runs there on the ExpCast kernel: test_the_mixed_encoding_runs_on_the_expcast_kernel_where_a_step_is_one_tile)
+    assert backends.runnable_config(stand_in, q64, both, "bhnd") == BASE.with_(p="mixed")
     assert backends.runnable_config(stand_in, q128, both.with_(k_scale_rows=128), "bhnd") == BASE.with_(k_scale_rows=128)
     reason = stand_in.why_not(q64, both, "bhnd")
     assert reason.startswith("this kernel runs the V residual's second term and the mixed encoding only at head dim 128")
@@ -153,3 +154,34 @@ def test_without_refinements_is_the_chains_last():
     for config in (FIDELITY, BASE, SPEED, PLAIN_8BIT, BASE.with_(p="mixed"), BASE.with_(v_lo_channels=16)):
         assert config.without_refinements() == config.refinements_dropped()[-1]
         assert not config.without_refinements().has_refinements
+
+
+def test_the_mixed_encoding_runs_on_the_expcast_kernel_where_a_step_is_one_tile():
+    """With the chord for every key (MIXED_CHORD_EIGHTHS = 8) the spec's mixed encoding IS the speed encoding: the
+    same codes for every score. So where the online softmax steps one 128-key tile (head dim 64, or no V-Smooth) the
+    sm90 backend runs p="mixed" on its ExpCast kernel with the configuration's own operands instead of dropping it;
+    at head dim 128 with V-Smooth the refined paired-K kernel runs it (the binding's mixed flag)."""
+    from vc_attention.kernels import backend_sm90, reference
+    from vc_attention.kernels.constants import MIXED_CHORD_EIGHTHS
+
+    assert MIXED_CHORD_EIGHTHS == 8
+    g = torch.Generator().manual_seed(5)
+    acc = torch.randint(-4000, 4000, (2, 3, 40, 640), generator=g).float()  # integer scores, as the INT8 MMA's
+    scale = torch.rand(2, 3, 40, 1, generator=g) * 0.02 + 0.001
+    for rows in (128, 256):
+        mixed = reference.quantize_p(acc * scale, BASE.with_(p="mixed", k_scale_rows=rows), 128, acc=acc, scale=scale)
+        speed = reference.quantize_p(acc * scale, BASE.with_(p="expcast", v_mean_rows=256, k_scale_rows=rows), 128,
+                                     acc=acc, scale=scale)
+        assert torch.equal(mixed, speed)
+    mixed = BASE.with_(p="mixed")
+    assert backend_sm90.kernel_expcast(64, mixed) and not backend_sm90.kernel_mixed(64, mixed)
+    assert backend_sm90.kernel_expcast(128, PLAIN_8BIT.with_(p="mixed"))
+    assert backend_sm90.kernel_mixed(128, mixed) and not backend_sm90.kernel_expcast(128, mixed)
+    assert not backend_sm90.kernel_expcast(64, BASE) and not backend_sm90.kernel_mixed(64, BASE)
+    assert backend_sm90.refinements_where(64, mixed) is None
+    assert "head dim 128" in backend_sm90.refinements_where(64, mixed.with_(v_lo_channels=32))
+    # the V mode is the ExpCast kernel's for the same means (a mixed call with 256-row means at head dim 64 included)
+    for rows in (128, 256):
+        m = mixed.with_(v_mean_rows=rows)
+        assert backend_sm90.vsmooth_mode(m, 64) == backend_sm90.vsmooth_mode(m.with_(p="expcast", k_scale_rows=128), 64)
+

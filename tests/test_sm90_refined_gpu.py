@@ -128,7 +128,8 @@ def test_the_one_call_path_runs_the_same_kernel(name):
 
 def test_the_refinements_run_through_the_op_where_declared(monkeypatch):
     """With the refinements declared (REFINEMENTS_DECLARED's effect), the op runs them on the Hopper kernel without
-    dropping anything; the speed kernel and head dim 64 still run without them (dropped and counted)."""
+    dropping anything; head dim 64 runs without the second term (dropped and counted; its mixed encoding runs on the
+    ExpCast kernel: test_the_mixed_encoding_at_head_dim_64_runs_on_the_expcast_kernel)."""
     from dataclasses import replace
 
     from vc_attention.kernels import api
@@ -177,3 +178,31 @@ def test_calls_the_refined_kernels_cannot_take_are_refused():
                       speed_ops.v_scale, speed_ops.v_mean, None, None, None, o, speed_ops.n_tokens, True,
                       backend_sm90.vsmooth_mode(SPEED), stream, speed_ops.v_seg_end, speed_ops.v_lo_t,
                       speed_ops.v_lo_sel, False)
+
+
+def test_the_mixed_encoding_at_head_dim_64_runs_on_the_expcast_kernel():
+    """Where a step is one 128-key tile the library has no refined kernel; the mixed encoding with the chord for every
+    key is the speed encoding by the spec, so the backend runs it on the ExpCast kernel with the call's own operands
+    (backend_sm90.mixed_runs_expcast): the same bits as that kernel called directly, other bits than the exp2 kernel's,
+    and within the gate of the mixed spec's emulation."""
+    _sm90()
+    config = BASE.with_(p="mixed")
+    q, k, v = (t[..., :64].contiguous() for t in _qkv(3000, torch.bfloat16, seed=21))
+    perm = torch.argsort(torch.rand(1, 2, 3000, device="cuda"), dim=-1).int()
+    ops = prepare_cuda(q, k, v, perm, config, "bhnd")
+    out = backend_sm90.attention_from_operands(ops, config, torch.full_like(q, float("nan")), "bhnd")
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def direct(expcast):
+        o = torch.full_like(q, float("nan"))
+        backend_sm90.extension().attention(ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean,
+                                           None, None, None, o, ops.n_tokens, expcast, backend_sm90.vsmooth_mode(config, 64),
+                                           stream, None, None, None, False)
+        return o
+
+    assert torch.equal(out, direct(True)) and not torch.equal(out, direct(False))
+    emul = emulate_attention(ops, config, torch.float64, offset_block=128)
+    assert _rel_l2(out, emul) <= _rel_l2(emul.to(out.dtype), emul) + GATE
+    one = backend_sm90.run_one_call(q, k, v, perm, config, "bhnd", None)  # the one-call path takes the same flags
+    assert torch.equal(one, out)
+
