@@ -1,8 +1,8 @@
 """Do pairs of prebuilt Hopper variant libraries give the same output bits? (same operands, same configuration)
 
 A variant that changes only how the kernel issues its work (VC_SM90_LO_MERGED: the V residual's second term inside the
-PV MMA, the default, against its own wgmma beside it) must give the same output as the build it replaces; a tolerance gate against the
-emulation (bench/sm90_check.py) would also pass a small arithmetic change. This runs both libraries on the same
+PV MMA, the default, against its own wgmma beside it) must give the same output as the build it replaces; a tolerance
+gate against the emulation (bench/sm90_check.py) would also pass a small arithmetic change. This runs both libraries on the same
 reference-prepared operands (fidelity's preset as the first library implements it, bf16, video-like and random data)
 and reports, per case, how many output elements differ and the largest difference.
 
@@ -72,6 +72,7 @@ def main() -> int:
                   command="python3 bench/lib_identity.py " + " ".join(f"--lib {p}" for p in args.lib), pairs=pairs)
     (Path(args.out) / "identity.json").write_text(json.dumps(result, indent=1))
     return 0 if same else 1
+
 
 if __name__ == "__main__":
     sys.exit(main())

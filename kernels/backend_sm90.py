@@ -40,13 +40,14 @@ REFINEMENTS_DECLARED = True
 
 
 def mixed_runs_expcast(head_dim: int, config: VCConfig) -> bool:
-    """Whether this call's p="mixed" runs on the ExpCast kernel: where the online softmax steps one 128-key tile (head
-    dim 64; head dim 128 without V-Smooth) the library has no refined kernel, but the preset's mixed encoding gives
-    the chord to every key (MIXED_CHORD_EIGHTHS = 8), which reference.quantize_p defines as the speed encoding itself
-    (the same p_expcast, anchored at the same block maxima): the ExpCast kernel of that step is its exact kernel,
-    with the configuration's own means (docs/kernel-notes.md section 39)."""
-    return (config.p == "mixed" and MIXED_CHORD_EIGHTHS == 8 and softmax_step_keys(head_dim, config) == K_BLOCK
-            and not config.v_rank and not reference.k_lanes(config, head_dim))
+    """Whether this call's p="mixed" runs on the ExpCast kernel: where fidelity's online softmax steps one 128-key tile
+    (head dim 64 with V-Smooth) the library has no refined kernel, but the preset's mixed encoding gives the chord to
+    every key (MIXED_CHORD_EIGHTHS = 8), which reference.quantize_p defines as the speed encoding itself (the same
+    p_expcast, anchored at the same block maxima): the ExpCast kernel of that step is its exact kernel, with the
+    configuration's own means (docs/kernel-notes.md section 39). (Per-channel V with "mixed", a custom configuration,
+    keeps dropping it to exp2: the GPU suite runs no per-channel ExpCast case on this backend.)"""
+    return (config.p == "mixed" and MIXED_CHORD_EIGHTHS == 8 and config.v == "vsmooth"
+            and softmax_step_keys(head_dim, config) == K_BLOCK and not config.v_rank and not reference.k_lanes(config, head_dim))
 
 
 def kernel_expcast(head_dim: int, config: VCConfig) -> bool:
@@ -68,7 +69,7 @@ def refinements_where(head_dim: int, config: VCConfig) -> Optional[str]:
         return None
     if head_dim != 128 or config.v != "vsmooth" or config.v_rank:
         return ("at head dim 128 with V-Smooth and no low-rank V term (the mixed encoding alone also at head dim 64 "
-                "and without V-Smooth)")
+                "with V-Smooth)")
     if config.p not in EXP2_FAMILY:
         return "with exp2-family P (p='exp2' or 'mixed')"
     if reference.k_scale_rows(config, head_dim) != 2 * K_BLOCK or reference.k_lanes(config, head_dim):

@@ -158,8 +158,8 @@ def test_without_refinements_is_the_chains_last():
 
 def test_the_mixed_encoding_runs_on_the_expcast_kernel_where_a_step_is_one_tile():
     """With the chord for every key (MIXED_CHORD_EIGHTHS = 8) the spec's mixed encoding IS the speed encoding: the
-    same codes for every score. So where the online softmax steps one 128-key tile (head dim 64, or no V-Smooth) the
-    sm90 backend runs p="mixed" on its ExpCast kernel with the configuration's own operands instead of dropping it;
+    same codes for every score. So where fidelity's online softmax steps one 128-key tile (head dim 64 with V-Smooth)
+    the sm90 backend runs p="mixed" on its ExpCast kernel with the configuration's own operands instead of dropping it;
     at head dim 128 with V-Smooth the refined paired-K kernel runs it (the binding's mixed flag)."""
     from vc_attention.kernels import backend_sm90, reference
     from vc_attention.kernels.constants import MIXED_CHORD_EIGHTHS
@@ -175,7 +175,8 @@ def test_the_mixed_encoding_runs_on_the_expcast_kernel_where_a_step_is_one_tile(
         assert torch.equal(mixed, speed)
     mixed = BASE.with_(p="mixed")
     assert backend_sm90.kernel_expcast(64, mixed) and not backend_sm90.kernel_mixed(64, mixed)
-    assert backend_sm90.kernel_expcast(128, PLAIN_8BIT.with_(p="mixed"))
+    assert not backend_sm90.kernel_expcast(128, PLAIN_8BIT.with_(p="mixed"))  # (per-channel V: dropped to exp2)
+    assert backend_sm90.refinements_where(128, PLAIN_8BIT.with_(p="mixed")) is not None
     assert backend_sm90.kernel_mixed(128, mixed) and not backend_sm90.kernel_expcast(128, mixed)
     assert not backend_sm90.kernel_expcast(64, BASE) and not backend_sm90.kernel_mixed(64, BASE)
     assert backend_sm90.refinements_where(64, mixed) is None
