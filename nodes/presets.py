@@ -102,8 +102,9 @@ WIDGETS: dict[str, dict[str, object]] = {
     "expcast": {
         "kind": "boolean",
         "tooltip": "ExpCast-FP8: build the FP8 probabilities from the log-domain score with integer and "
-        "multiply-add instructions, skipping the exponential unit. Faster softmax; about 0.2 dB lower "
-        "attention PSNR than fidelity mode on the built-in sample (emulated, vc-attention demo). With "
+        "multiply-add instructions, skipping the exponential unit. Faster softmax; about 1.5 dB lower "
+        "attention PSNR than fidelity mode on the built-in sample (emulated, vc-attention demo: fidelity also "
+        "keeps a second FP8 term of the value residual on its busiest channels, which ExpCast modes skip). With "
         "V-Smooth it also takes value means per 256 tokens instead of 128, merged where neighbouring means "
         "agree (the Hopper kernel then restores a mean only where it changes: ~8% faster there at 720p, "
         "about 1.5% more attention error).",
