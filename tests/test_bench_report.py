@@ -81,6 +81,16 @@ def test_headline_names_environment_and_sageattention_ratio():
     assert "`--use-sage-attention` 7.20 s" in headline and "speed 6.00 s (1.20x" in headline
 
 
+def test_headline_takes_the_newest_attention_run_whatever_its_file_name():
+    older, newer = _doc(), _doc()
+    older["sections"]["attention"]["env"] = dict(ENV, gpu="NVIDIA H100 80GB HBM3", date="2026-12-05")
+    newer["sections"]["attention"]["env"] = dict(ENV, gpu="NVIDIA H200", date="2026-12-06")
+    docs = {"nvidia-h100-80gb-hbm3.json": older, "nvidia-h200.json": newer}
+    assert "**Measured on one NVIDIA H200**" in bench_report.render_headline(docs)
+    newer["sections"]["attention"]["env"]["date"] = "2026-12-04"
+    assert "**Measured on one NVIDIA H100 80GB HBM3**" in bench_report.render_headline(docs)
+
+
 def test_results_round_trip_and_sections_merge(tmp_path):
     path = tmp_path / "gpu.json"
     doc = bench_results.load(path)
