@@ -12,7 +12,9 @@ from .constants import K_BLOCK, V_BLOCK
 
 V_MEAN_ROWS = (V_BLOCK, 2 * V_BLOCK)  # rows per V-Smooth block mean (VCConfig.v_mean_rows)
 K_SCALE_ROWS = (K_BLOCK, 2 * K_BLOCK)  # keys per K scale, INT8 or FP8 (VCConfig.k_scale_rows)
-V_LO_CHANNELS = (0, 16, 32)  # channels whose V-Smooth residual keeps a second E4M3 term (VCConfig.v_lo_channels)
+# channels whose V-Smooth residual keeps a second E4M3 term (VCConfig.v_lo_channels); 30: the term beside the step's two
+# row sums in one 32-row box (the Hopper variant VC_SM90_LO_SUMS, docs/kernel-notes.md section 40)
+V_LO_CHANNELS = (0, 16, 30, 32)
 
 QK_FORMATS = ("int8", "fp8")
 V_FORMATS = ("vsmooth", "per_channel")
@@ -70,7 +72,7 @@ class VCConfig:
         scales per MMA lane"). INT8 QK, V-Smooth, K scales per 256 keys and no low-rank term (the loops that implement
         it: both kernels' paired-K loops); head dim 128 only (reference.k_lanes, as k_scale_rows). The operands'
         k_scale is then (B,H,n_pad/128,4). Not yet in a preset (nodes/presets.K_LANE_SCALES) until the H200 times it.
-    v_lo_channels: with V-Smooth, this many channels per head (0, 16 or 32) keep the E4M3 rounding error of their
+    v_lo_channels: with V-Smooth, this many channels per head (0, 16, 30 or 32) keep the E4M3 rounding error of their
         residual as a second E4M3 term with the same scale (reference.quantize_v_vsmooth: hi + lo, ~2^-8 relative
         instead of 2^-4), the channels with the largest residual energy (reference.v_lo_channel_policy). The V term is
         most of the output error: emulated rel-L2 -5% (16) / -10% (32) on the video-like data at 32,760 and 75,600

@@ -109,3 +109,20 @@ def test_the_fidelity_kernel_reads_the_term_in_its_fp8_mmas_without_spilling(tmp
         assert variant_spills[k] <= product_spills[k], (k, product_spills[k], variant_spills[k])
     others = [k for k in product if k not in fidelity]
     assert others and all(variant[k] == product[k] for k in others), {k: (product[k], variant[k]) for k in others}
+
+
+def test_the_row_sums_in_the_terms_box_narrow_the_pv_mma_to_160_columns(tmp_path):
+    """VC_SM90_LO_SUMS (variant, kernel-notes 40): the term's 32-row box carries the step's two row sums, the stage's 8
+    ones rows go, so the merged PV MMA is 128 + 32 = 160 columns wide instead of 168, and the four shuffles that bring
+    the row sums to the quad cost no spill."""
+    merged, merged_spills = build(tmp_path, (*backend_sm90.CUDA_FLAGS, "-DVC_SM90_V_LO=32"))
+    sums, sums_spills = build(tmp_path, (*backend_sm90.CUDA_FLAGS, "-DVC_SM90_V_LO=32", "-DVC_SM90_LO_SUMS=1"))
+    fidelity = [k for k in merged if PAIRED_FIDELITY.search(k)]
+    assert len(fidelity) == 4, sorted(merged)
+    for k in fidelity:
+        (trip, mma), (trip_s, mma_s) = merged[k], sums[k]
+        assert mma == {"64x168x32": 8} and mma_s == {"64x160x32": 8}, (k, mma, mma_s)
+        assert abs(trip_s - trip) <= 16, (k, trip, trip_s)  # + 4 SHFL, the same fold otherwise
+        assert sums_spills[k] <= merged_spills[k], (k, merged_spills[k], sums_spills[k])
+    others = [k for k in merged if k not in fidelity]
+    assert others and all(sums[k] == merged[k] for k in others)

@@ -202,6 +202,19 @@ static_assert(VC_SM90_V_LO == 0 || VC_SM90_V_LO == 16 || VC_SM90_V_LO == 32, "th
 // 140.4 -> 130.6 ms on an H100 (docs/kernel-notes.md section 39). 0 (variant): the two wgmmas
 #define VC_SM90_LO_MERGED 1
 #endif
+#ifndef VC_SM90_LO_SUMS
+// 1 (variant; merged kernels with VLO = 32): the term's TMA box carries the step's two row-sum rows itself, so the
+// stage's 8 ones rows (6 of them zero columns in the 256-key loops) go: box row 0 holds E4M3 ones on even tiles, row 1
+// on odd ones (the prepare writes them by tile parity, v_lo_sel -1 there), rows 2..VLO-1 the term on VLO - 2 channels,
+// right after V^T. One m64n{D+VLO}k32 wgmma per k-step (n = 160 instead of 168: -4.8% of the PV tensor work); the row
+// sums come to lane t = 0 of each quad (columns D, D + 1) and reach the quad by 4 shuffles per step (as the low-rank
+// term's); box columns 2..7 sit in the accumulator's last 4 registers on lanes t = 1..3, the rest in lo_acc
+// (docs/kernel-notes.md section 40). 0 (default): the ones rows of every stage and the term after them
+#define VC_SM90_LO_SUMS 0
+#endif
+// (a variant build only: the product's prepare writes no row-sum rows into v_lo_t)
+static_assert(VC_SM90_LO_SUMS == 0 || (VC_SM90_LO_MERGED && VC_SM90_V_LO == 32),
+              "the row sums in the term's box: a VC_SM90_V_LO=32 variant build with the merged PV MMA");
 #ifndef VC_SM90_ALPHA_SKIP
 // 1: the speed steps skip the rescale polynomial when no row of the warp moved its running max (warp vote;
 // bit-identical: alpha is exactly 1 there either way). Variant, measured slower (docs/kernel-notes.md section 27).
@@ -304,7 +317,9 @@ struct SmemLayout {
   static constexpr int kQBytes = kBlockM * D;
   static constexpr int kKBytes = kBlockN * D;
   static constexpr int kVLoadBytes = D * kBlockN;         // V^T rows written by TMA
-  static constexpr int kVBytes = kVLoadBytes + (8 + VLO) * kBlockN;  // + 8 rows of E4M3 ones (row sums) + VLO by TMA
+  // + 8 rows of E4M3 ones (row sums) + VLO by TMA; VC_SM90_LO_SUMS: the VLO rows by TMA carry the row sums themselves
+  static constexpr bool kLoSums = VLO > 0 && VC_SM90_LO_SUMS;
+  static constexpr int kVBytes = kVLoadBytes + ((kLoSums ? 0 : 8) + VLO) * kBlockN;
   static constexpr int kQOff = 0;
   static constexpr int kKOff = kQOff + kQBytes;
   static constexpr int kVOff = kKOff + STAGES * kKBytes;
@@ -520,7 +535,7 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tm_q, const CUt
       if constexpr (kLowRows)  // the extra B rows: parity ones + coefficient codes (one 128B-swizzle atom)
         tma_load_2d(smem + L::kVOff + s * L::kVBytes + L::kVLoadBytes, tm_vlow, &bar_full[s], j * kBlockN, bh * vc::kVLowRows);
       if constexpr (L::kVLo > 0)  // the residual's second term (v_lo_t through the same map slot): after the ones rows
-        tma_load_2d(smem + L::kVOff + s * L::kVBytes + L::kVLoadBytes + 8 * kBlockN, tm_vlow, &bar_full[s], j * kBlockN,
+        tma_load_2d(smem + L::kVOff + s * L::kVBytes + L::kVLoadBytes + (L::kLoSums ? 0 : 8 * kBlockN), tm_vlow, &bar_full[s], j * kBlockN,
                     bh * L::kVLo);
     }
   }
@@ -1162,17 +1177,20 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   // VLO: the residual's second term, P x (its kVLo rows after the ones rows of the stage) per step into a fresh
   // accumulator (rows g, g + 8 x columns 8i + 2t, +1, as any wgmma accumulator), live only through the PV batch; the
   // fold keeps its running sum in O's scale in shared memory (L::kLoRunOff), rescaled by the step's alpha
-  constexpr int kLoRegs = kVLo ? kVLo / 2 : 1;
+  // VC_SM90_LO_SUMS: the box's first 8 columns (row sums on lane t = 0, term on t = 1..3) land in pv's last 4 registers
+  constexpr bool kLoSums = L::kLoSums;
+  static_assert(!kLoSums || (kVLo == 32 && !kEarlyQk && !LOWRANK), "the row sums in the term's box: 32 rows, the 256-key loop");
+  constexpr int kLoRegs = kVLo ? (kLoSums ? kVLo / 2 - 4 : kVLo / 2) : 1;
   [[maybe_unused]] float lo_acc[kLoRegs];
   // slot-major (slot i of thread x at i * threads + x): consecutive threads' float4s are consecutive, no bank conflict
   constexpr int kLoStride = 128 * kConsumers;
   [[maybe_unused]] float4* lo_slot = reinterpret_cast<float4*>(smem + L::kLoRunOff) + (threadIdx.x - 128);
   if constexpr (kVLo > 0) {
 #pragma unroll
-    for (int i = 0; i < kLoRegs / 4; ++i) lo_slot[i * kLoStride] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int i = 0; i < kVLo / 8; ++i) lo_slot[i * kLoStride] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
   [[maybe_unused]] auto issue_lo = [&](const uint32_t(&pt)[4][4], int s, bool accumulate) {
-    if constexpr (kVLo > 0) {
+    if constexpr (kVLo > 0 && !kLoSums) {  // (kLoSums: merged only)
       const TileDesc<128> lo(vt_tile(s) + L::kVLoadBytes + 8 * kBlockN);
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
@@ -1189,7 +1207,9 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       const TileDesc<128> v(vt_tile(s));
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
-        if constexpr (kVLo == 16)
+        if constexpr (kLoSums)
+          wgmma_e4m3_m64n160k32(pv, lo_acc, pt[kk], v.k_step(kk), kk > 0 || accumulate);
+        else if constexpr (kVLo == 16)
           wgmma_e4m3_m64n152k32(pv, lo_acc, pt[kk], v.k_step(kk), kk > 0 || accumulate);
         else
           wgmma_e4m3_m64n168k32(pv, lo_acc, pt[kk], v.k_step(kk), kk > 0 || accumulate);
@@ -1197,18 +1217,32 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     }
   };
   constexpr bool kLoMerged = kVLo > 0 && VC_SM90_LO_MERGED && D == 128;
+  // (slot i: the term's box columns 8i + 2t, + 1; kLoSums: slot 0 from pv's last 4 registers, whose row sums on lane
+  // t = 0 the epilogue never reads: no channel maps to box rows 0, 1)
   [[maybe_unused]] auto fold_lo = [&](const float(&alpha_j)[2]) {  // running sum = alpha running sum + lo_acc, per row
     if constexpr (kVLo > 0) {
 #pragma unroll
-      for (int i = 0; i < kLoRegs / 4; ++i) {
+      for (int i = 0; i < kVLo / 8; ++i) {
+        const float* acc = kLoSums ? (i == 0 ? &pv[D / 2] : &lo_acc[4 * i - 4]) : &lo_acc[4 * i];
         float4 run = lo_slot[i * kLoStride];
-        run.x = fmaf(run.x, alpha_j[0], lo_acc[4 * i]);  // registers 4i, 4i + 1: row g; 4i + 2, 4i + 3: row g + 8
-        run.y = fmaf(run.y, alpha_j[0], lo_acc[4 * i + 1]);
-        run.z = fmaf(run.z, alpha_j[1], lo_acc[4 * i + 2]);
-        run.w = fmaf(run.w, alpha_j[1], lo_acc[4 * i + 3]);
+        run.x = fmaf(run.x, alpha_j[0], acc[0]);  // registers 4i, 4i + 1: row g; 4i + 2, 4i + 3: row g + 8
+        run.y = fmaf(run.y, alpha_j[0], acc[1]);
+        run.z = fmaf(run.z, alpha_j[1], acc[2]);
+        run.w = fmaf(run.w, alpha_j[1], acc[3]);
         lo_slot[i * kLoStride] = run;
       }
     }
+  };
+  // kLoSums: the step's row sums (row g: tiles a, b; row g + 8: a, b) from lane t = 0 of the quad, for the fold
+  [[maybe_unused]] float l_sums[4];
+  [[maybe_unused]] auto lo_sums_step = [&]() -> const float* {
+    if constexpr (kLoSums) {
+      const int quad = lane & ~3;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) l_sums[i] = __shfl_sync(0xffffffffu, pv[D / 2 + i], quad);
+      return l_sums;
+    }
+    return nullptr;
   };
   // kMeanMma: sum_j l_j mu_j/v_scale over the 8 tiles of a chunk is one TF32 wgmma into O (three, for
   // the hi/lo splits of both factors: ~2^-21 relative) instead of 64 FMAs + 16 shared loads per tile.
@@ -1494,7 +1528,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
         reg_fence(lo_acc);
         fold_lo(alpha);
       }
-      [[maybe_unused]] const float* l_step = low_rank_step(alpha);  // unread by the segment fold
+      // (kLoSums: the row sums of the term's box; LOWRANK: the low-rank rows')
+      [[maybe_unused]] const float* l_step = kLoSums ? lo_sums_step() : low_rank_step(alpha);  // unread by the segment fold
       if constexpr (kDeferred)
         fold_step_deferred<D>(o, row_sum, pv, alpha, l_prev);
       else if constexpr (STEPMEAN)  // VC_SM90_STEPMEAN_EXP2: the last pair step always restores (a tail or the end follows)
@@ -1542,7 +1577,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
         reg_fence(lo_acc);
         fold_lo(alpha);
       }
-      const float* l_tail = low_rank_step(alpha);
+      const float* l_tail = kLoSums ? lo_sums_step() : low_rank_step(alpha);
       fold_tile<D, VSMOOTH>(o, row_sum, pv, alpha, mu_smem + sj * D, t, l_tail);
       release(sj);
     }
@@ -1899,7 +1934,7 @@ __device__ __forceinline__ void attention_cta(const CUtensorMap& tm_q, const CUt
   // E4M3 ones in the 8 rows after V^T of every stage: written once, never overwritten by TMA. With pair
   // accumulation only the rows (= output columns D + 2c + parity) of the stage's parity hold ones.
   constexpr bool kPairRows = pair_accumulation<D, EXPCAST, VSMOOTH, STAGES>() || step256(D, kConsumers, STAGES);
-  constexpr bool kOnesRows = !LOWRANK || (VC_SM90_LOWRANK_DIAG & 4);  // else the TMA loads the rows
+  constexpr bool kOnesRows = (!LOWRANK || (VC_SM90_LOWRANK_DIAG & 4)) && !L::kLoSums;  // else the TMA loads the rows
   for (int i = threadIdx.x; i < (kOnesRows ? STAGES * 2 * kBlockN : 0); i += kThreads) {
     const int s = i / (2 * kBlockN), w = i % (2 * kBlockN), row = w / (kBlockN / 4);
     const bool ones = !kPairRows || (row & 1) == (s & 1);
