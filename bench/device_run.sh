@@ -19,8 +19,8 @@
 #         lanes   (not in the default list) K scales per MMA lane (VCConfig.k_lane_scales, docs/kernel-notes.md 34): their
 #                 GPU tests with the paired-K tiers they touch, then bench/k_lanes_bench.py (time beside the presets and
 #                 SageAttention 2.2 at Wan2.2-14B / Wan2.1-1.3B, rel-L2 on the video-like data at 32,760 / 75,600)
-#         sums    (not in the default list) the step's row sums in the second V term's box (VC_SM90_LO_SUMS, kernel-notes 40):
-#                 split_ch8_lo32 (the product's fidelity kernel) and split_ch8_lo32s (2 sum rows + 30 channels, n = 160)
+#         sums    (not in the default list) the step's row sums beside the second V term (VLO = 30, kernel-notes 40):
+#                 split_ch8_lo32 (the product's fidelity kernel) and split_ch8_lo30 (30 channels + 2 sum rows, n = 160)
 #                 gated against their specs and timed at the Wan / HunyuanVideo shapes, then both rel-L2 on the
 #                 video-like data beside SageAttention 2.2 (bench/mixed_fidelity_gpu.py)
 #         spread  (not in the default list) bench/fidelity_spread.py: fidelity's paired-K exp2 loop against the
@@ -169,10 +169,10 @@ for stage in $stages; do
       step merged_error 200 python3 bench/mixed_fidelity_gpu.py --lib "$b/sm90_split_ch8_lo32.so" --lib "$b/sm90_split_ch8_lo16.so" \
         --sizes 32760 75600 --seeds 0 1 --out "$OUT" ;;
     sums)  # (not in the default list) the row sums in the term's box (kernel-notes 40): time and error beside the product's
-      (export OUT SM90_VARIANTS="split_ch8_lo32 split_ch8_lo32s" SM90_SHAPES="1,40,75600,128 1,12,32760,128 1,16,111600,128"
+      (export OUT SM90_VARIANTS="split_ch8_lo32 split_ch8_lo30" SM90_SHAPES="1,40,75600,128 1,12,32760,128 1,16,111600,128"
        step sums_sm90 420 bash bench/sm90_variants.sh; mv "$OUT/sm90_check.json" "$OUT/sm90_check_sums.json")
       b=${SM90_BUILD_DIR:-build/sm90_variants}
-      step sums_error 200 python3 bench/mixed_fidelity_gpu.py --lib "$b/sm90_split_ch8_lo32.so" --lib "$b/sm90_split_ch8_lo32s.so" \
+      step sums_error 200 python3 bench/mixed_fidelity_gpu.py --lib "$b/sm90_split_ch8_lo32.so" --lib "$b/sm90_split_ch8_lo30.so" \
         --sizes 32760 75600 --seeds 0 1 --out "$OUT" ;;
     spread)  # fidelity's paired-K loop against the unpaired one in rounds, with the GPU's clocks (kernel-notes 35)
       step fidelity_spread 300 python3 bench/fidelity_spread.py --rounds 6 --out "$OUT" ;;

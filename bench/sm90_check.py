@@ -45,19 +45,6 @@ from vc_attention.kernels.backend_sm90 import vsmooth_mode  # 2: the means equal
 WAN_SHAPE = (1, 40, 75600, 128)
 
 
-def with_sum_rows(v_lo_t: torch.Tensor, v_lo_sel: torch.Tensor, rows: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
-    """The term's operands of a VC_SM90_LO_SUMS library: `rows` (2) rows before the term's, E4M3 ones on the keys of
-    even 128-key tiles (row 0) and of odd ones (row 1), whose channel index is -1 (no output channel): the PV MMA's
-    row sums of the step's two tiles, in the box's first columns instead of the stage's ones rows."""
-    if rows != 2:
-        raise ValueError(f"a VC_SM90_LO_SUMS library takes 2 row-sum rows, not {rows}")
-    b, h, _, n_pad = v_lo_t.shape
-    odd = (torch.arange(n_pad, device=v_lo_t.device) // reference.K_BLOCK) % 2 == 1
-    sums = torch.stack([~odd, odd]).to(torch.float32).to(v_lo_t.dtype).expand(b, h, 2, n_pad)
-    sel = torch.full((b, h, 2), -1, dtype=v_lo_sel.dtype, device=v_lo_sel.device)
-    return torch.cat([sums, v_lo_t], dim=2).contiguous(), torch.cat([sel, v_lo_sel], dim=2).contiguous()
-
-
 class Sm90Library:
     """ctypes view of vc_sm90_forward in one prebuilt variant."""
 
@@ -74,12 +61,8 @@ class Sm90Library:
         self.chord_eighths = int(eighths()) if eighths is not None else 0
         # VC_SM90_V_LO builds: fidelity's paired-K exp2 kernel takes the V residual's second term (v_lo_channels)
         lo = getattr(self.lib, "vc_sm90_v_lo_channels", None)
-        lo_rows = int(lo()) if lo is not None else 0
-        # VC_SM90_LO_SUMS builds: the first rows of the term's box are the step's row sums, not channels (run() adds them)
-        sums = getattr(self.lib, "vc_sm90_v_lo_sum_rows", None)
-        self.v_lo_sum_rows = int(sums()) if sums is not None and lo_rows else 0
-        self.v_lo_channels = lo_rows - self.v_lo_sum_rows
-        self.forward_v_lo = getattr(self.lib, "vc_sm90_forward_v_lo", None) if lo_rows else None
+        self.v_lo_channels = int(lo()) if lo is not None else 0
+        self.forward_v_lo = getattr(self.lib, "vc_sm90_forward_v_lo", None) if self.v_lo_channels else None
         if self.forward_v_lo is not None:
             self.forward_v_lo.restype = ctypes.c_int
             self.forward_v_lo.argtypes = ([ctypes.c_void_p] * 10 + [ctypes.c_int] * 5 + [ctypes.c_longlong] * 3
@@ -141,12 +124,9 @@ class Sm90Library:
         if ops.v_lo_t is not None:  # the residual's second term (a VC_SM90_V_LO library)
             if self.forward_v_lo is None:
                 raise RuntimeError(f"{self.name}: this library has no forward with the V residual's second term")
-            v_lo_t, v_lo_sel = ops.v_lo_t, ops.v_lo_sel
-            if self.v_lo_sum_rows:
-                v_lo_t, v_lo_sel = with_sum_rows(v_lo_t, v_lo_sel, self.v_lo_sum_rows)
             rc = self.forward_v_lo(
                 ops.q_q.data_ptr(), ops.q_scale.data_ptr(), ops.k_q.data_ptr(), ops.k_scale.data_ptr(), ops.v_t.data_ptr(),
-                ops.v_scale.data_ptr(), ops.v_mean.data_ptr(), v_lo_t.data_ptr(), v_lo_sel.data_ptr(),
+                ops.v_scale.data_ptr(), ops.v_mean.data_ptr(), ops.v_lo_t.data_ptr(), ops.v_lo_sel.data_ptr(),
                 out.data_ptr(), b, h, ops.n_tokens, n_pad, d, sb, sh, sn, int(config.p == "expcast"),
                 vsmooth_mode(config, d), int(out.dtype == torch.bfloat16), torch.cuda.current_stream().cuda_stream)
             if rc:

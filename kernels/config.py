@@ -13,7 +13,7 @@ from .constants import K_BLOCK, V_BLOCK
 V_MEAN_ROWS = (V_BLOCK, 2 * V_BLOCK)  # rows per V-Smooth block mean (VCConfig.v_mean_rows)
 K_SCALE_ROWS = (K_BLOCK, 2 * K_BLOCK)  # keys per K scale, INT8 or FP8 (VCConfig.k_scale_rows)
 # channels whose V-Smooth residual keeps a second E4M3 term (VCConfig.v_lo_channels); 30: the term beside the step's two
-# row sums in one 32-row box (the Hopper variant VC_SM90_LO_SUMS, docs/kernel-notes.md section 40)
+# row sums in one 32-row block of the Hopper PV MMA (its variant VLO = 30, docs/kernel-notes.md section 40)
 V_LO_CHANNELS = (0, 16, 30, 32)
 
 QK_FORMATS = ("int8", "fp8")

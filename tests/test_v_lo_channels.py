@@ -70,7 +70,7 @@ def test_a_given_channel_choice_is_used_and_a_misshaped_one_refused():
 def test_the_configuration_field():
     assert VCConfig().v_lo_channels == 0 and "-lo" not in FIDELITY.tag
     assert FIDELITY.with_(v_lo_channels=32).tag.endswith("-lo32")
-    assert FIDELITY.with_(v_lo_channels=30).tag.endswith("-lo30")  # the term beside the row sums (VC_SM90_LO_SUMS)
+    assert FIDELITY.with_(v_lo_channels=30).tag.endswith("-lo30")  # the term beside the row sums (Hopper VLO = 30)
     for bad in (8, 64, True, "16"):
         with pytest.raises(ValueError, match="v_lo_channels must be one of"):
             FIDELITY.with_(v_lo_channels=bad)
@@ -128,28 +128,6 @@ def test_the_study_tool_measures_every_row_on_one_case():
     assert all(0.0 < err < 0.1 for err in rows.values()), rows
     one_term = rows["exp2, second term on 0 channels (residual energy)"]
     assert rows["exp2, second term on 128 channels (residual energy)"] < one_term
-
-
-def test_a_row_sums_library_gets_two_parity_rows_before_a_30_channel_term():
-    # bench/sm90_check.py's operands for a VC_SM90_LO_SUMS variant (kernel-notes 40): box rows 0 / 1 are E4M3 ones on
-    # the keys of even / odd 128-key tiles (channel -1), so the PV MMA's first two term columns are the step's row sums
-    from vc_attention.bench.sm90_check import with_sum_rows
-
-    g = torch.Generator().manual_seed(4)
-    q, k = (torch.randn(1, 2, 300, 128, generator=g).bfloat16() for _ in range(2))
-    v = busy_channels_v(n=300, d=128, seed=5)
-    perm = torch.stack([torch.randperm(300, generator=g) for _ in range(2)])[None]
-    ops = prepare_reference.prepare_reference(q, k, v, perm, FIDELITY.with_(v_lo_channels=30))
-    box, sel = with_sum_rows(ops.v_lo_t, ops.v_lo_sel)
-    assert box.shape == (1, 2, 32, ops.n_pad) and box.dtype == ops.v_lo_t.dtype and sel.dtype == torch.int32
-    assert (sel[..., :2] == -1).all() and torch.equal(sel[..., 2:], ops.v_lo_sel)
-    assert torch.equal(box[:, :, 2:].view(torch.uint8), ops.v_lo_t.view(torch.uint8))
-    p = torch.rand(3, ops.n_pad, generator=g, dtype=torch.float64)
-    cols = p @ box[0, 0].double().T  # what the PV MMA's term columns hold for three rows of P
-    tile = torch.arange(ops.n_pad) // 128
-    assert torch.allclose(cols[:, 0], p[:, tile % 2 == 0].sum(-1)) and torch.allclose(cols[:, 1], p[:, tile % 2 == 1].sum(-1))
-    with pytest.raises(ValueError, match="2 row-sum rows"):
-        with_sum_rows(ops.v_lo_t, ops.v_lo_sel, rows=4)
 
 
 def test_a_variant_library_is_checked_against_the_spec_its_kernels_implement():

@@ -111,12 +111,12 @@ def test_the_fidelity_kernel_reads_the_term_in_its_fp8_mmas_without_spilling(tmp
     assert others and all(variant[k] == product[k] for k in others), {k: (product[k], variant[k]) for k in others}
 
 
-def test_the_row_sums_in_the_terms_box_narrow_the_pv_mma_to_160_columns(tmp_path):
-    """VC_SM90_LO_SUMS (variant, kernel-notes 40): the term's 32-row box carries the step's two row sums, the stage's 8
-    ones rows go, so the merged PV MMA is 128 + 32 = 160 columns wide instead of 168, and the four shuffles that bring
-    the row sums to the quad cost no spill."""
+def test_the_row_sums_beside_30_channels_narrow_the_pv_mma_to_160_columns(tmp_path):
+    """VLO = 30 (variant split_ch8_lo30, kernel-notes 40): the term's 30 rows and the step's two row-sum rows fill one
+    32-row block after V^T, the stage's 8 ones rows go, so the merged PV MMA is 128 + 32 = 160 columns wide instead of
+    168, and the four shuffles that bring the row sums to the quad cost no spill."""
     merged, merged_spills = build(tmp_path, (*backend_sm90.CUDA_FLAGS, "-DVC_SM90_V_LO=32"))
-    sums, sums_spills = build(tmp_path, (*backend_sm90.CUDA_FLAGS, "-DVC_SM90_V_LO=32", "-DVC_SM90_LO_SUMS=1"))
+    sums, sums_spills = build(tmp_path, (*backend_sm90.CUDA_FLAGS, "-DVC_SM90_V_LO=30"))
     fidelity = [k for k in merged if PAIRED_FIDELITY.search(k)]
     assert len(fidelity) == 4, sorted(merged)
     for k in fidelity:

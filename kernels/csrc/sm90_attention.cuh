@@ -193,7 +193,8 @@ static_assert(VC_SM90_EXP2_CHORD_EIGHTHS == 0 || (VC_SM90_KPAIR_EXP2 && !VC_SM90
 // to O's columns v_lo_sel. 0 (default): no second term (docs/kernel-notes.md sections 36, 39)
 #define VC_SM90_V_LO 0
 #endif
-static_assert(VC_SM90_V_LO == 0 || VC_SM90_V_LO == 16 || VC_SM90_V_LO == 32, "the residual's second term: 16 or 32 channels");
+static_assert(VC_SM90_V_LO == 0 || VC_SM90_V_LO == 16 || VC_SM90_V_LO == 30 || VC_SM90_V_LO == 32,
+              "the residual's second term: 16, 30 or 32 channels");
 #ifndef VC_SM90_LO_MERGED
 // 1 (default): the kernels with the residual's second term issue it inside the PV MMA, one m64n{136+L}k32 wgmma per
 // k-step over the stage's V^T, ones and term rows (adjacent in shared memory) instead of the m64n136 PV MMA and an
@@ -202,19 +203,16 @@ static_assert(VC_SM90_V_LO == 0 || VC_SM90_V_LO == 16 || VC_SM90_V_LO == 32, "th
 // 140.4 -> 130.6 ms on an H100 (docs/kernel-notes.md section 39). 0 (variant): the two wgmmas
 #define VC_SM90_LO_MERGED 1
 #endif
-#ifndef VC_SM90_LO_SUMS
-// 1 (variant; merged kernels with VLO = 32): the term's TMA box carries the step's two row-sum rows itself, so the
-// stage's 8 ones rows (6 of them zero columns in the 256-key loops) go: box row 0 holds E4M3 ones on even tiles, row 1
-// on odd ones (the prepare writes them by tile parity, v_lo_sel -1 there), rows 2..VLO-1 the term on VLO - 2 channels,
-// right after V^T. One m64n{D+VLO}k32 wgmma per k-step (n = 160 instead of 168: -4.8% of the PV tensor work); the row
-// sums come to lane t = 0 of each quad (columns D, D + 1) and reach the quad by 4 shuffles per step (as the low-rank
-// term's); box columns 2..7 sit in the accumulator's last 4 registers on lanes t = 1..3, the rest in lo_acc
-// (docs/kernel-notes.md section 40). 0 (default): the ones rows of every stage and the term after them
-#define VC_SM90_LO_SUMS 0
-#endif
-// (a variant build only: the product's prepare writes no row-sum rows into v_lo_t)
-static_assert(VC_SM90_LO_SUMS == 0 || (VC_SM90_LO_MERGED && VC_SM90_V_LO == 32),
-              "the row sums in the term's box: a VC_SM90_V_LO=32 variant build with the merged PV MMA");
+// VLO = 30: the term on 30 channels beside the step's two row sums in one 32-row block after V^T, so the stage needs no
+// 8 ones rows (6 of them zero columns in the 256-key loops): the TMA box brings the term's 30 rows right after V^T and
+// the kernel writes rows 30 / 31 of the block once (E4M3 ones on even / odd stages = tiles). One m64n160k32 wgmma per
+// k-step (n = 128 + 32 instead of 128 + 8 + 32: -4.8% of the PV tensor work) with the same operands as any term (the
+// prepare's v_lo_t / v_lo_sel for 30 channels); the row sums come out in columns D + 30, D + 31 on lane t = 3 of each
+// quad and reach the quad by 4 shuffles per step (as the low-rank term's); the block's columns 0..7 sit in the
+// accumulator's last 4 registers, 8..31 in lo_acc (docs/kernel-notes.md section 40). Merged PV MMA only.
+constexpr bool lo_sums_in_block(int vlo) { return vlo == 30; }
+constexpr int lo_block_rows(int vlo) { return lo_sums_in_block(vlo) ? 32 : vlo; }  // the term's columns in the PV MMA
+static_assert(!lo_sums_in_block(VC_SM90_V_LO) || VC_SM90_LO_MERGED, "30 channels beside the row sums: merged PV MMA only");
 #ifndef VC_SM90_ALPHA_SKIP
 // 1: the speed steps skip the rescale polynomial when no row of the warp moved its running max (warp vote;
 // bit-identical: alpha is exactly 1 there either way). Variant, measured slower (docs/kernel-notes.md section 27).
@@ -317,9 +315,10 @@ struct SmemLayout {
   static constexpr int kQBytes = kBlockM * D;
   static constexpr int kKBytes = kBlockN * D;
   static constexpr int kVLoadBytes = D * kBlockN;         // V^T rows written by TMA
-  // + 8 rows of E4M3 ones (row sums) + VLO by TMA; VC_SM90_LO_SUMS: the VLO rows by TMA carry the row sums themselves
-  static constexpr bool kLoSums = VLO > 0 && VC_SM90_LO_SUMS;
-  static constexpr int kVBytes = kVLoadBytes + ((kLoSums ? 0 : 8) + VLO) * kBlockN;
+  // + 8 rows of E4M3 ones (row sums) + VLO by TMA; lo_sums_in_block(VLO): 30 rows by TMA + the 2 row-sum rows
+  static constexpr bool kLoSums = lo_sums_in_block(VLO);
+  static constexpr int kLoBlockRows = lo_block_rows(VLO);
+  static constexpr int kVBytes = kVLoadBytes + ((kLoSums ? 0 : 8) + kLoBlockRows) * kBlockN;
   static constexpr int kQOff = 0;
   static constexpr int kKOff = kQOff + kQBytes;
   static constexpr int kVOff = kKOff + STAGES * kKBytes;
@@ -348,7 +347,7 @@ struct SmemLayout {
   // across the softmax: 8 more live registers spilled 104 B inside the loop at 168)
   static constexpr int kLoPosOff = kCoreBytes;
   static constexpr int kLoRunOff = (kLoPosOff + D + 15) / 16 * 16;
-  static constexpr int kBytes = VLO ? kLoRunOff + 128 * kConsumers * (VLO / 2) * 4 : kCoreBytes;
+  static constexpr int kBytes = VLO ? kLoRunOff + 128 * kConsumers * (kLoBlockRows / 2) * 4 : kCoreBytes;
   static constexpr int kAlloc = kBytes + 1024;  // slack: tiles need 1024-byte (swizzle atom) alignment
   static_assert(kKBytes % 1024 == 0 && kVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tile alignment");
 };
@@ -1095,7 +1094,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
                                               uint64_t* bar_empty) {
   constexpr bool kPSmem = p_through_smem<D, EXPCAST>();
   constexpr bool kMeanMma = mean_by_mma<D, EXPCAST, VSMOOTH>();
-  static_assert(VLO == 0 || ((VLO == 16 || VLO == 32) && v_lo_kernel(EXPCAST, VSMOOTH, LOWRANK, KPAIR)),
+  static_assert(VLO == 0 || ((VLO == 16 || VLO == 30 || VLO == 32) && v_lo_kernel(EXPCAST, VSMOOTH, LOWRANK, KPAIR)),
                 "the residual's second term: 16 or 32 channels, in fidelity's paired-K exp2 kernels");
   constexpr int kVLo = VLO;
   using L = LayoutFor<D, EXPCAST, VSMOOTH, STAGES, LOWRANK, kVLo>;
@@ -1177,17 +1176,19 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   // VLO: the residual's second term, P x (its kVLo rows after the ones rows of the stage) per step into a fresh
   // accumulator (rows g, g + 8 x columns 8i + 2t, +1, as any wgmma accumulator), live only through the PV batch; the
   // fold keeps its running sum in O's scale in shared memory (L::kLoRunOff), rescaled by the step's alpha
-  // VC_SM90_LO_SUMS: the box's first 8 columns (row sums on lane t = 0, term on t = 1..3) land in pv's last 4 registers
+  // lo_sums_in_block: the block's first 8 columns (the term's channels 0..7) land in pv's last 4 registers, the rest
+  // (channels 8..29, the row sums in columns 30, 31 on lane t = 3) in lo_acc
   constexpr bool kLoSums = L::kLoSums;
-  static_assert(!kLoSums || (kVLo == 32 && !kEarlyQk && !LOWRANK), "the row sums in the term's box: 32 rows, the 256-key loop");
-  constexpr int kLoRegs = kVLo ? (kLoSums ? kVLo / 2 - 4 : kVLo / 2) : 1;
+  static_assert(!kLoSums || (!kEarlyQk && !LOWRANK), "the row sums beside the term: the 256-key loop");
+  constexpr int kLoSlots = L::kLoBlockRows / 8;  // float4 running-sum slots per thread: the block's columns 8i + 2t, + 1
+  constexpr int kLoRegs = kVLo ? (kLoSums ? 12 : kVLo / 2) : 1;
   [[maybe_unused]] float lo_acc[kLoRegs];
   // slot-major (slot i of thread x at i * threads + x): consecutive threads' float4s are consecutive, no bank conflict
   constexpr int kLoStride = 128 * kConsumers;
   [[maybe_unused]] float4* lo_slot = reinterpret_cast<float4*>(smem + L::kLoRunOff) + (threadIdx.x - 128);
   if constexpr (kVLo > 0) {
 #pragma unroll
-    for (int i = 0; i < kVLo / 8; ++i) lo_slot[i * kLoStride] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int i = 0; i < kLoSlots; ++i) lo_slot[i * kLoStride] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
   [[maybe_unused]] auto issue_lo = [&](const uint32_t(&pt)[4][4], int s, bool accumulate) {
     if constexpr (kVLo > 0 && !kLoSums) {  // (kLoSums: merged only)
@@ -1217,12 +1218,12 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     }
   };
   constexpr bool kLoMerged = kVLo > 0 && VC_SM90_LO_MERGED && D == 128;
-  // (slot i: the term's box columns 8i + 2t, + 1; kLoSums: slot 0 from pv's last 4 registers, whose row sums on lane
-  // t = 0 the epilogue never reads: no channel maps to box rows 0, 1)
+  // (slot i: the block's columns 8i + 2t, + 1; kLoSums: slot 0 from pv's last 4 registers, and slot 3 holds the row
+  // sums on lane t = 3, which the epilogue never reads: no channel maps to block rows 30, 31)
   [[maybe_unused]] auto fold_lo = [&](const float(&alpha_j)[2]) {  // running sum = alpha running sum + lo_acc, per row
     if constexpr (kVLo > 0) {
 #pragma unroll
-      for (int i = 0; i < kVLo / 8; ++i) {
+      for (int i = 0; i < kLoSlots; ++i) {
         const float* acc = kLoSums ? (i == 0 ? &pv[D / 2] : &lo_acc[4 * i - 4]) : &lo_acc[4 * i];
         float4 run = lo_slot[i * kLoStride];
         run.x = fmaf(run.x, alpha_j[0], acc[0]);  // registers 4i, 4i + 1: row g; 4i + 2, 4i + 3: row g + 8
@@ -1233,13 +1234,13 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       }
     }
   };
-  // kLoSums: the step's row sums (row g: tiles a, b; row g + 8: a, b) from lane t = 0 of the quad, for the fold
+  // kLoSums: the step's row sums (row g: tiles a, b; row g + 8: a, b) from lane t = 3 of the quad (columns D + 30, 31)
   [[maybe_unused]] float l_sums[4];
   [[maybe_unused]] auto lo_sums_step = [&]() -> const float* {
     if constexpr (kLoSums) {
-      const int quad = lane & ~3;
+      const int sums_lane = (lane & ~3) + 3;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) l_sums[i] = __shfl_sync(0xffffffffu, pv[D / 2 + i], quad);
+      for (int i = 0; i < 4; ++i) l_sums[i] = __shfl_sync(0xffffffffu, lo_acc[8 + i], sums_lane);
       return l_sums;
     }
     return nullptr;
@@ -1839,9 +1840,9 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     // row stride D bytes: warp w writes and reads only Q rows 16w..16w+15, the A rows of its own QK results
     float* lo_smem = reinterpret_cast<float*>(smem + L::kQOff + wg * 64 * D);
     constexpr int kRowFloats = D / 4;
-    static_assert(kVLo <= kRowFloats, "a row of the term fits a row of the Q tile");
+    static_assert(8 * kLoSlots <= kRowFloats, "a row of the term fits a row of the Q tile");
 #pragma unroll
-    for (int i = 0; i < kVLo / 8; ++i)
+    for (int i = 0; i < kLoSlots; ++i)
 #pragma unroll
       for (int r = 0; r < 2; ++r)
 #pragma unroll
@@ -1939,6 +1940,15 @@ __device__ __forceinline__ void attention_cta(const CUtensorMap& tm_q, const CUt
     const int s = i / (2 * kBlockN), w = i % (2 * kBlockN), row = w / (kBlockN / 4);
     const bool ones = !kPairRows || (row & 1) == (s & 1);
     reinterpret_cast<uint32_t*>(smem + L::kVOff + s * L::kVBytes + L::kVLoadBytes)[w] = ones ? vc::kE4m3OnesX4 : 0u;
+  }
+  // lo_sums_in_block: rows 30 / 31 of the term's block (after its 30 TMA rows, which never reach them) hold ones on even
+  // / odd stages: the row sums of the step's tiles a / b (stage parity is tile parity in the 256-key loop's even ring)
+  if constexpr (L::kLoSums) {
+    for (int i = threadIdx.x; i < STAGES * kBlockN / 2; i += kThreads) {
+      const int s = i / (kBlockN / 2), w = i % (kBlockN / 2), row = 30 + w / (kBlockN / 4);
+      reinterpret_cast<uint32_t*>(smem + L::kVOff + s * L::kVBytes + L::kVLoadBytes + 30 * kBlockN)[w] =
+          (row & 1) == (s & 1) ? vc::kE4m3OnesX4 : 0u;
+    }
   }
   if constexpr (mean_by_mma<D, EXPCAST, VSMOOTH>()) {  // a partial last chunk multiplies unwritten columns by 0: no NaN
     for (int i = threadIdx.x; i < L::kMeanTileBytes; i += kThreads)  // 4 tiles = kMeanTileBytes words

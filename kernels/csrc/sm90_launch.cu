@@ -449,9 +449,6 @@ int VC_SM90_EXPORT(vc_sm90_forward_low_rank)(const void* q_q, const float* q_sca
 
 // The channels of the V residual's second term this library's fidelity kernel takes (VC_SM90_V_LO; 0: none).
 int VC_SM90_EXPORT(vc_sm90_v_lo_channels)() { return VC_SM90_V_LO; }
-// Of those rows, how many carry the step's row sums instead of a channel (VC_SM90_LO_SUMS builds: 2, v_lo_t rows 0 and 1
-// E4M3 ones on even / odd tiles, v_lo_sel -1 there; the term then covers vc_sm90_v_lo_channels() - 2 channels).
-int VC_SM90_EXPORT(vc_sm90_v_lo_sum_rows)() { return VC_SM90_LO_SUMS ? 2 : 0; }
 
 // The forward with the V residual's second term (VC_SM90_V_LO builds; VCConfig.v_lo_channels): v_lo_t (B,H,L,n_pad)
 // e4m3, v_lo_sel (B,H,L) int32 distinct channel indices in [0, head_dim), L = vc_sm90_v_lo_channels() in a variant build

@@ -84,8 +84,8 @@ __device__ __forceinline__ void wgmma_e4m3_m64n168k32(float (&d)[68], float (&e)
 
 
 // D(f32, 64x136) | E(f32, 64x24) (+)= A(e4m3, 64x32, registers) * B(e4m3, 160x32, smem, K-major)^T: the PV MMA with the
-// term's box of 32 rows right after V^T, its first two rows the step's row sums (VC_SM90_LO_SUMS). D's last 4 registers
-// are the box's columns 0..7 (row sums on lane t = 0), E its columns 8..31 in E's own m64n24 order
+// term on 30 channels and the step's two row sums in the 32 rows right after V^T (VLO = 30, lo_sums_in_block). D's last
+// 4 registers are the block's columns 0..7, E its columns 8..31 in E's own m64n24 order (row sums: lane t = 3, E 8..11)
 __device__ __forceinline__ void wgmma_e4m3_m64n160k32(float (&d)[68], float (&e)[12], const uint32_t (&a)[4], uint64_t desc_b,
                                                      int accumulate) {
   asm volatile(
