@@ -1128,9 +1128,9 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   static_assert(!kStep256 || (!kPSmem && !kMeanMma), "the 256-key loop reads P from registers and restores the means per tile");
   constexpr bool kTurns = kStep256 ? VC_SM90_STEP256_TURNS != 0 : take_turns<D, VSMOOTH>();
   constexpr bool kEarlyQk = kStep256 && early_qk_loop(EXPCAST, KPAIR);
-  // (on the early-QK loop only as VC_SM90_STEP256_EARLY_QK=3's variant: fidelity's paired-K kernels there)
-  static_assert(kVLo == 0 || (kStep256 && !kPSmem && !kMeanMma && !mean_in_pv<D, EXPCAST, VSMOOTH, STAGES>()),
-                "the residual's second term: fidelity's paired-K exp2 256-key loops (their pair steps and odd tail tile)");
+  // (not on the early-QK loop: its registers spilled 580 B there, +9.7% at Wan2.2-14B, docs/kernel-notes.md section 40)
+  static_assert(kVLo == 0 || (kStep256 && !kEarlyQk && !kPSmem && !kMeanMma && !mean_in_pv<D, EXPCAST, VSMOOTH, STAGES>()),
+                "the residual's second term: fidelity's paired-K exp2 256-key loop (its pair steps and odd tail tile)");
   // the per-tile loops below read one K scale per stage: lane scales come only with one scale per 256-key step
   static_assert(!KLANES || (kStep256 && VSMOOTH && !LOWRANK && (KPAIR || (STEPMEAN && EXPCAST && VC_SM90_KPAIR))),
                 "K scales per lane: the paired-K 256-key loops only");
@@ -1383,28 +1383,14 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       if constexpr (kMeanPv) deferred_mean_a(a_mean, l_prev, alpha, t);
       reg_fence(p2);
       reg_fence(pv);
-      if constexpr (kVLo > 0) reg_fence(lo_acc);
       wgmma_fence();
-      if constexpr (kLoMerged) {
-        issue_pv_lo(p_lo, s0, false);
-        issue_pv_lo(p_hi, s1, true);
-      } else {
-        issue_pv<D>(pv, p_lo, vt_tile(s0));
-        issue_pv<D>(pv, p_hi, vt_tile(s1), true);
-        if constexpr (kMeanPv) issue_deferred_mean<D>(pv, a_mean, mean_pv_tile(m));
-        if constexpr (kVLo > 0) {
-          issue_lo(p_lo, s0, false);
-          issue_lo(p_hi, s1, true);
-        }
-      }
+      issue_pv<D>(pv, p_lo, vt_tile(s0));
+      issue_pv<D>(pv, p_hi, vt_tile(s1), true);
+      if constexpr (kMeanPv) issue_deferred_mean<D>(pv, a_mean, mean_pv_tile(m));
       wgmma_commit();
       wgmma_wait<0>();
       reg_fence(pv);
       reg_fence(p2);
-      if constexpr (kVLo > 0) {  // before the next QK: the term's registers are free when its scores' become live
-        reg_fence(lo_acc);
-        fold_lo(alpha);
-      }
       if constexpr (kNext >= 1) issue_qk_tile(s_lo, j0 + 2);
       [[maybe_unused]] const float* l_step = low_rank_step(alpha);  // unread by the segment fold
       if constexpr (kMeanPv && kNext == 2)  // a next pair step restores this step's means
@@ -1439,22 +1425,12 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
       softmax(s_lo, q_sc * ksc_smem[kKscStride * sj], has_tail, row_off, alpha, p_lo);
       reg_fence(p_lo);
       reg_fence(pv);
-      if constexpr (kVLo > 0) reg_fence(lo_acc);
       wgmma_fence();
-      if constexpr (kLoMerged) {
-        issue_pv_lo(p_lo, sj, false);
-      } else {
-        issue_pv<D>(pv, p_lo, vt_tile(sj));
-        if constexpr (kVLo > 0) issue_lo(p_lo, sj, false);
-      }
+      issue_pv<D>(pv, p_lo, vt_tile(sj));
       wgmma_commit();
       wgmma_wait<0>();
       reg_fence(pv);
       reg_fence(p_lo);
-      if constexpr (kVLo > 0) {
-        reg_fence(lo_acc);
-        fold_lo(alpha);
-      }
       const float* l_tail = low_rank_step(alpha);
       fold_tile<D, VSMOOTH>(o, row_sum, pv, alpha, mu_smem + sj * D, t, l_tail);
       release(sj);
