@@ -1095,7 +1095,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   constexpr bool kPSmem = p_through_smem<D, EXPCAST>();
   constexpr bool kMeanMma = mean_by_mma<D, EXPCAST, VSMOOTH>();
   static_assert(VLO == 0 || ((VLO == 16 || VLO == 30 || VLO == 32) && v_lo_kernel(EXPCAST, VSMOOTH, LOWRANK, KPAIR)),
-                "the residual's second term: 16 or 32 channels, in fidelity's paired-K exp2 kernels");
+                "the residual's second term: 16, 30 or 32 channels, in fidelity's paired-K exp2 kernels");
   constexpr int kVLo = VLO;
   using L = LayoutFor<D, EXPCAST, VSMOOTH, STAGES, LOWRANK, kVLo>;
   static_assert(!kMeanMma || STAGES <= kMeanChunk, "a mean chunk buffer is rewritten STAGES tiles after its flush");
