@@ -1181,7 +1181,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   constexpr bool kLoSums = L::kLoSums;
   static_assert(!kLoSums || (!kEarlyQk && !LOWRANK), "the row sums beside the term: the 256-key loop");
   constexpr int kLoSlots = L::kLoBlockRows / 8;  // float4 running-sum slots per thread: the block's columns 8i + 2t, + 1
-  constexpr int kLoRegs = kVLo ? (kLoSums ? 12 : kVLo / 2) : 1;
+  constexpr int kLoRegs = kVLo ? (kLoSums ? L::kLoBlockRows / 2 - 4 : kVLo / 2) : 1;  // (kLoSums: 4 of them in pv)
   [[maybe_unused]] float lo_acc[kLoRegs];
   // slot-major (slot i of thread x at i * threads + x): consecutive threads' float4s are consecutive, no bank conflict
   constexpr int kLoStride = 128 * kConsumers;
@@ -1240,7 +1240,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     if constexpr (kLoSums) {
       const int sums_lane = (lane & ~3) + 3;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) l_sums[i] = __shfl_sync(0xffffffffu, lo_acc[8 + i], sums_lane);
+      for (int i = 0; i < 4; ++i) l_sums[i] = __shfl_sync(0xffffffffu, lo_acc[kLoRegs - 4 + i], sums_lane);
       return l_sums;
     }
     return nullptr;
@@ -1911,20 +1911,16 @@ __device__ __forceinline__ void attention_cta(const CUtensorMap& tm_q, const CUt
   // E4M3 ones in the 8 rows after V^T of every stage: written once, never overwritten by TMA. With pair
   // accumulation only the rows (= output columns D + 2c + parity) of the stage's parity hold ones.
   constexpr bool kPairRows = pair_accumulation<D, EXPCAST, VSMOOTH, STAGES>() || step256(D, kConsumers, STAGES);
-  constexpr bool kOnesRows = (!LOWRANK || (VC_SM90_LOWRANK_DIAG & 4)) && !L::kLoSums;  // else the TMA loads the rows
-  for (int i = threadIdx.x; i < (kOnesRows ? STAGES * 2 * kBlockN : 0); i += kThreads) {
-    const int s = i / (2 * kBlockN), w = i % (2 * kBlockN), row = w / (kBlockN / 4);
+  // lo_sums_in_block: only rows kVLo, kVLo + 1 (30, 31) of the term's block, after its TMA rows (which never reach
+  // them): ones on even / odd stages, the row sums of the step's tiles a / b
+  constexpr bool kOnesRows = !LOWRANK || (VC_SM90_LOWRANK_DIAG & 4) || L::kLoSums;  // else the TMA loads the rows
+  constexpr int kOnesRow0 = L::kLoSums ? L::kVLo : 0, kOnesRowCount = L::kLoSums ? 2 : 8;
+  constexpr int kOnesWords = kOnesRowCount * kBlockN / 4;  // per stage
+  for (int i = threadIdx.x; i < (kOnesRows ? STAGES * kOnesWords : 0); i += kThreads) {
+    const int s = i / kOnesWords, w = i % kOnesWords, row = kOnesRow0 + w / (kBlockN / 4);
     const bool ones = !kPairRows || (row & 1) == (s & 1);
-    reinterpret_cast<uint32_t*>(smem + L::kVOff + s * L::kVBytes + L::kVLoadBytes)[w] = ones ? vc::kE4m3OnesX4 : 0u;
-  }
-  // lo_sums_in_block: rows 30 / 31 of the term's block (after its 30 TMA rows, which never reach them) hold ones on even
-  // / odd stages: the row sums of the step's tiles a / b (stage parity is tile parity in the 256-key loop's even ring)
-  if constexpr (L::kLoSums) {
-    for (int i = threadIdx.x; i < STAGES * kBlockN / 2; i += kThreads) {
-      const int s = i / (kBlockN / 2), w = i % (kBlockN / 2), row = 30 + w / (kBlockN / 4);
-      reinterpret_cast<uint32_t*>(smem + L::kVOff + s * L::kVBytes + L::kVLoadBytes + 30 * kBlockN)[w] =
-          (row & 1) == (s & 1) ? vc::kE4m3OnesX4 : 0u;
-    }
+    reinterpret_cast<uint32_t*>(smem + L::kVOff + s * L::kVBytes + L::kVLoadBytes + kOnesRow0 * kBlockN)[w] =
+        ones ? vc::kE4m3OnesX4 : 0u;
   }
   if constexpr (mean_by_mma<D, EXPCAST, VSMOOTH>()) {  // a partial last chunk multiplies unwritten columns by 0: no NaN
     for (int i = threadIdx.x; i < L::kMeanTileBytes; i += kThreads)  // 4 tiles = kMeanTileBytes words
