@@ -23,6 +23,9 @@
 #                 split_ch8_lo32 (the product's fidelity kernel) and split_ch8_lo30 (30 channels + 2 sum rows, n = 160)
 #                 gated against their specs and timed at the Wan / HunyuanVideo shapes, then both rel-L2 on the
 #                 video-like data beside SageAttention 2.2 (bench/mixed_fidelity_gpu.py)
+#         lorun   (not in the default list) the second term's running sum in registers instead of shared memory
+#                 (VC_SM90_LO_RUN_REGS, kernel-notes 41): split_ch8_lo32 beside split_ch8_lo32r / split_ch8_lo30r, gated,
+#                 timed at the Wan / HunyuanVideo shapes, and lo32r's output bits against lo32's (bench/lib_identity.py)
 #         spread  (not in the default list) bench/fidelity_spread.py: fidelity's paired-K exp2 loop against the
 #                 unpaired one and speed, in rotating rounds, with the SM clock / power after each (kernel-notes 35)
 #         mixed   (not in the default list) fidelity's variants of docs/kernel-notes.md 36, one device call each with
@@ -174,9 +177,15 @@ for stage in $stages; do
       b=${SM90_BUILD_DIR:-build/sm90_variants}
       step sums_error 200 python3 bench/mixed_fidelity_gpu.py --lib "$b/sm90_split_ch8_lo32.so" --lib "$b/sm90_split_ch8_lo30.so" \
         --sizes 32760 75600 --seeds 0 1 --out "$OUT" ;;
+    lorun)  # (not in the default list) the second term's running sum in registers (kernel-notes 41): the product's fidelity
+      # kernel (split_ch8_lo32) beside lo32r / lo30r, gated and timed at the Wan / HunyuanVideo shapes, then the output bits
+      (export OUT SM90_VARIANTS="split_ch8_lo32 split_ch8_lo32r split_ch8_lo30r" SM90_SHAPES="1,40,75600,128 1,12,32760,128 1,16,111600,128"
+       step lorun_sm90 420 bash bench/sm90_variants.sh; mv "$OUT/sm90_check.json" "$OUT/sm90_check_lorun.json")
+      b=${SM90_BUILD_DIR:-build/sm90_variants}
+      step lorun_identity 150 python3 bench/lib_identity.py --lib "$b/sm90_split_ch8_lo32.so" --lib "$b/sm90_split_ch8_lo32r.so" --out "$OUT" ;;
     spread)  # fidelity's paired-K loop against the unpaired one in rounds, with the GPU's clocks (kernel-notes 35)
       step fidelity_spread 300 python3 bench/fidelity_spread.py --rounds 6 --out "$OUT" ;;
-    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums)"; exit 2 ;;
+    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun)"; exit 2 ;;
   esac
 done
 tail -n 4 "$OUT"/*.log

@@ -9,7 +9,8 @@ profiled process, and turns ncu's CSV into one table (rows = metrics, columns = 
 
 Targets: `sa-portable` (SageAttention 2.2's mma.sync kernel, fp32+fp16, what RTX 40/50 users run),
 `sa-sm90` (its Hopper kernel: `sageattn`), `mma:<variant>:<mode>` (our portable kernel, a build of
-kernels/mma_variants.py), `sm90:<mode>` (our Hopper kernel); modes fidelity, speed, plain8. Only the
+kernels/mma_variants.py), `sm90:<mode>` (our Hopper kernel); modes fidelity, speed, plain8 (sm90 also fidelity-noterm / fidelity-nochord:
+the preset less one refinement). Only the
 attention kernels are profiled (the kernel-name filter below): quantization and prepare are not.
 Writes kernel_profile.json and the raw ncu CSV under --out (default $OUT or bench/results). GPU only;
 needs `ncu` on PATH and, for the sa-* targets, `sageattention` importable.
@@ -42,6 +43,18 @@ TABLE = ("Duration", "Registers Per Thread", "Achieved Occupancy", "Executed Ins
 STALL_METRICS = r"regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
 _STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio")
 MODES = ("fidelity", "speed", "plain8")  # bench/mma_variants.py's mode names (MODES there: name -> VCConfig)
+# the Hopper library's refined fidelity kernels one refinement at a time, to see what each costs inside the kernel
+# (kernel-notes 41): the preset without the V residual's second term (the chord alone), and without the chord
+SM90_MODES = ("fidelity-noterm", "fidelity-nochord")
+
+
+def sm90_config(mode: str):
+    """An sm90 target's mode -> the configuration its launch runs."""
+    from vc_attention.bench.mma_variants import MODES as configs
+    from vc_attention.kernels.config import FIDELITY
+
+    return {"fidelity-noterm": FIDELITY.with_(v_lo_channels=0),
+            "fidelity-nochord": FIDELITY.with_(p="exp2")}.get(mode) or configs[mode]
 
 
 def parse_target(text: str) -> tuple[str, str, str]:
@@ -54,10 +67,10 @@ def parse_target(text: str) -> tuple[str, str, str]:
 
         mma_variants.flags(parts[1])  # ValueError names the known variants
         return "mma", parts[1], parts[2]
-    if parts[0] == "sm90" and len(parts) == 2 and parts[1] in MODES:
+    if parts[0] == "sm90" and len(parts) == 2 and parts[1] in MODES + SM90_MODES:
         return "sm90", "", parts[1]
     raise ValueError(f"unknown target {text!r}: sa-portable, sa-sm90, mma:<variant>:<mode> or sm90:<mode> "
-                     f"(modes {', '.join(MODES)})")
+                     f"(modes {', '.join(MODES)}; sm90 also {', '.join(SM90_MODES)})")
 
 
 def launch_targets(shape: tuple[int, int, int, int], targets: list[str]) -> None:
@@ -82,7 +95,7 @@ def launch_targets(shape: tuple[int, int, int, int], targets: list[str]) -> None
             fn = ((lambda: sageattn_qk_int8_pv_fp8_cuda(q, k, v, tensor_layout="HND", pv_accum_dtype="fp32+fp16"))
                   if kind == "sa-portable" else (lambda: sageattention.sageattn(q, k, v, tensor_layout="HND")))
         else:
-            config = configs[mode]
+            config = sm90_config(mode) if kind == "sm90" else configs[mode]
             ops = prepare_cuda(q, k, v, perm if config.v == "vsmooth" else None, config)
             out = torch.empty_like(q)
             if kind == "mma":

@@ -23,6 +23,18 @@ def test_targets(kp):
             kp.parse_target(bad)
 
 
+def test_sm90_targets_take_the_fidelity_preset_less_one_refinement(kp):
+    from vc_attention.kernels.config import FIDELITY, SPEED
+
+    assert kp.parse_target("sm90:fidelity-noterm") == ("sm90", "", "fidelity-noterm")
+    with pytest.raises(ValueError, match="sm90 also"):
+        kp.parse_target("mma:wide:fidelity-noterm")  # the portable kernel has neither refinement
+    noterm, nochord = kp.sm90_config("fidelity-noterm"), kp.sm90_config("fidelity-nochord")
+    assert noterm == FIDELITY.with_(v_lo_channels=0) and noterm.p == "mixed"
+    assert nochord == FIDELITY.with_(p="exp2") and nochord.v_lo_channels == FIDELITY.v_lo_channels > 0
+    assert kp.sm90_config("fidelity") == FIDELITY and kp.sm90_config("speed") == SPEED
+
+
 def test_a_bad_target_is_a_usage_error(kp, capsys):
     with pytest.raises(SystemExit):
         kp.main(["--targets", "mma:nosuch:speed"])

@@ -213,6 +213,14 @@ static_assert(VC_SM90_V_LO == 0 || VC_SM90_V_LO == 16 || VC_SM90_V_LO == 30 || V
 constexpr bool lo_sums_in_block(int vlo) { return vlo == 30; }
 constexpr int lo_block_rows(int vlo) { return lo_sums_in_block(vlo) ? 32 : vlo; }  // the term's columns in the PV MMA
 static_assert(!lo_sums_in_block(VC_SM90_V_LO) || VC_SM90_LO_MERGED, "30 channels beside the row sums: merged PV MMA only");
+#ifndef VC_SM90_LO_RUN_REGS
+// 1 (variant): the second term's running sum stays in the consumer's registers (4 float4 slots, 16 registers at VLO = 32)
+// instead of shared memory, so the step's fold is L/2 FFMA without the 4 LDS.128 + 4 STS.128 that wait behind the
+// other warpgroup's PV reads of shared memory (ncu at Wan2.2-14B on an H100: the term adds 0.27 short-scoreboard stall
+// cycles per instruction, docs/kernel-notes.md section 41); the epilogue stores it where the shared-memory sum would be.
+// It spilled at 168 registers when section 36 tried it; the consumers take 240 (setmaxnreg) and the chord's loop less
+#define VC_SM90_LO_RUN_REGS 0
+#endif
 #ifndef VC_SM90_ALPHA_SKIP
 // 1: the speed steps skip the rescale polynomial when no row of the warp moved its running max (warp vote;
 // bit-identical: alpha is exactly 1 there either way). Variant, measured slower (docs/kernel-notes.md section 27).
@@ -1186,7 +1194,12 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   // slot-major (slot i of thread x at i * threads + x): consecutive threads' float4s are consecutive, no bank conflict
   constexpr int kLoStride = 128 * kConsumers;
   [[maybe_unused]] float4* lo_slot = reinterpret_cast<float4*>(smem + L::kLoRunOff) + (threadIdx.x - 128);
-  if constexpr (kVLo > 0) {
+  constexpr bool kLoRunRegs = kVLo > 0 && VC_SM90_LO_RUN_REGS;  // the running sum in registers (variant)
+  [[maybe_unused]] float lo_run[kLoRunRegs ? 4 * kLoSlots : 1];
+  if constexpr (kLoRunRegs) {
+#pragma unroll
+    for (int i = 0; i < 4 * kLoSlots; ++i) lo_run[i] = 0.f;
+  } else if constexpr (kVLo > 0) {
 #pragma unroll
     for (int i = 0; i < kLoSlots; ++i) lo_slot[i * kLoStride] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
@@ -1225,6 +1238,13 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
 #pragma unroll
       for (int i = 0; i < kLoSlots; ++i) {
         const float* acc = kLoSums ? (i == 0 ? &pv[D / 2] : &lo_acc[4 * i - 4]) : &lo_acc[4 * i];
+        if constexpr (kLoRunRegs) {
+          lo_run[4 * i] = fmaf(lo_run[4 * i], alpha_j[0], acc[0]);
+          lo_run[4 * i + 1] = fmaf(lo_run[4 * i + 1], alpha_j[0], acc[1]);
+          lo_run[4 * i + 2] = fmaf(lo_run[4 * i + 2], alpha_j[1], acc[2]);
+          lo_run[4 * i + 3] = fmaf(lo_run[4 * i + 3], alpha_j[1], acc[3]);
+          continue;
+        }
         float4 run = lo_slot[i * kLoStride];
         run.x = fmaf(run.x, alpha_j[0], acc[0]);  // registers 4i, 4i + 1: row g; 4i + 2, 4i + 3: row g + 8
         run.y = fmaf(run.y, alpha_j[0], acc[1]);
@@ -1816,6 +1836,11 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     // row stride D bytes: warp w writes and reads only Q rows 16w..16w+15, the A rows of its own QK results
     float* lo_smem = reinterpret_cast<float*>(smem + L::kQOff + wg * 64 * D);
     constexpr int kRowFloats = D / 4;
+    if constexpr (kLoRunRegs) {  // (the running sum held in registers: to its shared-memory slots, this thread's own)
+#pragma unroll
+      for (int i = 0; i < kLoSlots; ++i)
+        lo_slot[i * kLoStride] = make_float4(lo_run[4 * i], lo_run[4 * i + 1], lo_run[4 * i + 2], lo_run[4 * i + 3]);
+    }
     static_assert(8 * kLoSlots <= kRowFloats, "a row of the term fits a row of the Q tile");
 #pragma unroll
     for (int i = 0; i < kLoSlots; ++i)

@@ -38,8 +38,8 @@ static_assert(kMixedChordEighths > 0 && kMixedChordEighths <= 8 && kMixedChordEi
               "the Hopper kernel's chord takes 2, 4, 6 or 8 eighths of a 256-key step (32-key k-steps)");
 // the V residual's second term's channels that the Hopper product library takes per call (VCConfig.v_lo_channels)
 constexpr int kSm90VLoChannels = VC_SM90_V_LO_CHANNELS;
-static_assert(kSm90VLoChannels == 0 || kSm90VLoChannels == 16 || kSm90VLoChannels == 32,
-              "the second term's wgmma takes 16 or 32 rows");
+static_assert(kSm90VLoChannels == 0 || kSm90VLoChannels == 16 || kSm90VLoChannels == 30 || kSm90VLoChannels == 32,
+              "the second term's wgmma takes 16 or 32 rows (30: 30 channels and the two row-sum rows in one 32-row block)");
 constexpr int kExpCastMaxCode = VC_EXPCAST_MAX_CODE;
 constexpr int kVLowRows = VC_V_LOW_ROWS;  // extra V^T rows: two parity row-sum rows, then coefficients
 constexpr int kVLowFirst = VC_V_LOW_FIRST;  // the first coefficient row
