@@ -26,6 +26,9 @@
 #         lorun   (not in the default list) the second term's running sum in registers instead of shared memory
 #                 (VC_SM90_LO_RUN_REGS, kernel-notes 41): split_ch8_lo32 beside split_ch8_lo32r / split_ch8_lo30r, gated,
 #                 timed at the Wan / HunyuanVideo shapes, and lo32r's output bits against lo32's (bench/lib_identity.py)
+#         ratio   (not in the default list) issue 10's speed / fidelity error ratio on the video-like data: speed mode with
+#                 other groupings and with lane scales beside the fidelity preset, timed at the Wan shapes beside cuDNN /
+#                 SageAttention 2.2 (bench/k_lanes_bench.py --rows; $RATIO_ROWS)
 #         spread  (not in the default list) bench/fidelity_spread.py: fidelity's paired-K exp2 loop against the
 #                 unpaired one and speed, in rotating rounds, with the SM clock / power after each (kernel-notes 35)
 #         mixed   (not in the default list) fidelity's variants of docs/kernel-notes.md 36, one device call each with
@@ -183,9 +186,13 @@ for stage in $stages; do
        step lorun_sm90 420 bash bench/sm90_variants.sh; mv "$OUT/sm90_check.json" "$OUT/sm90_check_lorun.json")
       b=${SM90_BUILD_DIR:-build/sm90_variants}
       step lorun_identity 150 python3 bench/lib_identity.py --lib "$b/sm90_split_ch8_lo32.so" --lib "$b/sm90_split_ch8_lo32r.so" --out "$OUT" ;;
+    ratio)  # (not in the default list) issue 10's speed / fidelity error ratio: speed-mode candidates (grouping, lanes)
+      # beside the fidelity preset, public op timed at the Wan shapes and rel-L2 on the video-like data (kernel-notes 41)
+      step speed_ratio 420 python3 bench/k_lanes_bench.py --name speed_ratio --out "$OUT" --shapes wan22-14b-720p,wan21-1.3b-480p \
+        --rows "${RATIO_ROWS:-fidelity@128x1b8,speed@64x2,speed@128x1b8,speed+lanes@64x2,speed+lanes@128x1b8}" ;;
     spread)  # fidelity's paired-K loop against the unpaired one in rounds, with the GPU's clocks (kernel-notes 35)
       step fidelity_spread 300 python3 bench/fidelity_spread.py --rounds 6 --out "$OUT" ;;
-    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun)"; exit 2 ;;
+    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio)"; exit 2 ;;
   esac
 done
 tail -n 4 "$OUT"/*.log
