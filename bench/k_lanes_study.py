@@ -7,12 +7,21 @@ quantize_qk, score_parts, quantize_p with the Hopper loop's 256-key step, dequan
 
     python3 bench/k_lanes_study.py --sizes 32760 --rows 256 --seeds 0 1
     python3 bench/k_lanes_study.py --sizes 75600 --rows 128 --seeds 0 1
+
+--candidates names rows in bench/k_lanes_bench.py's form (MODE[+lanes]@CLUSTERSxITERS[bBINS], the grouping of
+kernels.grouping.group_tokens) instead of the presets: issue 10's speed-mode candidates, each speed row's rel-L2 also
+against the first fidelity row's (kernel-notes 41; --out writes the table's numbers as JSON):
+
+    python3 bench/k_lanes_study.py --sizes 32760 75600 --rows 1024 --seeds 0 1 \
+        --candidates fidelity@128x1b8,speed@64x2,speed@128x1b8,speed+lanes@64x2,speed+lanes@128x1b8
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import time
+from pathlib import Path
 
 import torch
 
@@ -49,8 +58,12 @@ def main(argv=None) -> None:
     parser.add_argument("--rows", type=int, default=256, help="query rows sampled per head")
     parser.add_argument("--heads", type=int, default=2)
     parser.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
+    parser.add_argument("--candidates", default="", help="rows in k_lanes_bench's form instead of the presets")
+    parser.add_argument("--out", default="", help="--candidates: the JSON file to write")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
+    if args.candidates:
+        return candidates(args)
     results: dict = {}
     for n in args.sizes:
         for seed in args.seeds:
@@ -76,6 +89,39 @@ def main(argv=None) -> None:
         print(f"| {n} | {preset} | {PRESETS[preset][1]}{', 8 bins' if within != 'none' else ''} | "
               f"{'per lane' if lanes else 'per 256 keys'} | {mean['rel_l2']:.5f} ({rel:+.1%}) | {mean['qk_term']:.5f} | "
               f"{mean['v_term']:.5f} |")
+
+
+def candidates(args) -> None:
+    """rel-L2 / QK term / V term of each --candidates row (its own grouping), mean over seeds, per size."""
+    from vc_attention.bench.k_lanes_bench import group, parse_rows
+
+    rows_spec = parse_rows(args.candidates)
+    results: dict = {}
+    for n in args.sizes:
+        for seed in args.seeds:
+            q, k, v = fs.make_data("video", n, args.heads, seed)
+            rows = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[: args.rows].sort().values
+            for label, config, grouping_spec in rows_spec:
+                perm = group(v, grouping_spec, seed)
+                kp, vp = ref.permute_tokens(k, perm), ref.permute_tokens(v, perm)
+                results.setdefault((n, label), []).append(measure(q, kp, vp, rows, config))
+            print(f"N={n} seed={seed} done", flush=True)
+    base = next((label for label, _, _ in rows_spec if label.startswith("fidelity")), None)
+    print(f"\nrel-L2 / QK term / V term (mean of seeds {args.seeds}; {args.rows} rows x {args.heads} heads, all keys)")
+    print("| N | row | rel-L2 | x " + str(base) + " | QK term | V term |\n|---|---|---|---|---|---|")
+    table = []
+    for (n, label), rs in results.items():
+        mean = {m: sum(r[m] for r in rs) / len(rs) for m in ("rel_l2", "qk_term", "v_term")}
+        ratio = None
+        if base is not None:
+            ratio = mean["rel_l2"] / (sum(r["rel_l2"] for r in results[(n, base)]) / len(results[(n, base)]))
+        table.append({"tokens": n, "row": label, **mean, "x_fidelity": ratio})
+        print(f"| {n} | {label} | {mean['rel_l2']:.5f} | {'-' if ratio is None else f'{ratio:.3f}'} | "
+              f"{mean['qk_term']:.5f} | {mean['v_term']:.5f} |")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"command": "python3 bench/k_lanes_study.py " + " ".join(
+            f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in vars(args).items() if v),
+            "seeds": args.seeds, "rows_per_head": args.rows, "heads": args.heads, "table": table}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -9,9 +9,9 @@ profiled process, and turns ncu's CSV into one table (rows = metrics, columns = 
 
 Targets: `sa-portable` (SageAttention 2.2's mma.sync kernel, fp32+fp16, what RTX 40/50 users run),
 `sa-sm90` (its Hopper kernel: `sageattn`), `mma:<variant>:<mode>` (our portable kernel, a build of
-kernels/mma_variants.py), `sm90:<mode>` (our Hopper kernel); modes fidelity, speed, plain8 (sm90 also fidelity-noterm / fidelity-nochord:
-the preset less one refinement). Only the
-attention kernels are profiled (the kernel-name filter below): quantization and prepare are not.
+kernels/mma_variants.py), `sm90:<mode>` (our Hopper kernel); modes fidelity, speed, plain8 (sm90 also
+fidelity-noterm / fidelity-nochord: the preset less one refinement). Only the attention kernels are profiled
+(the kernel-name filter below): quantization and prepare are not.
 Writes kernel_profile.json and the raw ncu CSV under --out (default $OUT or bench/results). GPU only;
 needs `ncu` on PATH and, for the sa-* targets, `sageattention` importable.
 """
