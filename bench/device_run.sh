@@ -23,9 +23,10 @@
 #                 split_ch8_lo32 (the product's fidelity kernel) and split_ch8_lo30 (30 channels + 2 sum rows, n = 160)
 #                 gated against their specs and timed at the Wan / HunyuanVideo shapes, then both rel-L2 on the
 #                 video-like data beside SageAttention 2.2 (bench/mixed_fidelity_gpu.py)
-#         lorun   (not in the default list) the second term's running sum in registers instead of shared memory
-#                 (VC_SM90_LO_RUN_REGS, kernel-notes 41): split_ch8_lo32 beside split_ch8_lo32r / split_ch8_lo30r, gated,
-#                 timed at the Wan / HunyuanVideo shapes, and lo32r's output bits against lo32's (bench/lib_identity.py)
+#         lorun   (not in the default list) the second term's running sum in registers (VC_SM90_LO_RUN_REGS, the default
+#                 since kernel-notes 41) against shared memory: split_ch8_lo32s (shared) beside split_ch8_lo32 and
+#                 split_ch8_lo30, gated, timed at the Wan / HunyuanVideo shapes, and the two lo32 builds' output bits
+#                 (bench/lib_identity.py)
 #         ratio   (not in the default list) issue 10's speed / fidelity error ratio on the video-like data: speed mode with
 #                 other groupings and with lane scales beside the fidelity preset, timed at the Wan shapes beside cuDNN /
 #                 SageAttention 2.2 (bench/k_lanes_bench.py --rows; $RATIO_ROWS)
@@ -181,11 +182,11 @@ for stage in $stages; do
       step sums_error 200 python3 bench/mixed_fidelity_gpu.py --lib "$b/sm90_split_ch8_lo32.so" --lib "$b/sm90_split_ch8_lo30.so" \
         --sizes 32760 75600 --seeds 0 1 --out "$OUT" ;;
     lorun)  # (not in the default list) the second term's running sum in registers (kernel-notes 41): the product's fidelity
-      # kernel (split_ch8_lo32) beside lo32r / lo30r, gated and timed at the Wan / HunyuanVideo shapes, then the output bits
-      (export OUT SM90_VARIANTS="split_ch8_lo32 split_ch8_lo32r split_ch8_lo30r" SM90_SHAPES="1,40,75600,128 1,12,32760,128 1,16,111600,128"
+      # kernel (split_ch8_lo32) beside its shared-memory sum (lo32s) and lo30, gated and timed, then the two lo32 builds' output bits
+      (export OUT SM90_VARIANTS="split_ch8_lo32s split_ch8_lo32 split_ch8_lo30" SM90_SHAPES="1,40,75600,128 1,12,32760,128 1,16,111600,128"
        step lorun_sm90 420 bash bench/sm90_variants.sh; mv "$OUT/sm90_check.json" "$OUT/sm90_check_lorun.json")
       b=${SM90_BUILD_DIR:-build/sm90_variants}
-      step lorun_identity 150 python3 bench/lib_identity.py --lib "$b/sm90_split_ch8_lo32.so" --lib "$b/sm90_split_ch8_lo32r.so" --out "$OUT" ;;
+      step lorun_identity 150 python3 bench/lib_identity.py --lib "$b/sm90_split_ch8_lo32s.so" --lib "$b/sm90_split_ch8_lo32.so" --out "$OUT" ;;
     ratio)  # (not in the default list) issue 10's speed / fidelity error ratio: speed-mode candidates (grouping, lanes)
       # beside the fidelity preset, public op timed at the Wan shapes and rel-L2 on the video-like data (kernel-notes 41)
       step speed_ratio 420 python3 bench/k_lanes_bench.py --name speed_ratio --out "$OUT" --shapes wan22-14b-720p,wan21-1.3b-480p \

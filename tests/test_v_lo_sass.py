@@ -1,8 +1,8 @@
 """The Hopper variant with the V residual's second term (VC_SM90_V_LO, VCConfig.v_lo_channels) in machine code,
 compile-only: fidelity's paired-K exp2 kernels read the term's rows in the PV MMA itself (one m64n{136+L}k32 per
 k-step, VC_SM90_LO_MERGED, docs/kernel-notes.md section 39; with VC_SM90_LO_MERGED=0 an m64nLk32 beside the m64n136 PV
-MMA, section 36), keep every register in place (no spill: the running sum lives in shared memory), and nothing else
-changes. Its numbers against the spec are the GPU's (bench/sm90_variants.sh split_ch8_lo32 / split_lo16 gate it against
+MMA, section 36), keep every register in place (no spill: the running sum lives in shared memory in the exp2 loop and
+in registers in the chord's, section 41), and nothing else changes. Its numbers against the spec are the GPU's (bench/sm90_variants.sh split_ch8_lo32 / split_lo16 gate it against
 reference.quantize_v_vsmooth with lo_channels; bench/lib_identity.py: the merged and the two-wgmma builds give the same
 bits)."""
 import collections
@@ -126,3 +126,35 @@ def test_the_row_sums_beside_30_channels_narrow_the_pv_mma_to_160_columns(tmp_pa
         assert sums_spills[k] <= merged_spills[k], (k, merged_spills[k], sums_spills[k])
     others = [k for k in merged if k not in fidelity]
     assert others and all(sums[k] == merged[k] for k in others)
+
+
+def test_the_chord_loop_keeps_the_terms_running_sum_in_registers(tmp_path):
+    """VC_SM90_LO_RUN_REGS (default 1, kernel-notes 41): the product's fidelity kernel (the term with the chord for
+    every key) folds the term's running sum in registers: no shared-memory load or store of it in its loop (the 4
+    LDS.128 + 4 STS.128 per step that waited behind the other warpgroup's PV reads) and no spill; the exp2 loop with the
+    term (CHORD = 0) keeps it in shared memory, where the registers would spill. The variant with the macro at 0 has the
+    shared-memory sum in the chord's loop too, so the check can see the difference."""
+    from vc_attention.kernels.constants import MIXED_CHORD_EIGHTHS, SM90_V_LO_CHANNELS
+
+    L, C = SM90_V_LO_CHANNELS, MIXED_CHORD_EIGHTHS
+
+    def loops(flags):
+        cubin = tmp_path / f"run-{len(flags)}.cubin"
+        run = subprocess.run(jit.nvcc_compile_only_command(jit.CSRC_DIR / "sm90_launch.cu", "9.0a", cubin, extra_flags=flags),
+                             capture_output=True, text=True, check=False)
+        assert run.returncode == 0, run.stderr[-3000:]
+        sass = subprocess.run([clamp_bound_sass.nvdisasm(), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+        return {name: sass_loop_mix.hot_loop(rows) for name, rows in sass_loop_mix.functions(sass).items()
+                if "kernel_lo_chord" in name and "bfloat16" in name and re.search(r"ILi128ELb0ELb1E\w+Lb0EL", name)}
+
+    def shared_sum_ops(loop):  # the running sum's float4 traffic: LDS.128 / STS.128 (the loop has no other)
+        return sum(1 for ins in loop if re.search(r"\b(LDS|STS)\.128\b", ins))
+
+    for macro, chord_sum in ((1, 0), (0, 8)):
+        found = loops((*backend_sm90.CUDA_FLAGS, f"-DVC_SM90_LO_RUN_REGS={macro}"))
+        chord = [k for k in found if k.endswith(f"ELi{L}ELi{C}EEEv14CUtensorMap_stS3_S3_S3_NS0_6ParamsE")]
+        exp2 = [k for k in found if k.endswith(f"ELi{L}ELi0EEEv14CUtensorMap_stS3_S3_S3_NS0_6ParamsE")]
+        assert len(chord) == 1 and len(exp2) == 1, sorted(found)
+        assert shared_sum_ops(found[chord[0]]) == chord_sum, (macro, shared_sum_ops(found[chord[0]]))
+        assert shared_sum_ops(found[exp2[0]]) == 8, shared_sum_ops(found[exp2[0]])  # 4 slots: 4 loads + 4 stores
+        assert not any(re.search(r"\b(STL|LDL)\b", ins) for k in chord + exp2 for ins in found[k]), macro

@@ -214,12 +214,14 @@ constexpr bool lo_sums_in_block(int vlo) { return vlo == 30; }
 constexpr int lo_block_rows(int vlo) { return lo_sums_in_block(vlo) ? 32 : vlo; }  // the term's columns in the PV MMA
 static_assert(!lo_sums_in_block(VC_SM90_V_LO) || VC_SM90_LO_MERGED, "30 channels beside the row sums: merged PV MMA only");
 #ifndef VC_SM90_LO_RUN_REGS
-// 1 (variant): the second term's running sum stays in the consumer's registers (4 float4 slots, 16 registers at VLO = 32)
-// instead of shared memory, so the step's fold is L/2 FFMA without the 4 LDS.128 + 4 STS.128 that wait behind the
-// other warpgroup's PV reads of shared memory (ncu at Wan2.2-14B on an H100: the term adds 0.27 short-scoreboard stall
-// cycles per instruction, docs/kernel-notes.md section 41); the epilogue stores it where the shared-memory sum would be.
-// It spilled at 168 registers when section 36 tried it; the consumers take 240 (setmaxnreg) and the chord's loop less
-#define VC_SM90_LO_RUN_REGS 0
+// 1 (default): the second term's running sum stays in the consumer's registers (4 float4 slots, 16 registers at
+// VLO = 32) in the chord's loop (CHORD > 0: fidelity's preset) instead of shared memory, so the step's fold is L/2 FFMA
+// without the 4 LDS.128 + 4 STS.128 that waited behind the other warpgroup's PV reads of shared memory (ncu at
+// Wan2.2-14B: the term added 0.27 short-scoreboard stall cycles per instruction); the epilogue stores the sum where the
+// shared-memory one was. Fidelity's kernel at Wan2.2-14B 129.5 -> 124.9 ms, Wan2.1-1.3B 7.41 -> 7.03 on an H100, same
+// gate (docs/kernel-notes.md section 41). The exp2 loop (CHORD = 0) keeps the shared-memory sum: in registers it spills
+// (88 B). 0 (variant): shared memory everywhere
+#define VC_SM90_LO_RUN_REGS 1
 #endif
 #ifndef VC_SM90_ALPHA_SKIP
 // 1: the speed steps skip the rescale polynomial when no row of the warp moved its running max (warp vote;
@@ -351,8 +353,9 @@ struct SmemLayout {
   static constexpr int kCoreBytes = (PSMEM || MEANMMA || MEANPV || LOWRANK) ? kLowOff + (LOWRANK ? 128 * kConsumers * 16 : 0)
                                                                             : kBarOff + (1 + 2 * STAGES) * 8;
   // VLO: int8 [D], each channel's column of the second term (-1: none), written by the producer before its first stage;
-  // then float [consumer thread][VLO / 2], each consumer thread's running sum of the term (kept here, not in registers,
-  // across the softmax: 8 more live registers spilled 104 B inside the loop at 168)
+  // then float [consumer thread][VLO / 2], each consumer thread's running sum of the term: the exp2 loop's, across the
+  // softmax (in registers it spills); the chord's loop keeps it in registers (VC_SM90_LO_RUN_REGS) and stores it here
+  // for the epilogue
   static constexpr int kLoPosOff = kCoreBytes;
   static constexpr int kLoRunOff = (kLoPosOff + D + 15) / 16 * 16;
   static constexpr int kBytes = VLO ? kLoRunOff + 128 * kConsumers * (kLoBlockRows / 2) * 4 : kCoreBytes;
@@ -1183,7 +1186,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   const bool has_tail = valid_last < kBlockN;
   // VLO: the residual's second term, P x (its kVLo rows after the ones rows of the stage) per step into a fresh
   // accumulator (rows g, g + 8 x columns 8i + 2t, +1, as any wgmma accumulator), live only through the PV batch; the
-  // fold keeps its running sum in O's scale in shared memory (L::kLoRunOff), rescaled by the step's alpha
+  // fold keeps its running sum in O's scale, rescaled by the step's alpha: in registers in the chord's loop
+  // (VC_SM90_LO_RUN_REGS), in shared memory (L::kLoRunOff) in the exp2 loop
   // lo_sums_in_block: the block's first 8 columns (the term's channels 0..7) land in pv's last 4 registers, the rest
   // (channels 8..29, the row sums in columns 30, 31 on lane t = 3) in lo_acc
   constexpr bool kLoSums = L::kLoSums;
@@ -1194,7 +1198,8 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   // slot-major (slot i of thread x at i * threads + x): consecutive threads' float4s are consecutive, no bank conflict
   constexpr int kLoStride = 128 * kConsumers;
   [[maybe_unused]] float4* lo_slot = reinterpret_cast<float4*>(smem + L::kLoRunOff) + (threadIdx.x - 128);
-  constexpr bool kLoRunRegs = kVLo > 0 && VC_SM90_LO_RUN_REGS;  // the running sum in registers (variant)
+  // the running sum in registers: the chord's loop (CHORD > 0); the exp2 loop has no room for them (88 B of spills)
+  constexpr bool kLoRunRegs = kVLo > 0 && CHORD > 0 && VC_SM90_LO_RUN_REGS;
   [[maybe_unused]] float lo_run[kLoRunRegs ? 4 * kLoSlots : 1];
   if constexpr (kLoRunRegs) {
 #pragma unroll
