@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -63,7 +64,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     if args.candidates:
-        return candidates(args)
+        return candidates(args, "python3 bench/k_lanes_study.py " + " ".join(sys.argv[1:] if argv is None else argv))
     results: dict = {}
     for n in args.sizes:
         for seed in args.seeds:
@@ -91,7 +92,7 @@ def main(argv=None) -> None:
               f"{mean['v_term']:.5f} |")
 
 
-def candidates(args) -> None:
+def candidates(args, command: str) -> None:
     """rel-L2 / QK term / V term of each --candidates row (its own grouping), mean over seeds, per size."""
     from vc_attention.bench.k_lanes_bench import group, parse_rows
 
@@ -119,9 +120,7 @@ def candidates(args) -> None:
         print(f"| {n} | {label} | {mean['rel_l2']:.5f} | {'-' if ratio is None else f'{ratio:.3f}'} | "
               f"{mean['qk_term']:.5f} | {mean['v_term']:.5f} |")
     if args.out:
-        Path(args.out).write_text(json.dumps({"command": "python3 bench/k_lanes_study.py " + " ".join(
-            f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in vars(args).items() if v),
-            "seeds": args.seeds, "rows_per_head": args.rows, "heads": args.heads, "table": table}, indent=1) + "\n")
+        Path(args.out).write_text(json.dumps({"command": command, "seeds": args.seeds, "rows_per_head": args.rows, "heads": args.heads, "table": table}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

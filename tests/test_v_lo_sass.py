@@ -2,9 +2,9 @@
 compile-only: fidelity's paired-K exp2 kernels read the term's rows in the PV MMA itself (one m64n{136+L}k32 per
 k-step, VC_SM90_LO_MERGED, docs/kernel-notes.md section 39; with VC_SM90_LO_MERGED=0 an m64nLk32 beside the m64n136 PV
 MMA, section 36), keep every register in place (no spill: the running sum lives in shared memory in the exp2 loop and
-in registers in the chord's, section 41), and nothing else changes. Its numbers against the spec are the GPU's (bench/sm90_variants.sh split_ch8_lo32 / split_lo16 gate it against
-reference.quantize_v_vsmooth with lo_channels; bench/lib_identity.py: the merged and the two-wgmma builds give the same
-bits)."""
+in registers in the chord's, section 41), and nothing else changes. Its numbers against the spec are the GPU's
+(bench/sm90_variants.sh split_ch8_lo32 / split_lo16 gate it against reference.quantize_v_vsmooth with lo_channels;
+bench/lib_identity.py: the merged and the two-wgmma builds give the same bits)."""
 import collections
 import importlib.util
 import re
@@ -57,17 +57,22 @@ def _refined(name: str, flags) -> bool:
     return "kernel_lo_chord" in name and not variant
 
 
-def masked_sass(tmp_path, flags) -> dict[str, list[str]]:
-    """kernel -> its SASS with the build-specific names masked (its own symbol, labels, internal helpers)."""
+def sass_functions(tmp_path, flags) -> dict:
+    """kernel -> its (offset, instruction) rows (sass_loop_mix.functions) in a compile-only build of sm90_launch.cu."""
     cubin = tmp_path / f"sass-{abs(hash(tuple(flags)))}.cubin"
     run = subprocess.run(jit.nvcc_compile_only_command(jit.CSRC_DIR / "sm90_launch.cu", "9.0a", cubin, extra_flags=tuple(flags)),
                          capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     text = subprocess.run([clamp_bound_sass.nvdisasm(), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+    return sass_loop_mix.functions(text)
+
+
+def masked_sass(tmp_path, flags) -> dict[str, list[str]]:
+    """kernel -> its SASS with the build-specific names masked (its own symbol, labels, internal helpers)."""
     # sass_loop_mix.functions gives each kernel's instructions with its branch labels as offsets in the kernel; what
     # still differs between builds is the kernel's own symbol and the numbering of nvcc's internal helpers
     mask = lambda ins: re.sub(r"__internal_\d+_", "__internal_", re.sub(r"`\(_Z[^)]*\)", "SYM", ins))
-    return {name: [mask(ins) for _, ins in rows] for name, rows in sass_loop_mix.functions(text).items()}
+    return {name: [mask(ins) for _, ins in rows] for name, rows in sass_functions(tmp_path, flags).items()}
 
 
 def test_the_product_refined_kernels_are_the_variants_that_were_measured(tmp_path):
@@ -139,12 +144,7 @@ def test_the_chord_loop_keeps_the_terms_running_sum_in_registers(tmp_path):
     L, C = SM90_V_LO_CHANNELS, MIXED_CHORD_EIGHTHS
 
     def loops(flags):
-        cubin = tmp_path / f"run-{len(flags)}.cubin"
-        run = subprocess.run(jit.nvcc_compile_only_command(jit.CSRC_DIR / "sm90_launch.cu", "9.0a", cubin, extra_flags=flags),
-                             capture_output=True, text=True, check=False)
-        assert run.returncode == 0, run.stderr[-3000:]
-        sass = subprocess.run([clamp_bound_sass.nvdisasm(), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
-        return {name: sass_loop_mix.hot_loop(rows) for name, rows in sass_loop_mix.functions(sass).items()
+        return {name: sass_loop_mix.hot_loop(rows) for name, rows in sass_functions(tmp_path, flags).items()
                 if "kernel_lo_chord" in name and "bfloat16" in name and re.search(r"ILi128ELb0ELb1E\w+Lb0EL", name)}
 
     def shared_sum_ops(loop):  # the running sum's float4 traffic: LDS.128 / STS.128 (the loop has no other)

@@ -1200,13 +1200,10 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
   [[maybe_unused]] float4* lo_slot = reinterpret_cast<float4*>(smem + L::kLoRunOff) + (threadIdx.x - 128);
   // the running sum in registers: the chord's loop (CHORD > 0); the exp2 loop has no room for them (88 B of spills)
   constexpr bool kLoRunRegs = kVLo > 0 && CHORD > 0 && VC_SM90_LO_RUN_REGS;
-  [[maybe_unused]] float lo_run[kLoRunRegs ? 4 * kLoSlots : 1];
-  if constexpr (kLoRunRegs) {
+  [[maybe_unused]] float4 lo_run[kLoRunRegs ? kLoSlots : 1];
+  if constexpr (kVLo > 0) {
 #pragma unroll
-    for (int i = 0; i < 4 * kLoSlots; ++i) lo_run[i] = 0.f;
-  } else if constexpr (kVLo > 0) {
-#pragma unroll
-    for (int i = 0; i < kLoSlots; ++i) lo_slot[i * kLoStride] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int i = 0; i < kLoSlots; ++i) (kLoRunRegs ? lo_run[i] : lo_slot[i * kLoStride]) = make_float4(0.f, 0.f, 0.f, 0.f);
   }
   [[maybe_unused]] auto issue_lo = [&](const uint32_t(&pt)[4][4], int s, bool accumulate) {
     if constexpr (kVLo > 0 && !kLoSums) {  // (kLoSums: merged only)
@@ -1243,19 +1240,13 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
 #pragma unroll
       for (int i = 0; i < kLoSlots; ++i) {
         const float* acc = kLoSums ? (i == 0 ? &pv[D / 2] : &lo_acc[4 * i - 4]) : &lo_acc[4 * i];
-        if constexpr (kLoRunRegs) {
-          lo_run[4 * i] = fmaf(lo_run[4 * i], alpha_j[0], acc[0]);
-          lo_run[4 * i + 1] = fmaf(lo_run[4 * i + 1], alpha_j[0], acc[1]);
-          lo_run[4 * i + 2] = fmaf(lo_run[4 * i + 2], alpha_j[1], acc[2]);
-          lo_run[4 * i + 3] = fmaf(lo_run[4 * i + 3], alpha_j[1], acc[3]);
-          continue;
-        }
-        float4 run = lo_slot[i * kLoStride];
+        float4& slot = kLoRunRegs ? lo_run[i] : lo_slot[i * kLoStride];
+        float4 run = slot;  // (a copy: one float4 load and one store when the slot is in shared memory)
         run.x = fmaf(run.x, alpha_j[0], acc[0]);  // registers 4i, 4i + 1: row g; 4i + 2, 4i + 3: row g + 8
         run.y = fmaf(run.y, alpha_j[0], acc[1]);
         run.z = fmaf(run.z, alpha_j[1], acc[2]);
         run.w = fmaf(run.w, alpha_j[1], acc[3]);
-        lo_slot[i * kLoStride] = run;
+        slot = run;
       }
     }
   };
@@ -1843,8 +1834,7 @@ __device__ __forceinline__ void consumer_loop(const Params& p, uint8_t* smem, ui
     constexpr int kRowFloats = D / 4;
     if constexpr (kLoRunRegs) {  // (the running sum held in registers: to its shared-memory slots, this thread's own)
 #pragma unroll
-      for (int i = 0; i < kLoSlots; ++i)
-        lo_slot[i * kLoStride] = make_float4(lo_run[4 * i], lo_run[4 * i + 1], lo_run[4 * i + 2], lo_run[4 * i + 3]);
+      for (int i = 0; i < kLoSlots; ++i) lo_slot[i * kLoStride] = lo_run[i];
     }
     static_assert(8 * kLoSlots <= kRowFloats, "a row of the term fits a row of the Q tile");
 #pragma unroll
