@@ -71,7 +71,10 @@ class VCConfig:
         -1.8% in fidelity mode and -3.1% / -1.9% in speed mode at 32,760 / 75,600 tokens, docs/fidelity-study.md "K
         scales per MMA lane"). INT8 QK, V-Smooth, K scales per 256 keys and no low-rank term (the loops that implement
         it: both kernels' paired-K loops); head dim 128 only (reference.k_lanes, as k_scale_rows). The operands'
-        k_scale is then (B,H,n_pad/128,4). Not yet in a preset (nodes/presets.K_LANE_SCALES) until the H200 times it.
+        k_scale is then (B,H,n_pad/128,4). config.SPEED takes it (measured on an H100 with the real kernels, with the
+        balanced preset's 128 x 1 grouping and 8 bins: speed's rel-L2 1.127x / 1.107x fidelity's at 32,760 / 75,600
+        tokens instead of 1.181x / 1.173x, at +4% of speed's call at Wan2.2-14B: docs/kernel-notes.md section 42);
+        config.FIDELITY does not (its error target is met without the lanes' prepare pass and K read).
     v_lo_channels: with V-Smooth, this many channels per head (0, 16, 30 or 32) keep the E4M3 rounding error of their
         residual as a second E4M3 term with the same scale (reference.quantize_v_vsmooth: hi + lo, ~2^-8 relative
         instead of 2^-4), the channels with the largest residual energy (reference.v_lo_channel_policy). The V term is
@@ -211,5 +214,6 @@ class VCConfig:
 # 75,600 tokens) picked it on an H100: 0.653x / 0.681x (exp2 alone: 0.715x / 0.751x) at 143.6 against 139.7 ms at
 # Wan2.2-14B 720p. Kernels without the refinements (the portable one) run it as p="exp2" without the term.
 FIDELITY = VCConfig(qk="int8", v="vsmooth", p="mixed", k_scale_rows=2 * K_BLOCK, v_lo_channels=32)
-SPEED = VCConfig(qk="int8", v="vsmooth", p="expcast", v_mean_rows=2 * V_BLOCK, v_mean_merge=True, k_scale_rows=2 * K_BLOCK)
+SPEED = VCConfig(qk="int8", v="vsmooth", p="expcast", v_mean_rows=2 * V_BLOCK, v_mean_merge=True, k_scale_rows=2 * K_BLOCK,
+                 k_lane_scales=True)
 PLAIN_8BIT = VCConfig(qk="int8", v="per_channel", p="exp2")

@@ -25,9 +25,12 @@ which are our own H200 measurements):
   grouping at every step gains only 0.5 dB PSNR, with worse SSIM/LPIPS, at +30% attention time.
 - clusters / kmeans_iters: more clusters and iterations make the 128-token blocks of the permuted V
   more homogeneous (less residual energy to quantize) at a higher grouping cost, which is paid only
-  inside the grouping window. Balanced uses kernels/grouping.py's defaults (64 x 2, the grouping
-  sweep of docs/grouping.md); speed runs one iteration (+0.4-0.8% rel-L2 on the H200, about 2/3 of the
-  grouping time); fidelity runs 128 clusters x 1 iteration, which on the H200 is both more faithful and faster
+  inside the grouping window. Speed runs kernels/grouping.py's 64 clusters x 1 iteration (the cheapest grouping:
+  about 2/3 of the 64 x 2 default's time for +0.4-0.8% rel-L2 on the H200); fidelity and balanced run 128 clusters
+  x 1 iteration with 8 within-cluster bins (WITHIN_BINS), which for balanced's ExpCast kernel with K scales per lane
+  (config.SPEED) measured 1.127x / 1.107x fidelity's rel-L2 at 32,760 / 75,600 tokens on an H100 against 1.181x /
+  1.173x at speed's 64 x 1 without lanes, for +4% of the kernel's time at Wan2.2-14B (docs/kernel-notes.md section
+  42, bench/results/nvidia-h100-speed-ratio.json). Fidelity's 128 x 1 is, on the H200, both more faithful and faster
   than the 64 x 4 it replaced: rel-L2 0.726x / 0.753x SageAttention 2.2's at 32,760 / 75,600 tokens
   against 0.737x / 0.769x, grouping 6.5 ms against 8.1 ms at Wan2.2-14B 720p
   (bench/results/nvidia-h200-preset-groupings.json, `python3 bench/grouping_fidelity_gpu.py`). Every
@@ -63,8 +66,8 @@ PRESETS: dict[str, dict[str, object]] = {
         "v_smooth": True,
         "expcast": True,
         "grouping_window": 0.25,
-        "clusters": DEFAULT_CLUSTERS,
-        "kmeans_iters": DEFAULT_ITERS,
+        "clusters": 2 * DEFAULT_CLUSTERS,
+        "kmeans_iters": max(1, DEFAULT_ITERS // 2),
     },
     "speed": {
         "precision": "int8-qk/fp8-pv",
@@ -169,19 +172,12 @@ PRESET_WIDGETS = tuple(PRESETS[DEFAULT_MODE])
 
 # V-Smooth's within-cluster bins per preset (kernels/grouping_within.py). Not a widget: like the cluster chain order
 # it only reorders tokens the grouping already placed, so there is nothing to tune; custom takes the grouping's
-# default. The fidelity preset gains without a speed cost (its loop restores every step's means); balanced and speed
-# pay more V-Smooth segment ends on real data (docs/fidelity-study.md, last section). Measured on the H200 with the
-# real kernels (docs/kernel-notes.md section 35): 8 bins lower fidelity's rel-L2 by 1.5% / 0.2% at 32,760 / 75,600
-# tokens for a 0.6 ms reuse permutation at Wan2.2-14B 720p (< 0.5% of its 140 ms call); the speed loop paid +1.6%
-# (Wan2.2-14B) and +3.9% (Wan2.1-1.3B) for -1.5% / +0.7% rel-L2, so balanced and speed keep the grouping's default.
-WITHIN_BINS: dict[str, int] = {"fidelity": 8, "balanced": DEFAULT_WITHIN_BINS, "speed": DEFAULT_WITHIN_BINS}
-
-
-# K scales per MMA lane (VCConfig.k_lane_scales, kernels/k_lanes.py) in every configuration that can take them (INT8
-# Q/K with V-Smooth: the paired-K loops of both kernels). Not a widget: it changes no trade-off a user makes (emulated
-# -2 to -3% rel-L2 in both modes at no per-score cost, docs/fidelity-study.md). Off until the H200 measures the
-# kernels' time with it (docs/kernel-notes.md section 34); then one switch here.
-K_LANE_SCALES = False
+# default. The fidelity preset gains without a speed cost (its loop restores every step's means). Measured on the H200
+# with the real kernels (docs/kernel-notes.md section 35): 8 bins lower fidelity's rel-L2 by 1.5% / 0.2% at 32,760 /
+# 75,600 tokens for a 0.6 ms reuse permutation at Wan2.2-14B 720p (< 0.5% of its 140 ms call). The ExpCast loop pays
+# more V-Smooth segment ends for them (+1.6% at Wan2.2-14B then); balanced takes them with 128 x 1 and lane scales to
+# bring its error within 1.15x of fidelity's (issue 10; kernel-notes section 42), speed keeps the cheapest grouping.
+WITHIN_BINS: dict[str, int] = {"fidelity": 8, "balanced": 8, "speed": DEFAULT_WITHIN_BINS}
 
 
 def within_bins(mode: str) -> int:
@@ -259,8 +255,9 @@ def config_from_widgets(widgets: dict[str, object]) -> VCConfig:
         # config.PLAIN_8BIT); fidelity pairs them for the Hopper INT8 loop only, so FP8 Q/K keep one per tile there
         k_scale_rows=(SPEED.k_scale_rows if expcast else (FIDELITY.k_scale_rows if qk == "int8" else PLAIN_8BIT.k_scale_rows))
         if vsmooth else PLAIN_8BIT.k_scale_rows,
-        # K scales per lane (K_LANE_SCALES) where the loops read paired K scales: INT8 with V-Smooth
-        k_lane_scales=K_LANE_SCALES and vsmooth and qk == "int8",
+        # K scales per lane as config.SPEED (the ExpCast modes; fidelity's error target holds without them) where
+        # the loops read paired K scales: INT8 with V-Smooth
+        k_lane_scales=SPEED.k_lane_scales and vsmooth and expcast and qk == "int8",
     )
 
 

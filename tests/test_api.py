@@ -200,7 +200,7 @@ def test_the_checks_leave_the_op_traceable_in_one_graph():
 
 
 @pytest.mark.parametrize("through_the_op", [True, False], ids=["custom-op", "eager"])
-@pytest.mark.parametrize("config", [FIDELITY, SPEED, PLAIN_8BIT, SPEED.with_(v_mean_merge=False, v_mean_rows=128, k_scale_rows=128, smooth_k=False),
+@pytest.mark.parametrize("config", [FIDELITY, SPEED, PLAIN_8BIT, SPEED.with_(k_lane_scales=False, v_mean_merge=False, v_mean_rows=128, k_scale_rows=128, smooth_k=False),
                                     FIDELITY.with_(v_mean_rows=256).with_rank(2), SPEED.with_(v_mean_merge=False),
                                     FIDELITY.with_(k_lane_scales=True), FIDELITY.with_(p="mixed", v_lo_channels=16)])
 def test_the_backend_runs_the_callers_config_field_for_field(config, through_the_op, monkeypatch):

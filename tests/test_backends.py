@@ -7,7 +7,8 @@ from vc_attention.kernels import backends, jit
 from vc_attention.kernels.config import FIDELITY, SPEED
 
 HOPPER_ONLY = backends.Constraints(min_capability=(9, 0), max_capability=(9, 0), dtypes=(torch.float16, torch.bfloat16),
-                                   head_dims=(64, 128), qk_formats=("int8",), aligned_rows=True)
+                                   head_dims=(64, 128), qk_formats=("int8",), aligned_rows=True,
+                                   k_lane_scales=True)
 
 
 @pytest.fixture

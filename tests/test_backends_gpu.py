@@ -451,7 +451,7 @@ def test_sm90_speed_restores_one_mean_per_step_when_the_means_come_in_pairs(dtyp
     perm = _perm(q, "bhnd", SPEED)
     outs = {}
     for rows in (256, 128):
-        config = SPEED.with_(v_mean_merge=False, v_mean_rows=rows, k_scale_rows=rows)
+        config = SPEED.with_(k_lane_scales=False, v_mean_merge=False, v_mean_rows=rows, k_scale_rows=rows)
         ops = prepare_cuda(q, k, v, perm, config, "bhnd")
         out = torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -462,7 +462,7 @@ def test_sm90_speed_restores_one_mean_per_step_when_the_means_come_in_pairs(dtyp
         _check(out, _emulation("sm90", q, k, v, perm, config, "bhnd"), "bhnd")
         outs[rows] = out
     # the 128-row run used its own means: compare the one-mean fold with the two-mean fold on the SAME operands
-    config = SPEED.with_(v_mean_merge=False)
+    config = SPEED.with_(k_lane_scales=False, v_mean_merge=False)
     ops = prepare_cuda(q, k, v, perm, config, "bhnd")
     two = torch.empty_like(q)
     backend_sm90.extension().attention(ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean,

@@ -44,7 +44,7 @@ try:
         from vc_attention.kernels.config import SPEED
         speed = case == "prepare_attend_speed_mode_2_on_per_tile_scales"
         if speed:
-            config = SPEED.with_(k_scale_rows=128)
+            config = SPEED.with_(k_lane_scales=False, k_scale_rows=128)
         else:
             config = FIDELITY.with_(k_scale_rows=128) if case == "prepare_attend_paired_bit_on_per_tile_scales" else FIDELITY
         mode = 3 if case == "prepare_attend_mode_3" else (2 if speed else 5)

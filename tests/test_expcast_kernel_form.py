@@ -231,7 +231,7 @@ def test_a_256_key_step_anchors_each_scale_block_at_its_own_max(monkeypatch):
     keys: with config.SPEED's 256 one scale and one anchor cover the step, tests/test_k_scale_pairs.py.)"""
     from vc_attention.kernels.config import SPEED
 
-    SPEED = SPEED.with_(k_scale_rows=128)  # noqa: N806 (the speed encoding with two scale blocks per step)
+    SPEED = SPEED.with_(k_lane_scales=False, k_scale_rows=128)  # noqa: N806 (the speed encoding with two scale blocks per step)
     q, k = _two_scale_blocks()
     q_q, q_sc, k_q, k_sc = R.quantize_qk(q, k, SPEED)
     assert k_sc.flatten()[1] > 8 * k_sc.flatten()[0]

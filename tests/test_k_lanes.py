@@ -158,15 +158,15 @@ def test_a_backend_without_lane_kernels_refuses_the_call_with_a_sentence():
         assert backends.get(name).constraints.k_lane_scales, name
 
 
-def test_the_presets_switch_gives_lanes_to_exactly_the_configurations_that_take_them(monkeypatch):
-    """nodes/presets.K_LANE_SCALES (off until measured) turned on: every widget combination still builds a valid
-    configuration, with lane scales exactly for INT8 Q/K with V-Smooth (the paired-K loops)."""
+def test_the_presets_give_lanes_to_exactly_the_expcast_int8_vsmooth_configurations():
+    """config.SPEED carries lane scales (kernel-notes 42): every widget combination builds a valid configuration, with
+    lane scales exactly for INT8 Q/K with V-Smooth and ExpCast (the speed loops; fidelity's exp2 loop runs without)."""
     from vc_attention.nodes import presets
 
-    assert presets.K_LANE_SCALES is False
-    monkeypatch.setattr(presets, "K_LANE_SCALES", True)
+    assert SPEED.k_lane_scales and not FIDELITY.k_lane_scales
     for precision in ("int8-qk/fp8-pv", "fp8-qk/fp8-pv"):
         for v_smooth in (True, False):
             for expcast in (True, False):
                 config = presets.config_from_widgets(dict(precision=precision, v_smooth=v_smooth, expcast=expcast))
-                assert config.k_lane_scales == (precision.startswith("int8") and v_smooth), (precision, v_smooth, expcast)
+                assert config.k_lane_scales == (precision.startswith("int8") and v_smooth and expcast), \
+                    (precision, v_smooth, expcast)

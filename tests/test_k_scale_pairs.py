@@ -12,6 +12,11 @@ from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED, VCConfig
 from vc_attention.kernels.prepare_reference import prepare_reference
 
 
+# the speed loop's pairing without K scales per lane (config.SPEED has them: tests/test_k_lanes.py), so the per-128-key
+# scale layout and the anchors below are the pairing's alone
+PAIRED = SPEED.with_(k_lane_scales=False)
+
+
 def _k(n: int, d: int = 64, seed: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     k = torch.randn(1, 2, n, d, generator=gen)
@@ -21,17 +26,17 @@ def _k(n: int, d: int = 64, seed: int = 0) -> torch.Tensor:
 
 def test_config_field_its_values_and_its_pairing():
     assert VCConfig().k_scale_rows == 128 and PLAIN_8BIT.k_scale_rows == 128 and "-k" not in VCConfig().tag
-    assert SPEED.k_scale_rows == 256 and SPEED.tag.endswith("-k256")
+    assert PAIRED.k_scale_rows == 256 and PAIRED.tag.endswith("-k256")
     # fidelity pairs its K scales too (its exp2 256-key loop on the Hopper kernel), with its 128-row means
     assert FIDELITY.k_scale_rows == 256 and FIDELITY.v_mean_rows == 128 and FIDELITY.tag == "int8-vsmooth-mixed-k256-lo32"
     for bad in (64, 512, True, "256"):
         with pytest.raises(ValueError, match="k_scale_rows must be one of"):
-            SPEED.with_(k_scale_rows=bad)
+            PAIRED.with_(k_scale_rows=bad)
     # the loop that pairs the K scales is the one that pairs the means: 256 needs 256-row means, no rank
     with pytest.raises(ValueError, match=r"needs v_mean_rows=256 \(or p='exp2' / 'mixed'\) and v_rank=0"):
         VCConfig(p="expcast", k_scale_rows=256)
     with pytest.raises(ValueError, match=r"needs v_mean_rows=256 \(or p='exp2' / 'mixed'\) and v_rank=0"):
-        SPEED.with_(v_mean_merge=False, v_mean_rows=128)
+        PAIRED.with_(v_mean_merge=False, v_mean_rows=128)
     with pytest.raises(ValueError, match="and v_rank=0"):
         FIDELITY.with_(k_scale_rows=256, v_rank=2)
     with pytest.raises(ValueError, match="needs v='vsmooth'"):
@@ -39,9 +44,9 @@ def test_config_field_its_values_and_its_pairing():
     # exp2 P has no per-step anchor: fidelity's K scales may pair with its 128-row means; a rank turns them back
     assert VCConfig(k_scale_rows=256) == FIDELITY.without_refinements() and FIDELITY.with_rank(2).k_scale_rows == 128
     assert FIDELITY.with_rank(2).with_rank(0).k_scale_rows == 128  # with_rank(0) keeps what it is given
-    assert SPEED.with_(v_mean_merge=False, v_mean_rows=128, k_scale_rows=128).k_scale_rows == 128
-    ranked = SPEED.with_rank(2)  # the low-rank loop anchors per tile: back to 128
-    assert ranked.k_scale_rows == 128 and ranked.v_rank == 2 and SPEED.with_rank(0) == SPEED
+    assert PAIRED.with_(v_mean_merge=False, v_mean_rows=128, k_scale_rows=128).k_scale_rows == 128
+    ranked = PAIRED.with_rank(2)  # the low-rank loop anchors per tile: back to 128
+    assert ranked.k_scale_rows == 128 and ranked.v_rank == 2 and PAIRED.with_rank(0) == PAIRED
 
 
 @pytest.mark.parametrize("n", [1000, 1100, 300])
@@ -50,8 +55,8 @@ def test_quantize_qk_takes_one_scale_per_256_keys_stored_per_128(n):
     amax / 127 of the smoothed K (a lone last 128-key slot: its own rows); the codes use that scale."""
     k = _k(n, 128)
     q = torch.randn(1, 2, n, 128).bfloat16()
-    _, _, k_q, k_sc = R.quantize_qk(q, k, SPEED)
-    _, _, k_q128, k_sc128 = R.quantize_qk(q, k, SPEED.with_(k_scale_rows=128))
+    _, _, k_q, k_sc = R.quantize_qk(q, k, PAIRED)
+    _, _, k_q128, k_sc128 = R.quantize_qk(q, k, PAIRED.with_(k_scale_rows=128))
     slots = -(-n // 128)
     assert k_sc.shape == k_sc128.shape == (1, 2, slots)
     ks = R.smooth_k(k)[0]
@@ -66,15 +71,15 @@ def test_quantize_qk_takes_one_scale_per_256_keys_stored_per_128(n):
 
 def test_head_dim_64_keeps_one_k_scale_per_128_keys():
     """Only the head dim 128 speed loop takes one K scale per 256-key step (reference.PAIRED_K_HEAD_DIMS):
-    at 64 every kernel steps 128 keys, so SPEED's and FIDELITY's K are quantized per 128 keys there."""
-    assert R.k_scale_rows(SPEED, 128) == 256 and R.k_scale_rows(SPEED, 64) == 128
+    at 64 every kernel steps 128 keys, so PAIRED's and FIDELITY's K are quantized per 128 keys there."""
+    assert R.k_scale_rows(PAIRED, 128) == 256 and R.k_scale_rows(PAIRED, 64) == 128
     assert R.k_scale_rows(FIDELITY, 128) == 256 and R.k_scale_rows(FIDELITY, 64) == 128
     assert R.k_scale_rows(PLAIN_8BIT, 128) == 128
     for d, paired in ((64, False), (128, True)):
         k = _k(1100, d)
         q = torch.randn(1, 2, 1100, d).bfloat16()
-        speed = R.quantize_qk(q, k, SPEED)
-        per_tile = R.quantize_qk(q, k, SPEED.with_(k_scale_rows=128))
+        speed = R.quantize_qk(q, k, PAIRED)
+        per_tile = R.quantize_qk(q, k, PAIRED.with_(k_scale_rows=128))
         same = all(torch.equal(a, b) for a, b in zip(speed, per_tile))
         assert same != paired, d
 
@@ -89,14 +94,14 @@ def test_speed_encoding_anchors_a_256_key_step_at_one_maximum():
     acc = torch.randint(-2000000, 2000000, (1, 1, 8, 512), generator=gen).float()
     scale = torch.full_like(acc, 2.0e-5)  # A = rint(167.77) = 168
     s = acc * scale
-    got = R.quantize_p(s, SPEED, 256, acc=acc, scale=scale)
+    got = R.quantize_p(s, PAIRED, 256, acc=acc, scale=scale)
     run = R.running_row_offsets(s, 256)
     m_run = run.repeat_interleave(256, dim=-1)
     p = R.p_expcast(s, m_run, acc=acc, scale=scale, a0=R.block_row_max(acc, 256))
     assert torch.equal(got, p.double() * torch.exp2(m_run.double() - run[..., -1:].double()))
     a0_128 = R.block_row_max(acc, 128)
     assert not torch.equal(a0_128, R.block_row_max(acc, 256))
-    per_tile = R.quantize_p(s, SPEED.with_(k_scale_rows=128), 256, acc=acc, scale=scale)
+    per_tile = R.quantize_p(s, PAIRED.with_(k_scale_rows=128), 256, acc=acc, scale=scale)
     assert not torch.equal(got, per_tile)  # some codes move with the anchor
     assert float((got - per_tile).abs().max() / got.abs().max()) < 2e-2
 
@@ -106,17 +111,17 @@ def test_prepare_reference_holds_the_pairs_in_the_contract():
     gen = torch.Generator().manual_seed(5)
     q, v = (torch.randn(1, 2, n, 128, generator=gen).bfloat16() for _ in range(2))
     k = _k(n, 128, seed=5)
-    ops = prepare_reference(q, k, v, None, SPEED)
+    ops = prepare_reference(q, k, v, None, PAIRED)
     assert ops.k_scale.shape == (1, 2, 9)
     assert torch.equal(ops.k_scale[..., 0:8:2], ops.k_scale[..., 1:8:2])
-    other = prepare_reference(q, k, v, None, SPEED.with_(k_scale_rows=128))
+    other = prepare_reference(q, k, v, None, PAIRED.with_(k_scale_rows=128))
     assert not torch.equal(other.k_scale[..., 0:8:2], other.k_scale[..., 1:8:2])
 
 
 def test_sm90_passes_segment_flags_to_the_paired_loop_only(monkeypatch):
     """vsmooth mode 2 (means and K scales paired) is the loop that reads the segment flags; with K scales per
     128 keys the per-tile loop (mode 1) runs, and the flags must stay behind (the binding refuses them there).
-    Paired K scales add VSMOOTH_PAIRED_K (fidelity's exp2 loop reads one per step then): SPEED's, FIDELITY's, and
+    Paired K scales add VSMOOTH_PAIRED_K (fidelity's exp2 loop reads one per step then): PAIRED's, FIDELITY's, and
     neither at head dim 64 nor with K scales per 128 keys."""
     from vc_attention.kernels.constants import VSMOOTH_PAIRED_K
 
@@ -133,10 +138,10 @@ def test_sm90_passes_segment_flags_to_the_paired_loop_only(monkeypatch):
                                v_t=None, v_scale=None, v_mean=None, v_low_t=None, v_low_basis=None, v_low_scale=None,
                                n_tokens=500, v_seg_end=flags, v_lo_t=None, v_lo_sel=None)
 
-    backend_sm90.attention_from_operands(ops(128), SPEED, torch.empty(1, 2, 500, 128), "bhnd")
-    backend_sm90.attention_from_operands(ops(128), SPEED.with_(k_scale_rows=128), torch.empty(1, 2, 500, 128), "bhnd")
+    backend_sm90.attention_from_operands(ops(128), PAIRED, torch.empty(1, 2, 500, 128), "bhnd")
+    backend_sm90.attention_from_operands(ops(128), PAIRED.with_(k_scale_rows=128), torch.empty(1, 2, 500, 128), "bhnd")
     # head dim 64: the spec keeps K scales per 128 keys (reference.k_scale_rows), so the per-tile mode
-    backend_sm90.attention_from_operands(ops(64), SPEED, torch.empty(1, 2, 500, 64), "bhnd")
+    backend_sm90.attention_from_operands(ops(64), PAIRED, torch.empty(1, 2, 500, 64), "bhnd")
     backend_sm90.attention_from_operands(ops(128), FIDELITY, torch.empty(1, 2, 500, 128), "bhnd")
     backend_sm90.attention_from_operands(ops(128), FIDELITY.with_(k_scale_rows=128), torch.empty(1, 2, 500, 128), "bhnd")
     backend_sm90.attention_from_operands(ops(64), FIDELITY, torch.empty(1, 2, 500, 64), "bhnd")

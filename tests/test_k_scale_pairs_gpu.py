@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vc_attention.kernels import backends, reference
-from vc_attention.kernels.config import FIDELITY as FIDELITY_PRESET, PLAIN_8BIT, SPEED
+from vc_attention.kernels.config import FIDELITY as FIDELITY_PRESET, PLAIN_8BIT, SPEED as SPEED_PRESET
 from vc_attention.kernels.constants import VSMOOTH_PAIRED_K
 from vc_attention.kernels.prepare_cuda import prepare_cuda
 from vc_attention.kernels.prepare_reference import prepare_reference
@@ -19,6 +19,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 FIDELITY = FIDELITY_PRESET.without_refinements()
 
 GATE = 1e-3  # tests/test_backends_gpu.py's: rel-L2 above the dtype's rounding of the float64 emulation
+# the speed loop's K pairing alone (config.SPEED adds K scales per lane: tests/test_k_lanes_gpu.py runs those)
+SPEED = SPEED_PRESET.with_(k_lane_scales=False)
 PER_TILE = SPEED.with_(k_scale_rows=128)
 FIDELITY_PER_TILE = FIDELITY.with_(k_scale_rows=128)  # a custom configuration: the exp2 loop that reads each tile's
 

@@ -131,6 +131,8 @@ def test_wide_matches_reference(variant, name, n, layout, d, dtype, emulate_step
     # the 16-row layout (the baseline of the LSE test below) steps by 128 keys, the wide ones by 64
     emulate_steps(WIDE_STEP_KEYS if variant in WIDE else reference.K_BLOCK, variant)
     config = CONFIGS[name]
+    if variant not in WIDE:  # K scales per lane are the wide layout's (the 16-row build refuses them: config.SPEED's)
+        config = config.with_(k_lane_scales=False)
     q, k, v = _qkv(2, 3, n, d, dtype, layout, seed=n + d)
     perm = torch.argsort(torch.rand(2, 3, n, device="cuda"), dim=-1) if config.v == "vsmooth" else None
     _check(variant, q, k, v, perm, config, layout)
@@ -153,7 +155,7 @@ def test_wide_video_like(variant, name, emulate_steps):
 def test_wide_lse_matches_the_16_row_build(variant):
     """The LSE output of the wide layout equals the 16-row build's (same scores, same offsets'
     meaning), and its output is within the gate of the 16-row build's at N = 32760."""
-    config = SPEED
+    config = SPEED.with_(k_lane_scales=False)  # the 16-row build takes no K scales per lane
     q, k, v = _qkv(1, 2, 32760, 128, torch.bfloat16, "bhnd", seed=5)
     perm = torch.argsort(torch.rand(1, 2, 32760, device="cuda"), dim=-1)
     ops = prepare_cuda(q, k, v, perm, config)

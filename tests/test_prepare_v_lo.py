@@ -14,7 +14,7 @@ def test_the_binding_arguments_end_with_the_channel_count(config):
     q = torch.zeros(1, 2, 300, 128, dtype=torch.bfloat16)
     args = prep.binding_args(q, q, q, None, config, "bhnd", None, None)
     assert len(args) == 14 and args[-1] == config.v_lo_channels
-    assert args[-2] is False and args[10] == (config.v_mean_merge and config.v_mean_rows == 256)  # k_lanes, merges
+    assert args[-2] is config.k_lane_scales and args[10] == (config.v_mean_merge and config.v_mean_rows == 256)  # k_lanes, merges
 
 
 @pytest.mark.parametrize("variant", [name for name in prep.VARIANTS if name != "default"])

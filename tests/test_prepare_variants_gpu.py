@@ -66,9 +66,9 @@ def test_variant_writes_the_default_builds_operands_bit_for_bit(variant, name, n
     assert _kernels(prep.extension(flags)) == EXPECTED_KERNELS[variant] and _kernels(prep.extension()) == (0, 0, 0, 0)
     config = CONFIGS[name]
     if variant in prep.MEAN_128_ONLY:  # its statistics pass covers 128 rows a block (refusal: the test below)
-        config = config.with_(v_mean_merge=False, v_mean_rows=128, k_scale_rows=128)
-    else:  # every variant takes K scales per 128 keys only (refusal: the test below)
-        config = config.with_(k_scale_rows=128)
+        config = config.with_(v_mean_merge=False, v_mean_rows=128, k_scale_rows=128, k_lane_scales=False)
+    else:  # every variant takes K scales per 128 keys only (refusal: the test below), so no lane scales either
+        config = config.with_(k_scale_rows=128, k_lane_scales=False)
     q, k, v = _inputs(n, d, dtype, layout, seed=n + d)
     perm = torch.argsort(torch.rand(2, 3, n, device="cuda"), dim=-1)
     expected = prep.prepare_cuda(q, k, v, perm, config, layout)
@@ -91,7 +91,7 @@ def test_variants_with_128_row_statistics_refuse_256_row_means(variant):
     q, k, v = _inputs(300, 128, torch.bfloat16, "bhnd", seed=1)
     assert SPEED.v_mean_rows == 256
     with pytest.raises(ValueError, match="128-row V means only"):
-        prep.prepare_cuda(q, k, v, None, SPEED, variant_flags=prep.VARIANTS[variant])
+        prep.prepare_cuda(q, k, v, None, SPEED.with_(k_lane_scales=False), variant_flags=prep.VARIANTS[variant])
 
 
 @pytest.mark.parametrize("variant", sorted(set(prep.VARIANTS) - {"default"} - prep.MEAN_128_ONLY))
@@ -101,4 +101,4 @@ def test_variants_refuse_256_key_k_scales(variant):
     q, k, v = _inputs(300, 128, torch.bfloat16, "bhnd", seed=1)
     assert SPEED.k_scale_rows == 256
     with pytest.raises(ValueError, match="K scales per 128 keys only"):
-        prep.prepare_cuda(q, k, v, None, SPEED, variant_flags=prep.VARIANTS[variant])
+        prep.prepare_cuda(q, k, v, None, SPEED.with_(k_lane_scales=False), variant_flags=prep.VARIANTS[variant])

@@ -111,7 +111,7 @@ def test_quantize_p_anchors_expcast_at_each_key_blocks_integer_max():
     run = R.running_row_offsets(s)
     m_run = run.repeat_interleave(R.K_BLOCK, dim=-1)[..., : s.shape[-1]]
     rescale = torch.exp2(m_run.double() - run[..., -1:].double())
-    got = R.quantize_p(s, SPEED, acc=acc, scale=scale)
+    got = R.quantize_p(s, SPEED.with_(k_lane_scales=False), acc=acc, scale=scale)  # (lanes: tests/test_k_lanes.py)
     block_a0 = R.p_expcast(s, m_run, acc=acc, scale=scale, a0=R.block_row_max(acc, R.K_BLOCK))
     row_a0 = R.p_expcast(s, m_run, acc=acc, scale=scale, a0=acc.amax(-1, keepdim=True))
     assert torch.equal(got, block_a0.double() * rescale)

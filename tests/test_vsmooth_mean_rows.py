@@ -38,7 +38,7 @@ def test_the_residual_is_taken_against_the_pair_mean():
     err = (vs.dequantized() - v.float()).abs().max()
     assert err <= vs.scale.max() * 448 * 2.0**-4
     assert torch.equal(R.dequantized_v(v, SPEED), vs.dequantized())
-    assert not torch.equal(R.dequantized_v(v, SPEED), R.dequantized_v(v, SPEED.with_(v_mean_merge=False, v_mean_rows=128, k_scale_rows=128)))
+    assert not torch.equal(R.dequantized_v(v, SPEED), R.dequantized_v(v, SPEED.with_(k_lane_scales=False, v_mean_merge=False, v_mean_rows=128, k_scale_rows=128)))
 
 
 def test_the_operand_contract_keeps_one_mean_per_128_rows():
@@ -52,7 +52,7 @@ def test_the_operand_contract_keeps_one_mean_per_128_rows():
 
 def test_config_checks_and_tags():
     assert SPEED.v_mean_rows == 256 and FIDELITY.v_mean_rows == 128 and PLAIN_8BIT.v_mean_rows == 128
-    assert SPEED.tag.endswith("-mean256-merged-k256") and FIDELITY.tag == "int8-vsmooth-mixed-k256-lo32"
+    assert SPEED.tag.endswith("-mean256-merged-k256-lanes") and FIDELITY.tag == "int8-vsmooth-mixed-k256-lo32"
     for bad in (64, 512, 130, True, "256"):
         with pytest.raises(ValueError, match="v_mean_rows must be one of"):
             VCConfig(v_mean_rows=bad)

@@ -13,7 +13,7 @@ from vc_attention.kernels.prepare_reference import prepare_reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-MERGED = SPEED.with_(v_mean_merge=True)
+MERGED = SPEED.with_(v_mean_merge=True, k_lane_scales=False)  # the segments alone (with lanes: tests/test_k_lanes_gpu.py)
 GATE = 1e-3  # tests/test_backends_gpu.py's: rel-L2 above the dtype's rounding of the float64 emulation
 
 
