@@ -20,7 +20,7 @@
 #                 GPU tests with the paired-K tiers they touch, then bench/k_lanes_bench.py (time beside the presets and
 #                 SageAttention 2.2 at Wan2.2-14B / Wan2.1-1.3B, rel-L2 on the video-like data at 32,760 / 75,600)
 #         sums    (not in the default list) the step's row sums beside the second V term (VLO = 30, kernel-notes 40):
-#                 split_ch8_lo32 (the product's fidelity kernel) and split_ch8_lo30 (30 channels + 2 sum rows, n = 160)
+#                 split_ch8_lo32 (the product's fidelity kernel until kernel-notes 42) and split_ch8_lo30 (30 channels + 2 sum rows, n = 160)
 #                 gated against their specs and timed at the Wan / HunyuanVideo shapes, then both rel-L2 on the
 #                 video-like data beside SageAttention 2.2 (bench/mixed_fidelity_gpu.py)
 #         lorun   (not in the default list) the second term's running sum in registers (VC_SM90_LO_RUN_REGS, the default

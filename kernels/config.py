@@ -82,7 +82,7 @@ class VCConfig:
         tokens (docs/fidelity-study.md "A second E4M3 term for the residual's busiest channels"). A kernel pays one
         narrow PV MMA more per step (n = 16 / 32 next to n = D + 8). The CUDA prepare writes it (prepare_cuda,
         csrc/prepare_v_lo.cuh); sm90's refined fidelity kernels take constants.SM90_V_LO_CHANNELS (measured: rel-L2
-        -11% at 32,760 and 75,600 tokens, +19% time alone, docs/kernel-notes.md section 38); config.FIDELITY takes 32.
+        -11% at 32,760 and 75,600 tokens, +19% time alone, docs/kernel-notes.md section 38); config.FIDELITY takes 30 (section 42).
         Where a kernel lacks it the call runs without it (a refinement: refinements_dropped; the portable kernel).
     """
 
@@ -209,11 +209,12 @@ class VCConfig:
 
 # The three configurations the product talks about. Fidelity takes one K scale per 256 keys (emulated error-neutral,
 # docs/fidelity-study.md; the Hopper exp2 loop then keeps one score scale per row and step: kernel-notes section 30),
-# and since section 38 the chord for every key on that loop with the V residual's second term on 32 channels: the
+# and since section 38 the chord for every key on that loop with the V residual's second term (32 channels; 30 since
+# section 42, the step's row sums in the term's box: constants.SM90_V_LO_CHANNELS): the
 # adoption rule of section 36 (the fastest combination at or under 0.70x SageAttention 2.2's rel-L2 at 32,760 and
 # 75,600 tokens) picked it on an H100: 0.653x / 0.681x (exp2 alone: 0.715x / 0.751x) at 143.6 against 139.7 ms at
 # Wan2.2-14B 720p. Kernels without the refinements (the portable one) run it as p="exp2" without the term.
-FIDELITY = VCConfig(qk="int8", v="vsmooth", p="mixed", k_scale_rows=2 * K_BLOCK, v_lo_channels=32)
+FIDELITY = VCConfig(qk="int8", v="vsmooth", p="mixed", k_scale_rows=2 * K_BLOCK, v_lo_channels=30)
 SPEED = VCConfig(qk="int8", v="vsmooth", p="expcast", v_mean_rows=2 * V_BLOCK, v_mean_merge=True, k_scale_rows=2 * K_BLOCK,
                  k_lane_scales=True)
 PLAIN_8BIT = VCConfig(qk="int8", v="per_channel", p="exp2")

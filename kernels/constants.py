@@ -43,8 +43,11 @@ MIXED_P_LOG2_MAX = EXPCAST_LOG2_SCALE
 # 139.0 ms at Wan2.2-14B for +2.3% / +1.2% rel-L2 at 32,760 / 75,600 tokens (docs/kernel-notes.md section 38)
 MIXED_CHORD_EIGHTHS = 8
 # The channels of the V residual's second term (VCConfig.v_lo_channels) that the Hopper product library's fidelity
-# kernel takes per call (csrc sm90_launch.cu refined_kernels: beside the kernel without it, as p="mixed" beside "exp2")
-SM90_V_LO_CHANNELS = 32
+# kernel takes per call (csrc sm90_launch.cu refined_kernels: beside the kernel without it, as p="mixed" beside "exp2").
+# 30: the step's two row sums ride in the term's 32-row box (n = 160 instead of 168); with the term's running sum in
+# registers the H100 measured -1.4% / -3.3% / -3.0% at Wan2.2-14B / 1.3B / HunyuanVideo against 32 channels for +0.8%
+# of fidelity's rel-L2 (docs/kernel-notes.md sections 41-42)
+SM90_V_LO_CHANNELS = 30
 
 # V-Smooth's low-rank term rides in the PV MMA's spare output columns: the 8 extra V^T rows after the
 # D channel rows (n = D + 8) hold E4M3 ones in row 0 for even 128-key tiles and in row 1 for odd ones (the

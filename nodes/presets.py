@@ -18,9 +18,9 @@ which are our own H200 measurements):
   (emulated at 32,760 tokens with the node's grouping: 0.01026 vs 0.01003, docs/fidelity-study.md;
   0.0109 vs 0.0107 measured on the H200) and its kernel is 8-9% faster at Wan2.2-14B 720p
   (docs/kernel-notes.md section 14): the balanced trade. Fidelity runs config.FIDELITY: the same chord for every
-  key on its own exp2 loop (128-row value means, no merging) plus a second FP8 term for the value residual's 32
-  busiest channels, 0.653x / 0.681x SageAttention 2.2's rel-L2 at 32,760 / 75,600 tokens on an H100 at about the
-  old fidelity kernel's time (docs/kernel-notes.md section 38).
+  key on its own exp2 loop (128-row value means, no merging) plus a second FP8 term for the value residual's 30
+  busiest channels (32 until section 42: 0.653x / 0.681x SageAttention 2.2's rel-L2 at 32,760 / 75,600 tokens on an
+  H100, docs/kernel-notes.md section 38; 30 channels measured +0.8% rel-L2 for 1.4-3.3% less time, section 42).
 - grouping_window 0.25 everywhere: the paper's schedule (grouping in the first 25% of the steps);
   grouping at every step gains only 0.5 dB PSNR, with worse SSIM/LPIPS, at +30% attention time.
 - clusters / kmeans_iters: more clusters and iterations make the 128-token blocks of the permuted V

@@ -28,7 +28,7 @@ def test_config_field_its_values_and_its_pairing():
     assert VCConfig().k_scale_rows == 128 and PLAIN_8BIT.k_scale_rows == 128 and "-k" not in VCConfig().tag
     assert PAIRED.k_scale_rows == 256 and PAIRED.tag.endswith("-k256")
     # fidelity pairs its K scales too (its exp2 256-key loop on the Hopper kernel), with its 128-row means
-    assert FIDELITY.k_scale_rows == 256 and FIDELITY.v_mean_rows == 128 and FIDELITY.tag == "int8-vsmooth-mixed-k256-lo32"
+    assert FIDELITY.k_scale_rows == 256 and FIDELITY.v_mean_rows == 128 and FIDELITY.tag == "int8-vsmooth-mixed-k256-lo30"
     for bad in (64, 512, True, "256"):
         with pytest.raises(ValueError, match="k_scale_rows must be one of"):
             PAIRED.with_(k_scale_rows=bad)

@@ -79,7 +79,7 @@ def test_exp2_keys_are_monotone_in_the_score():
 def test_the_configuration_takes_mixed_where_it_takes_exp2():
     assert VCConfig(p="mixed", k_scale_rows=256).k_scale_rows == 256  # paired K scales with 128-row means, as exp2
     assert VCConfig(p="mixed", k_scale_rows=256).tag == "int8-vsmooth-mixed-k256"
-    assert FIDELITY.tag == "int8-vsmooth-mixed-k256-lo32"  # the preset since kernel-notes section 38
+    assert FIDELITY.tag == "int8-vsmooth-mixed-k256-lo30"  # the preset since kernel-notes section 38
     with pytest.raises(ValueError, match="p must be one of"):
         VCConfig(p="mix")
 

@@ -7,6 +7,7 @@ import torch
 
 from vc_attention.kernels import api, backends
 from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED
+from vc_attention.kernels.constants import SM90_V_LO_CHANNELS
 
 # fidelity without its refinements (config.FIDELITY carries both since kernel-notes section 38): what a kernel without
 # them runs
@@ -105,7 +106,6 @@ def test_a_backend_with_the_refinements_in_some_kernels_only_runs_them_there(reg
     from dataclasses import replace
 
     from vc_attention.kernels import backend_sm90
-    from vc_attention.kernels.constants import SM90_V_LO_CHANNELS
 
     where = backend_sm90.refinements_where
     both = BASE.with_(p="mixed", v_lo_channels=SM90_V_LO_CHANNELS)
@@ -136,7 +136,6 @@ def test_the_sm90_backend_declares_the_refined_kernels_only_once_measured():
     # REFINEMENTS_DECLARED (backend_sm90): until the GPU suite has run tests/test_sm90_refined_gpu.py, a call with
     # the refinements runs without them on the Hopper kernel
     from vc_attention.kernels import backend_sm90
-    from vc_attention.kernels.constants import SM90_V_LO_CHANNELS
 
     c = backend_sm90.CONSTRAINTS
     declared = backend_sm90.REFINEMENTS_DECLARED
@@ -145,7 +144,7 @@ def test_the_sm90_backend_declares_the_refined_kernels_only_once_measured():
 
 
 def test_the_fidelity_preset_carries_both_refinements_and_drops_to_the_base():
-    assert FIDELITY.has_refinements and FIDELITY.p == "mixed" and FIDELITY.v_lo_channels == 32
+    assert FIDELITY.has_refinements and FIDELITY.p == "mixed" and FIDELITY.v_lo_channels == SM90_V_LO_CHANNELS == 30
     assert FIDELITY.refinements_dropped()[-1] == BASE and not BASE.has_refinements
     assert not SPEED.has_refinements and not PLAIN_8BIT.has_refinements
 

@@ -79,7 +79,7 @@ def test_the_configuration_field():
     assert FIDELITY.with_(v_lo_channels=16).with_rank(6).v_lo_channels == 0
 
 
-def test_sm90_claims_the_presets_32_channels_the_reference_runs_every_count():
+def test_sm90_claims_the_presets_channels_the_reference_runs_every_count():
     q, q128 = torch.zeros(1, 2, 8, 64), torch.zeros(1, 2, 8, 128)
     config = FIDELITY.with_(v_lo_channels=16)
     for name in ("sm90", "mma"):
@@ -87,11 +87,12 @@ def test_sm90_claims_the_presets_32_channels_the_reference_runs_every_count():
         c = dataclasses.replace(backends.get(name).constraints, device_type="any", dtypes=None, aligned_rows=False)
         assert backends.call_reason(c, config.with_(v_lo_channels=0), "bhnd", q) is None
         assert "v_lo_channels" in backends.call_reason(c, config, "bhnd", q)
-    # sm90's refined fidelity kernels: 32 channels (constants.SM90_V_LO_CHANNELS), head dim 128 only
+    # sm90's refined fidelity kernels: 30 channels (constants.SM90_V_LO_CHANNELS: the preset's), head dim 128 only
     from vc_attention.kernels import backend_sm90
 
     sm90 = dataclasses.replace(backends.get("sm90").constraints, device_type="any", dtypes=None, aligned_rows=False)
-    assert 16 not in sm90.v_lo_channels and (32 in sm90.v_lo_channels) == backend_sm90.REFINEMENTS_DECLARED
+    assert 16 not in sm90.v_lo_channels and 32 not in sm90.v_lo_channels
+    assert (FIDELITY_PRESET.v_lo_channels in sm90.v_lo_channels) == backend_sm90.REFINEMENTS_DECLARED
     if backend_sm90.REFINEMENTS_DECLARED:
         assert backends.call_reason(sm90, FIDELITY_PRESET, "bhnd", q128) is None
         assert "head dim 128" in backends.call_reason(sm90, FIDELITY_PRESET, "bhnd", q)

@@ -77,8 +77,8 @@ def masked_sass(tmp_path, flags) -> dict[str, list[str]]:
 
 def test_the_product_refined_kernels_are_the_variants_that_were_measured(tmp_path):
     """The product library's refined kernels (VLO = SM90_V_LO_CHANNELS, CHORD = MIXED_CHORD_EIGHTHS, each and both) are
-    instruction for instruction the kernels of the variant builds bench/sm90_variants.sh times and gates (split_lo32,
-    split_ch8, split_ch8_lo32 at the adopted constants), so the variants' measurements are the product's."""
+    instruction for instruction the kernels of the variant builds bench/sm90_variants.sh times and gates (the term
+    alone, split_ch8 and split_ch8_lo30 at the adopted constants), so the variants' measurements are the product's."""
     from vc_attention.kernels.constants import MIXED_CHORD_EIGHTHS, SM90_V_LO_CHANNELS
 
     L, C = SM90_V_LO_CHANNELS, MIXED_CHORD_EIGHTHS

@@ -52,7 +52,7 @@ def test_the_operand_contract_keeps_one_mean_per_128_rows():
 
 def test_config_checks_and_tags():
     assert SPEED.v_mean_rows == 256 and FIDELITY.v_mean_rows == 128 and PLAIN_8BIT.v_mean_rows == 128
-    assert SPEED.tag.endswith("-mean256-merged-k256-lanes") and FIDELITY.tag == "int8-vsmooth-mixed-k256-lo32"
+    assert SPEED.tag.endswith("-mean256-merged-k256-lanes") and FIDELITY.tag == "int8-vsmooth-mixed-k256-lo30"
     for bad in (64, 512, 130, True, "256"):
         with pytest.raises(ValueError, match="v_mean_rows must be one of"):
             VCConfig(v_mean_rows=bad)
