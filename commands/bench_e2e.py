@@ -21,7 +21,6 @@ import torch
 from ..kernels import grouping
 from ..kernels.api import vc_attention
 from ..kernels.config import FIDELITY, SPEED, VCConfig
-from ..nodes.presets import within_bins
 from .errors import require_cuda
 
 WAN_14B = dict(
@@ -119,9 +118,24 @@ def _timed_forward(model, inputs) -> tuple[float, torch.Tensor]:
     return start.elapsed_time(end), out
 
 
+def mode_grouping(mode: str, clusters: int | None = None, iters: int | None = None) -> tuple[int, int, int]:
+    """(clusters, iterations, within-cluster bins) a mode's forwards group with: the attention bench's
+    (commands/bench_attention: fidelity the fidelity preset's, speed the balanced preset's, the default preset that runs
+    ExpCast), or `clusters` x `iters` without bins when given."""
+    from .bench_attention import fidelity_grouping, fidelity_within_bins
+
+    if clusters is None:
+        return (*fidelity_grouping(f"vc-{mode}"), fidelity_within_bins(f"vc-{mode}"))
+    return clusters, grouping.DEFAULT_ITERS if iters is None else iters, grouping.DEFAULT_WITHIN_BINS
+
+
 def run_e2e(layers: int = 40, frames: int = 81, height: int = 720, width: int = 1280, repeats: int = 2,
-            clusters: int = grouping.DEFAULT_CLUSTERS, iters: int = grouping.DEFAULT_ITERS, log=print) -> dict:
-    """Time SDPA vs VC fidelity vs VC speed forwards; returns a dict of results (ms, speed-ups, error)."""
+            clusters: int | None = None, iters: int | None = None, log=print) -> dict:
+    """Time SDPA vs VC fidelity vs VC speed forwards; returns a dict of results (ms, speed-ups, error).
+
+    Each mode groups as the attention bench measures it (commands/bench_attention.fidelity_grouping: fidelity the
+    fidelity preset's grouping, speed the balanced preset's, both with their within-cluster bins); `clusters` and
+    `iters` given override both (without bins)."""
     require_cuda("vc-attention bench --e2e")
     t0 = time.time()
     model = build_model(layers)
@@ -149,7 +163,8 @@ def run_e2e(layers: int = 40, frames: int = 81, height: int = 720, width: int = 
         log(f"[e2e] sageattn-2.2: forward {med:.0f} ms ({results['sdpa_ms'] / med:.2f}x SDPA), rel-L2 vs SDPA {err:.4f}")
         del runs
     for name, config in (("fidelity", FIDELITY), ("speed", SPEED)):
-        groups = LayerGroupings(clusters, iters, within_bins(name))  # the preset's within-cluster bins
+        c, i, bins = mode_grouping(name, clusters, iters)
+        groups = LayerGroupings(c, i, bins)
         with vc_sdpa(config, groups):
             group_ms, _ = _timed_forward(model, inputs)  # grouping step: k-means for every layer
             groups.recompute = False
@@ -161,7 +176,7 @@ def run_e2e(layers: int = 40, frames: int = 81, height: int = 720, width: int = 
         err = ((out.float() - ref_out).norm() / ref_out.norm()).item()
         med = statistics.median(times)
         results[name] = {"forward_ms": med, "grouping_forward_ms": group_ms, "speedup": results["sdpa_ms"] / med,
-                         "rel_l2_vs_sdpa": err}
+                         "rel_l2_vs_sdpa": err, "grouping": f"{c} x {i}" + (f", {bins} bins" if bins >= 2 else "")}
         log(f"[e2e] {name}: forward {med:.0f} ms ({results['sdpa_ms'] / med:.2f}x SDPA), grouping forward "
             f"{group_ms:.0f} ms, output rel-L2 vs SDPA {err:.4f}")
     return results
@@ -178,5 +193,5 @@ def e2e_rows(**kwargs) -> list[dict]:
             r = res[name]
             rows.append(dict(common, method=name if name.startswith("sage") else f"vc-{name}",
                              forward_ms=r["forward_ms"], x_sdpa=r["speedup"], rel_l2_vs_sdpa=r["rel_l2_vs_sdpa"],
-                             grouping_forward_ms=r.get("grouping_forward_ms")))
+                             grouping_forward_ms=r.get("grouping_forward_ms"), grouping=r.get("grouping")))
     return rows

@@ -30,7 +30,8 @@ def _doc():
     bench_results.merge(doc, "e2e", ENV, [dict(common, method="sdpa", forward_ms=12000.0, x_sdpa=1.0, rel_l2_vs_sdpa=0.0,
                                                grouping_forward_ms=None),
                                           dict(common, method="vc-speed", forward_ms=9000.0, x_sdpa=1.33,
-                                               rel_l2_vs_sdpa=0.01, grouping_forward_ms=9500.0)])
+                                               rel_l2_vs_sdpa=0.01, grouping_forward_ms=9500.0,
+                                               grouping="128 x 1, 8 bins")])
     bench_results.merge(doc, "e2e-multigpu", ENV, [
         dict(method="native", gpus=1, forward_ms=12000.0, x_1gpu=1.0, x_native_2gpu=0.55, rel_l2=0.0, grouping_forward_ms=None,
              layers=40, tokens=75600, kernels=[]),
@@ -68,6 +69,11 @@ def test_every_section_renders_and_figures_follow_the_rows():
     # a row that recorded its preset's values names its grouping
     assert "| VC-Attention node, fidelity (grouping 128 x 1) | 6.50 | 1.85 | 1.10 | 0.0120 | sm90 480 |" in text
     assert "| vc-balanced | 2 | 5200 | 1.85 | 1.27 | 0.0110 |" in text
+    # e2e rows that recorded their grouping say it (rows saved before did not: no line)
+    assert "Grouping (k-means clusters x iterations): VC-Attention **speed** (V-Smooth + ExpCast) 128 x 1, 8 bins." in text
+    old_e2e = _doc()
+    del old_e2e["sections"]["e2e"]["rows"][1]["grouping"]
+    assert "Grouping (k-means" not in bench_report.render_benchmarks({"nvidia-h200.json": old_e2e})
     changed = _doc()
     changed["sections"]["attention"]["rows"][3]["ms"] = 121.0
     assert bench_report.render_benchmarks({"nvidia-h200.json": changed}) != text
@@ -190,3 +196,16 @@ def test_a_section_says_when_a_preset_changed_since_it_was_measured():
                 "command": "vc-attention bench --save", "presets": old},
         "rows": [{"shape": bench_report.HEADLINE_SHAPE, "B": 1, "H": 40, "N": 75600, "D": 128, "method": "vc-fidelity",
                   "portable": False, "ms": 1.0, "x_cudnn": 1.0, "x_sageattn": 1.0, "rel_l2_video_like": 0.01}]}}}})
+
+
+def test_the_e2e_forwards_group_as_the_attention_bench_measures_each_mode():
+    """commands/bench_e2e.mode_grouping: fidelity the fidelity preset's grouping, speed the balanced preset's (the
+    default preset that runs ExpCast), each with its within-cluster bins; clusters / iters given: both modes, no bins."""
+    from vc_attention.commands.bench_e2e import mode_grouping
+    from vc_attention.kernels import grouping
+    from vc_attention.nodes.presets import PRESETS, WITHIN_BINS
+
+    for mode, preset in (("fidelity", "fidelity"), ("speed", "balanced")):
+        assert mode_grouping(mode) == (PRESETS[preset]["clusters"], PRESETS[preset]["kmeans_iters"], WITHIN_BINS[preset])
+    assert mode_grouping("speed", 32, 3) == (32, 3, grouping.DEFAULT_WITHIN_BINS)
+    assert mode_grouping("fidelity", 32) == (32, grouping.DEFAULT_ITERS, grouping.DEFAULT_WITHIN_BINS)
