@@ -190,7 +190,7 @@ for stage in $stages; do
     ratio)  # (not in the default list) issue 10's speed / fidelity error ratio: speed-mode candidates (grouping, lanes)
       # beside the fidelity preset, public op timed at the Wan shapes and rel-L2 on the video-like data (kernel-notes 41)
       step speed_ratio 420 python3 bench/k_lanes_bench.py --name speed_ratio --out "$OUT" --shapes wan22-14b-720p,wan21-1.3b-480p \
-        --rows "${RATIO_ROWS:-fidelity@128x1b8,speed@64x2,speed@128x1b8,speed+lanes@64x2,speed+lanes@128x1b8}" ;;
+        --rows "${RATIO_ROWS:-fidelity@128x1b8,speed+lanes@64x2b8,speed+lanes@64x1,speed+lanes@128x1b8,speed@64x1}" ;;
     spread)  # fidelity's paired-K loop against the unpaired one in rounds, with the GPU's clocks (kernel-notes 35)
       step fidelity_spread 300 python3 bench/fidelity_spread.py --rounds 6 --out "$OUT" ;;
     *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio)"; exit 2 ;;

@@ -25,12 +25,14 @@ which are our own H200 measurements):
   grouping at every step gains only 0.5 dB PSNR, with worse SSIM/LPIPS, at +30% attention time.
 - clusters / kmeans_iters: more clusters and iterations make the 128-token blocks of the permuted V
   more homogeneous (less residual energy to quantize) at a higher grouping cost, which is paid only
-  inside the grouping window. Speed runs kernels/grouping.py's 64 clusters x 1 iteration (the cheapest grouping:
-  about 2/3 of the 64 x 2 default's time for +0.4-0.8% rel-L2 on the H200); fidelity and balanced run 128 clusters
-  x 1 iteration with 8 within-cluster bins (WITHIN_BINS), which for balanced's ExpCast kernel with K scales per lane
-  (config.SPEED) measured 1.127x / 1.107x fidelity's rel-L2 at 32,760 / 75,600 tokens on an H100 against 1.181x /
-  1.173x at speed's 64 x 1 without lanes, for +4% of the kernel's time at Wan2.2-14B (docs/kernel-notes.md section
-  42, bench/results/nvidia-h100-speed-ratio.json). Fidelity's 128 x 1 is, on the H200, both more faithful and faster
+  inside the grouping window. Balanced uses kernels/grouping.py's defaults (64 x 2, the grouping sweep of
+  docs/grouping.md) with 8 within-cluster bins (WITHIN_BINS): with config.SPEED's K scales per lane its rel-L2 is
+  1.127x / 1.114x fidelity's at 32,760 / 75,600 tokens (emulated, bench/results/speed-ratio-study-lo30-*.json; the
+  same emulation gave 1.128x where an H100 measured 1.127x, bench/results/nvidia-h100-speed-ratio.json). 128 x 1
+  with bins is 1-1.5 points lower still, but 64 clusters keep the fused grouping kernels on every GPU (128 at head
+  dim 128 need 148 KB of shared memory: more than an RTX 40/50 has, docs/kernel-notes.md section 42). Speed runs one
+  iteration without bins (the cheapest grouping: about 2/3 of 64 x 2's time; 1.148x / 1.144x fidelity's rel-L2 with
+  lanes); fidelity runs 128 clusters x 1 iteration, which on the H200 is both more faithful and faster
   than the 64 x 4 it replaced: rel-L2 0.726x / 0.753x SageAttention 2.2's at 32,760 / 75,600 tokens
   against 0.737x / 0.769x, grouping 6.5 ms against 8.1 ms at Wan2.2-14B 720p
   (bench/results/nvidia-h200-preset-groupings.json, `python3 bench/grouping_fidelity_gpu.py`). Every
@@ -66,8 +68,8 @@ PRESETS: dict[str, dict[str, object]] = {
         "v_smooth": True,
         "expcast": True,
         "grouping_window": 0.25,
-        "clusters": 2 * DEFAULT_CLUSTERS,
-        "kmeans_iters": max(1, DEFAULT_ITERS // 2),
+        "clusters": DEFAULT_CLUSTERS,
+        "kmeans_iters": DEFAULT_ITERS,
     },
     "speed": {
         "precision": "int8-qk/fp8-pv",
@@ -176,8 +178,10 @@ PRESET_WIDGETS = tuple(PRESETS[DEFAULT_MODE])
 # default. The fidelity preset gains without a speed cost (its loop restores every step's means). Measured on the H200
 # with the real kernels (docs/kernel-notes.md section 35): 8 bins lower fidelity's rel-L2 by 1.5% / 0.2% at 32,760 /
 # 75,600 tokens for a 0.6 ms reuse permutation at Wan2.2-14B 720p (< 0.5% of its 140 ms call). The ExpCast loop pays
-# more V-Smooth segment ends for them (+1.6% at Wan2.2-14B then); balanced takes them with 128 x 1 and lane scales to
-# bring its error within 1.15x of fidelity's (issue 10; kernel-notes section 42), speed keeps the cheapest grouping.
+# more V-Smooth segment ends for them (+1.6% at Wan2.2-14B then); balanced takes them with lane scales to bring its
+# error within 1.15x of fidelity's with margin (issue 10: 1.127x at 32,760 tokens, 1.148x for speed's 64 x 1 without
+# bins; kernel-notes section 42), speed keeps
+# the cheapest grouping.
 WITHIN_BINS: dict[str, int] = {"fidelity": 8, "balanced": 8, "speed": DEFAULT_WITHIN_BINS}
 
 

@@ -165,6 +165,7 @@ def test_each_mode_is_measured_with_its_presets_grouping():
     assert fidelity_grouping("vc-speed") == (PRESETS["balanced"]["clusters"], PRESETS["balanced"]["kmeans_iters"])
     assert fidelity_grouping("vc-plain8") == fidelity_grouping("sageattn-2.2") == (grouping.DEFAULT_CLUSTERS,
                                                                                     grouping.DEFAULT_ITERS)
+    assert fidelity_grouping("vc-fidelity") != fidelity_grouping("vc-speed")  # the presets do differ today
 
 
 def test_each_mode_is_measured_with_its_presets_within_cluster_bins(monkeypatch):
