@@ -27,8 +27,8 @@ class VCDiffusersConfig:
     within_bins: V-Smooth's within-cluster order (kernels/grouping_within.py): each cluster's tokens in
     that many bins (2-32) along its chain direction, recomputed from each call's V on reuse steps; 0 keeps
     token order; None takes the preset's (nodes/presets.WITHIN_BINS, like the node). Emulated -2.2% / -2.6%
-    rel-L2 in fidelity mode at 32,760 / 75,600 tokens (docs/fidelity-study.md); no preset takes it before the
-    H200 confirms it.
+    rel-L2 in fidelity mode at 32,760 / 75,600 tokens (docs/fidelity-study.md); fidelity and balanced take 8
+    (docs/kernel-notes.md sections 35 and 42).
     """
 
     mode: str = "balanced"
