@@ -71,10 +71,11 @@ class VCConfig:
         -1.8% in fidelity mode and -3.1% / -1.9% in speed mode at 32,760 / 75,600 tokens, docs/fidelity-study.md "K
         scales per MMA lane"). INT8 QK, V-Smooth, K scales per 256 keys and no low-rank term (the loops that implement
         it: both kernels' paired-K loops); head dim 128 only (reference.k_lanes, as k_scale_rows). The operands'
-        k_scale is then (B,H,n_pad/128,4). config.SPEED takes it (measured on an H100 with the real kernels, with the
-        balanced preset's 128 x 1 grouping and 8 bins: speed's rel-L2 1.127x / 1.107x fidelity's at 32,760 / 75,600
-        tokens instead of 1.181x / 1.173x, at +4% of speed's call at Wan2.2-14B: docs/kernel-notes.md section 42);
-        config.FIDELITY does not (its error target is met without the lanes' prepare pass and K read).
+        k_scale is then (B,H,n_pad/128,4). config.SPEED takes it (measured on an H100 with the real kernels, with 128 x 1
+        grouping and 8 bins: speed's rel-L2 1.127x / 1.107x fidelity's at 32,760 / 75,600 tokens instead of 1.181x /
+        1.173x, at +1.7% of speed's call at Wan2.2-14B; the balanced preset's 64 x 2 with 8 bins emulated 1.127x /
+        1.114x: docs/kernel-notes.md section 42); config.FIDELITY does not (its error target is met without the lanes'
+        prepare pass and K read).
     v_lo_channels: with V-Smooth, this many channels per head (0, 16, 30 or 32) keep the E4M3 rounding error of their
         residual as a second E4M3 term with the same scale (reference.quantize_v_vsmooth: hi + lo, ~2^-8 relative
         instead of 2^-4), the channels with the largest residual energy (reference.v_lo_channel_policy). The V term is
@@ -82,7 +83,8 @@ class VCConfig:
         tokens (docs/fidelity-study.md "A second E4M3 term for the residual's busiest channels"). A kernel pays one
         narrow PV MMA more per step (n = 16 / 32 next to n = D + 8). The CUDA prepare writes it (prepare_cuda,
         csrc/prepare_v_lo.cuh); sm90's refined fidelity kernels take constants.SM90_V_LO_CHANNELS (measured: rel-L2
-        -11% at 32,760 and 75,600 tokens, +19% time alone, docs/kernel-notes.md section 38); config.FIDELITY takes 30 (section 42).
+        -11% at 32,760 and 75,600 tokens, +19% time alone, docs/kernel-notes.md section 38); config.FIDELITY takes 30
+        (section 42: the step's row sums in the term's 32-row box).
         Where a kernel lacks it the call runs without it (a refinement: refinements_dropped; the portable kernel).
     """
 

@@ -180,8 +180,7 @@ PRESET_WIDGETS = tuple(PRESETS[DEFAULT_MODE])
 # 75,600 tokens for a 0.6 ms reuse permutation at Wan2.2-14B 720p (< 0.5% of its 140 ms call). The ExpCast loop pays
 # more V-Smooth segment ends for them (+1.6% at Wan2.2-14B then); balanced takes them with lane scales to bring its
 # error within 1.15x of fidelity's with margin (issue 10: 1.127x at 32,760 tokens, 1.148x for speed's 64 x 1 without
-# bins; kernel-notes section 42), speed keeps
-# the cheapest grouping.
+# bins; kernel-notes section 42); speed keeps the cheapest grouping.
 WITHIN_BINS: dict[str, int] = {"fidelity": 8, "balanced": 8, "speed": DEFAULT_WITHIN_BINS}
 
 
