@@ -79,10 +79,14 @@ def _fidelity(methods, head_dim: int) -> dict[str, float]:
     return out
 
 
+def grouping_label(clusters: int, iters: int, bins: int) -> str:
+    """'C x I' of a grouping, with ', B bins' where it takes within-cluster bins (the bench tables' form)."""
+    return f"{clusters} x {iters}" + (f", {bins} bins" if bins >= 2 else "")
+
+
 def _grouping_label(method_name: str) -> str:
-    """'C x I' of a method's rel-L2 grouping, with ', B bins' where it takes within-cluster bins."""
-    bins = fidelity_within_bins(method_name)
-    return "{} x {}".format(*fidelity_grouping(method_name)) + (f", {bins} bins" if bins >= 2 else "")
+    """grouping_label of a method's rel-L2 grouping."""
+    return grouping_label(*fidelity_grouping(method_name), fidelity_within_bins(method_name))
 
 
 def _key(method) -> str:

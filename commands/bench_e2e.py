@@ -21,6 +21,7 @@ import torch
 from ..kernels import grouping
 from ..kernels.api import vc_attention
 from ..kernels.config import FIDELITY, SPEED, VCConfig
+from .bench_attention import grouping_label
 from .errors import require_cuda
 
 WAN_14B = dict(
@@ -176,7 +177,7 @@ def run_e2e(layers: int = 40, frames: int = 81, height: int = 720, width: int = 
         err = ((out.float() - ref_out).norm() / ref_out.norm()).item()
         med = statistics.median(times)
         results[name] = {"forward_ms": med, "grouping_forward_ms": group_ms, "speedup": results["sdpa_ms"] / med,
-                         "rel_l2_vs_sdpa": err, "grouping": f"{c} x {i}" + (f", {bins} bins" if bins >= 2 else "")}
+                         "rel_l2_vs_sdpa": err, "grouping": grouping_label(c, i, bins)}
         log(f"[e2e] {name}: forward {med:.0f} ms ({results['sdpa_ms'] / med:.2f}x SDPA), grouping forward "
             f"{group_ms:.0f} ms, output rel-L2 vs SDPA {err:.4f}")
     return results
