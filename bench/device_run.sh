@@ -5,7 +5,7 @@
 #         tests   the portable kernel's variant builds (four at once), the whole `gpu` pytest tier (4 workers), then
 #                 the real-host tier when a ComfyUI checkout is there
 #         bench   `vc-attention bench --save`: attention kernels + grouping at every shape
-#         e2e     `vc-attention bench --e2e --save`: the Wan 14B forward (diffusers), SDPA / SageAttention / ours
+#         e2e     `vc-attention bench --e2e --save`: the Wan 14B forward (diffusers), SDPA / SageAttention / the node's three presets
 #         grouping bench/grouping_bench.py: the torch k-means path vs the fused kernels, share of a speed call
 #         comfyui `vc-attention bench --comfyui PATH --comfyui-rounds 2 --save`: sampling in real ComfyUI, default
 #                 attention vs `--use-sage-attention` vs our node's presets, every mode twice, interleaved (~5 min)
@@ -108,7 +108,7 @@ for stage in $stages; do
       if [ -n "${COMFYUI_PATH:-}" ]; then VC_PYAV_PLACEHOLDER=1 step host_tests 240 python3 -m pytest -q -rfE -m comfyui tests; fi ;;
     bench) step bench 300 python3 -m vc_attention.cli bench --save ;;
     grouping) step grouping 150 python3 bench/grouping_bench.py ;;
-    e2e) step e2e 240 python3 -m vc_attention.cli bench --e2e --save ;;
+    e2e) step e2e 300 python3 -m vc_attention.cli bench --e2e --save ;;
     comfyui)
       if [ -n "${COMFYUI_PATH:-}" ]; then step comfyui 420 python3 -m vc_attention.cli bench --comfyui "$COMFYUI_PATH" --comfyui-rounds 2 --save
       else echo "[comfyui] skipped: no ComfyUI checkout (.comfy/ or COMFYUI_PATH)" | tee -a "$OUT/steps.txt"; fi ;;

@@ -3,7 +3,8 @@
 Sections (each one writes its rows into bench/results/<gpu>.json with `--save`; see
 commands/bench_results.py for the schema and commands/bench_report.py for the docs rendered from it):
 - attention (default): every method at video-DiT shapes, with grouping timed beside it;
-- `--e2e`: one forward of the Wan 14B transformer (diffusers, random weights) per method;
+- `--e2e`: one forward of the Wan 14B transformer (diffusers, random weights) per method (SDPA, SageAttention 2.2, the
+  node's presets fidelity / balanced / speed);
 - `--e2e --gpus N` (N > 1): the same model with Ulysses context parallel through diffusers on N GPUs
   against 1 GPU, our backend and diffusers' native attention (commands/bench_multigpu.py);
 - `--comfyui PATH`: sampling in a real ComfyUI checkout, default attention vs `--use-sage-attention`

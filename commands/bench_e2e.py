@@ -5,7 +5,9 @@ head dim 128, FFN 13824) and 720p / 81 frames (latent 21 x 90 x 160 -> 75,600 to
 built on the GPU with random weights; nothing is downloaded. Self-attention calls (q, k, v of one
 shape, no mask) go to VC-Attention through a scoped replacement of
 torch.nn.functional.scaled_dot_product_attention (diffusers calls it by attribute); cross-attention
-keeps SDPA. The grouping is computed on the first VC forward (a grouping step) and reused by the
+keeps SDPA. Our rows are the node's three presets (nodes/presets.py: fidelity, balanced, speed), each with its
+kernel configuration and its grouping (clusters x iterations, within-cluster bins), as a user who picks it runs them.
+The grouping is computed on the first VC forward (a grouping step) and reused by the
 timed forwards (steps after the grouping window), so the timed number excludes grouping, exactly as
 in a sampling run after the window (a reuse step's permutation included: the label sort, and the bins
 where the mode's preset takes within-cluster bins); the grouping forward is reported separately.
@@ -20,7 +22,7 @@ import torch
 
 from ..kernels import grouping
 from ..kernels.api import vc_attention
-from ..kernels.config import FIDELITY, SPEED, VCConfig
+from ..kernels.config import VCConfig
 from .bench_attention import grouping_label
 from .errors import require_cuda
 
@@ -119,24 +121,34 @@ def _timed_forward(model, inputs) -> tuple[float, torch.Tensor]:
     return start.elapsed_time(end), out
 
 
+# the node's presets, in the order the table lists them (the most faithful first, as the ComfyUI section)
+PRESET_MODES = ("fidelity", "balanced", "speed")
+
+
+def mode_config(mode: str) -> VCConfig:
+    """The kernel configuration the node runs for preset `mode` (nodes/presets.config_from_widgets)."""
+    from ..nodes.presets import PRESETS, config_from_widgets
+
+    return config_from_widgets(PRESETS[mode])
+
+
 def mode_grouping(mode: str, clusters: int | None = None, iters: int | None = None) -> tuple[int, int, int]:
-    """(clusters, iterations, within-cluster bins) a mode's forwards group with: the attention bench's
-    (commands/bench_attention: fidelity the fidelity preset's, speed the balanced preset's, the default preset that runs
-    ExpCast), or `clusters` x `iters` without bins when given."""
-    from .bench_attention import fidelity_grouping, fidelity_within_bins
+    """(clusters, iterations, within-cluster bins) preset `mode`'s forwards group with (nodes/presets.py), or
+    `clusters` x `iters` without bins when given (then every mode groups alike)."""
+    from ..nodes.presets import PRESETS, within_bins
 
     if clusters is None:
-        return (*fidelity_grouping(f"vc-{mode}"), fidelity_within_bins(f"vc-{mode}"))
+        return int(PRESETS[mode]["clusters"]), int(PRESETS[mode]["kmeans_iters"]), within_bins(mode)
     return clusters, grouping.DEFAULT_ITERS if iters is None else iters, grouping.DEFAULT_WITHIN_BINS
 
 
 def run_e2e(layers: int = 40, frames: int = 81, height: int = 720, width: int = 1280, repeats: int = 2,
             clusters: int | None = None, iters: int | None = None, log=print) -> dict:
-    """Time SDPA vs VC fidelity vs VC speed forwards; returns a dict of results (ms, speed-ups, error).
+    """Time SDPA, SageAttention 2.2 (when importable) and the node's presets (PRESET_MODES) forwards; returns a dict of
+    results (ms, speed-ups, error).
 
-    Each mode groups as the attention bench measures it (commands/bench_attention.fidelity_grouping: fidelity the
-    fidelity preset's grouping, speed the balanced preset's, both with their within-cluster bins); `clusters` and
-    `iters` given override both (without bins)."""
+    Each preset runs its kernel configuration (mode_config) and groups as the node does (mode_grouping: its clusters x
+    iterations and within-cluster bins); `clusters` and `iters` given override every mode's grouping (without bins)."""
     require_cuda("vc-attention bench --e2e")
     t0 = time.time()
     model = build_model(layers)
@@ -163,7 +175,8 @@ def run_e2e(layers: int = 40, frames: int = 81, height: int = 720, width: int = 
         results["sageattn-2.2"] = {"forward_ms": med, "speedup": results["sdpa_ms"] / med, "rel_l2_vs_sdpa": err}
         log(f"[e2e] sageattn-2.2: forward {med:.0f} ms ({results['sdpa_ms'] / med:.2f}x SDPA), rel-L2 vs SDPA {err:.4f}")
         del runs
-    for name, config in (("fidelity", FIDELITY), ("speed", SPEED)):
+    for name in PRESET_MODES:
+        config = mode_config(name)
         c, i, bins = mode_grouping(name, clusters, iters)
         groups = LayerGroupings(c, i, bins)
         with vc_sdpa(config, groups):
@@ -189,7 +202,7 @@ def e2e_rows(**kwargs) -> list[dict]:
     common = {k: res[k] for k in ("layers", "tokens", "frames", "height", "width")}
     rows = [dict(common, method="sdpa", forward_ms=res["sdpa_ms"], x_sdpa=1.0, rel_l2_vs_sdpa=0.0,
                  grouping_forward_ms=None)]
-    for name in ("sageattn-2.2", "fidelity", "speed"):
+    for name in ("sageattn-2.2", *PRESET_MODES):
         if name in res:
             r = res[name]
             rows.append(dict(common, method=name if name.startswith("sage") else f"vc-{name}",

@@ -73,8 +73,8 @@ class VCConfig:
         it: both kernels' paired-K loops); head dim 128 only (reference.k_lanes, as k_scale_rows). The operands'
         k_scale is then (B,H,n_pad/128,4). config.SPEED takes it (measured on an H100 with the real kernels, with 128 x 1
         grouping and 8 bins: speed's rel-L2 1.127x / 1.107x fidelity's at 32,760 / 75,600 tokens instead of 1.181x /
-        1.173x, at +1.7% of speed's call at Wan2.2-14B; the balanced preset's 64 x 2 with 8 bins emulated 1.127x /
-        1.114x: docs/kernel-notes.md section 42); config.FIDELITY does not (its error target is met without the lanes'
+        1.173x, at +1.7% of speed's call at Wan2.2-14B; the balanced preset's 64 x 2 with 8 bins measured 1.127x /
+        1.113x, the speed preset's 64 x 1 1.148x / 1.144x: docs/kernel-notes.md sections 42-43); config.FIDELITY does not (its error target is met without the lanes'
         prepare pass and K read).
     v_lo_channels: with V-Smooth, this many channels per head (0, 16, 30 or 32) keep the E4M3 rounding error of their
         residual as a second E4M3 term with the same scale (reference.quantize_v_vsmooth: hi + lo, ~2^-8 relative

@@ -27,12 +27,12 @@ which are our own H200 measurements):
   more homogeneous (less residual energy to quantize) at a higher grouping cost, which is paid only
   inside the grouping window. Balanced uses kernels/grouping.py's defaults (64 x 2, the grouping sweep of
   docs/grouping.md) with 8 within-cluster bins (WITHIN_BINS): with config.SPEED's K scales per lane its rel-L2 is
-  1.127x / 1.114x fidelity's at 32,760 / 75,600 tokens (emulated, bench/results/speed-ratio-study-lo30-*.json; the
-  same emulation gave 1.128x where an H100 measured 1.127x, bench/results/nvidia-h100-speed-ratio.json). 128 x 1
+  1.127x / 1.113x fidelity's at 32,760 / 75,600 tokens, measured on an H100 with the real kernels
+  (bench/results/nvidia-h100-speed-ratio-presets.json; the CPU emulation predicted 1.127x / 1.114x). 128 x 1
   with bins is 1-1.5 points lower still, but 64 clusters keep the fused grouping kernels on every GPU (128 at head
   dim 128 need 148 KB of shared memory: more than an RTX 40/50 has, docs/kernel-notes.md section 42). Speed runs one
   iteration without bins (the cheapest grouping: about 2/3 of 64 x 2's time; 1.148x / 1.144x fidelity's rel-L2 with
-  lanes); fidelity runs 128 clusters x 1 iteration, which on the H200 is both more faithful and faster
+  lanes, measured in the same run); fidelity runs 128 clusters x 1 iteration, which on the H200 is both more faithful and faster
   than the 64 x 4 it replaced: rel-L2 0.726x / 0.753x SageAttention 2.2's at 32,760 / 75,600 tokens
   against 0.737x / 0.769x, grouping 6.5 ms against 8.1 ms at Wan2.2-14B 720p
   (bench/results/nvidia-h200-preset-groupings.json, `python3 bench/grouping_fidelity_gpu.py`). Every

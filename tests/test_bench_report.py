@@ -97,6 +97,21 @@ def test_headline_takes_the_newest_attention_run_whatever_its_file_name():
     assert "**Measured on one NVIDIA H100 80GB HBM3**" in bench_report.render_headline(docs)
 
 
+def test_headline_prefers_a_run_of_todays_presets_over_a_stale_one_of_the_same_day():
+    # two GPUs measured the same day on both sides of a preset change: the run of today's presets is the newer one
+    fresh, stale = _doc(), _doc()
+    fresh["sections"]["attention"]["env"] = dict(ENV, gpu="NVIDIA H100 80GB HBM3", date="2026-12-06",
+                                                 presets=bench_results.preset_tags())
+    stale["sections"]["attention"]["env"] = dict(ENV, gpu="NVIDIA H200", date="2026-12-06",
+                                                 presets=dict(bench_results.preset_tags(), speed="int8-vsmooth-expcast-older"))
+    docs = {"nvidia-h100-80gb-hbm3.json": fresh, "nvidia-h200.json": stale}
+    assert bench_report.stale_presets(stale["sections"]["attention"]["env"])
+    assert "**Measured on one NVIDIA H100 80GB HBM3**" in bench_report.render_headline(docs)
+    # without the preset change the file name breaks the tie, as before
+    stale["sections"]["attention"]["env"]["presets"] = bench_results.preset_tags()
+    assert "**Measured on one NVIDIA H200**" in bench_report.render_headline(docs)
+
+
 def test_results_round_trip_and_sections_merge(tmp_path):
     path = tmp_path / "gpu.json"
     doc = bench_results.load(path)
@@ -199,14 +214,19 @@ def test_a_section_says_when_a_preset_changed_since_it_was_measured():
                   "portable": False, "ms": 1.0, "x_cudnn": 1.0, "x_sageattn": 1.0, "rel_l2_video_like": 0.01}]}}}})
 
 
-def test_the_e2e_forwards_group_as_the_attention_bench_measures_each_mode():
-    """commands/bench_e2e.mode_grouping: fidelity the fidelity preset's grouping, speed the balanced preset's (the
-    default preset that runs ExpCast), each with its within-cluster bins; clusters / iters given: both modes, no bins."""
-    from vc_attention.commands.bench_e2e import mode_grouping
+def test_the_e2e_forwards_run_the_nodes_presets():
+    """commands/bench_e2e: one row per preset of the node (fidelity, balanced, speed), each with the kernel
+    configuration and the grouping (clusters x iterations, within-cluster bins) the node runs for it; clusters / iters
+    given: every mode groups alike, without bins."""
+    from vc_attention.commands.bench_e2e import PRESET_MODES, mode_config, mode_grouping
     from vc_attention.kernels import grouping
+    from vc_attention.kernels.config import FIDELITY, SPEED
     from vc_attention.nodes.presets import PRESETS, WITHIN_BINS
 
-    for mode, preset in (("fidelity", "fidelity"), ("speed", "balanced")):
-        assert mode_grouping(mode) == (PRESETS[preset]["clusters"], PRESETS[preset]["kmeans_iters"], WITHIN_BINS[preset])
+    assert PRESET_MODES == ("fidelity", "balanced", "speed")
+    for mode in PRESET_MODES:
+        assert mode_grouping(mode) == (PRESETS[mode]["clusters"], PRESETS[mode]["kmeans_iters"], WITHIN_BINS[mode])
+    assert mode_config("fidelity") == FIDELITY and mode_config("balanced") == mode_config("speed") == SPEED
+    assert mode_grouping("speed") != mode_grouping("balanced")  # the presets differ in their grouping alone
     assert mode_grouping("speed", 32, 3) == (32, 3, grouping.DEFAULT_WITHIN_BINS)
     assert mode_grouping("fidelity", 32) == (32, grouping.DEFAULT_ITERS, grouping.DEFAULT_WITHIN_BINS)
