@@ -30,6 +30,9 @@
 #         ratio   (not in the default list) issue 10's speed / fidelity error ratio on the video-like data: speed mode with
 #                 other groupings and with lane scales beside the fidelity preset, timed at the Wan shapes beside cuDNN /
 #                 SageAttention 2.2 (bench/k_lanes_bench.py --rows; $RATIO_ROWS)
+#         restore (not in the default list) the portable kernel's V-Smooth mean restore after the PV loop
+#                 (VC_MMA_RESTORE_AFTER, docs/kernel-notes.md 43): its GPU tests, then both H100/H200 builds with and
+#                 without it beside SageAttention 2.2's portable kernel (bench/mma_variants.py)
 #         spread  (not in the default list) bench/fidelity_spread.py: fidelity's paired-K exp2 loop against the
 #                 unpaired one and speed, in rotating rounds, with the SM clock / power after each (kernel-notes 35)
 #         mixed   (not in the default list) fidelity's variants of docs/kernel-notes.md 36, one device call each with
@@ -191,9 +194,16 @@ for stage in $stages; do
       # beside the fidelity preset, public op timed at the Wan shapes and rel-L2 on the video-like data (kernel-notes 41)
       step speed_ratio 420 python3 bench/k_lanes_bench.py --name speed_ratio --out "$OUT" --shapes wan22-14b-720p,wan21-1.3b-480p \
         --rows "${RATIO_ROWS:-fidelity@128x1b8,speed+lanes@64x2b8,speed+lanes@64x1,speed+lanes@128x1b8,speed@64x1}" ;;
+    restore)  # (not in the default list) the portable kernel's mean restore after the PV loop (VC_MMA_RESTORE_AFTER,
+      # kernel-notes 43): its GPU tests, then the H100/H200 build (via f16) and the native-FP8 build (the RTX code's shape,
+      # FP8 mma.sync lowered by ptxas here) each with and without the flag, beside SageAttention 2.2's portable kernel
+      step restore_tests 240 python3 -m pytest -q -rf tests/test_mma_restore_after_gpu.py
+      v=wide-i2fp-meanscaled-restoretile-coalesced
+      step restore_variants 420 python3 bench/mma_variants.py --reps 5 --out "$OUT" --shapes wan21-1.3b-480p,wan22-14b-720p,d64 \
+        --variants "$v-viaf16,$v-viaf16+-DVC_MMA_RESTORE_AFTER=1,$v,$v+-DVC_MMA_RESTORE_AFTER=1" ;;
     spread)  # fidelity's paired-K loop against the unpaired one in rounds, with the GPU's clocks (kernel-notes 35)
       step fidelity_spread 300 python3 bench/fidelity_spread.py --rounds 6 --out "$OUT" ;;
-    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio)"; exit 2 ;;
+    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio, restore)"; exit 2 ;;
   esac
 done
 tail -n 4 "$OUT"/*.log

@@ -64,7 +64,17 @@ static_assert(kWideStages >= 2 && kWideStages <= 4, "VC_MMA_STAGES must be 2, 3 
 // -DVC_MMA_CLAMP_BOUND=0 builds the previous check for comparison
 #define VC_MMA_CLAMP_BOUND 1
 #endif
+#ifndef VC_MMA_RESTORE_AFTER
+// 1 (variant): the V-Smooth mean restore runs after the chunk's PV loop, in one warp-uniform branch over all of O
+// (acc += l mu / v_scale), instead of inside each column pair's fold (part + l mu / v_scale, then the fold). The
+// restore chunk pays the same FFMAs (two per O element either way); a chunk without a restore (with per-tile restores
+// every other chunk, more with segments) then runs the plain fold with no branch inside the PV loop: ptxas kept one
+// branch per column pair there (sm_89 fidelity chunk: 22 BRA against plain 8-bit's 4, docs/kernel-notes.md
+// section 43). Same result up to the fp32 order of one sum: (alpha O + part) + l mu instead of alpha O + (part + l mu)
+#define VC_MMA_RESTORE_AFTER 0
+#endif
 static_assert(VC_MMA_PV_F16 >= 0 && VC_MMA_PV_F16 <= 2, "VC_MMA_PV_F16 must be 0, 1 or 2");
+constexpr bool kRestoreAfter = VC_MMA_RESTORE_AFTER;
 constexpr bool kPvF16 = VC_MMA_PV_F16 != 0;
 constexpr bool kPvF16MmaFold = VC_MMA_PV_F16 == 2;
 constexpr bool kRestorePerTile = VC_MMA_RESTORE_PER_TILE;
@@ -538,7 +548,7 @@ struct AttnMmaWide {
       // `part + 0.0f` would cost one FADD per element: x + 0 is no identity for x = -0). The MMA
       // fold has added the part and rescaled already: only the restore is left.
       if (kPvF16MmaFold) {
-        if (kVSmooth && restore) {
+        if (kVSmooth && !kRestoreAfter && restore) {
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int i = 2 * pair + half;
@@ -549,7 +559,7 @@ struct AttnMmaWide {
               for (int e = 0; e < 4; ++e) acc[c][i][e] = fmaf(l_restore[c][e >> 1], e & 1 ? mu.y : mu.x, acc[c][i][e]);
           }
         }
-      } else if (kVSmooth && restore) {
+      } else if (kVSmooth && !kRestoreAfter && restore) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int i = 2 * pair + half;
@@ -567,6 +577,20 @@ struct AttnMmaWide {
           for (int c = 0; c < kWideChains; ++c)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[c][2 * pair + half][e] = fmaf(acc[c][2 * pair + half][e], alpha[c][e >> 1], part[c][half][e]);
+      }
+    }
+    if constexpr (kVSmooth && kRestoreAfter) {
+      if (restore) {  // (uniform across the CTA: the chunk's and the tile's indices, the segment flag)
+        // the means' loads stay here: hoisted above the PV loop they held registers through it (sm_90a spills)
+        asm volatile("" ::: "memory");
+#pragma unroll
+        for (int i = 0; i < kDimTiles; ++i) {
+          const float2 mu = mean_over_scale(8 * i + 2 * t);
+#pragma unroll
+          for (int c = 0; c < kWideChains; ++c)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[c][i][e] = fmaf(l_restore[c][e >> 1], e & 1 ? mu.y : mu.x, acc[c][i][e]);
+        }
       }
     }
   }
