@@ -581,8 +581,6 @@ struct AttnMmaWide {
     }
     if constexpr (kVSmooth && kRestoreAfter) {
       if (restore) {  // (uniform across the CTA: the chunk's and the tile's indices, the segment flag)
-        // the means' loads stay here: hoisted above the PV loop they held registers through it (sm_90a spills)
-        asm volatile("" ::: "memory");
 #pragma unroll
         for (int i = 0; i < kDimTiles; ++i) {
           const float2 mu = mean_over_scale(8 * i + 2 * t);
