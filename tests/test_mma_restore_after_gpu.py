@@ -13,7 +13,7 @@ from vc_attention.kernels import backend_mma, jit, mma_variants, reference
 from vc_attention.kernels.config import FIDELITY as FIDELITY_PRESET, SPEED
 from vc_attention.kernels.prepare_cuda import prepare_cuda
 
-from .test_mma_variants_gpu import GATE, WIDE_STEP_KEYS, _qkv, _rel_l2
+from .test_mma_variants_gpu import GATE, WIDE_STEP_KEYS, _qkv, _rel_l2, emulate_steps  # noqa: F401  (a fixture)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -37,16 +37,12 @@ def _run(flags, q, k, v, perm, config):
     return out
 
 
-def _compare(q, k, v, perm, config, monkeypatch):
+def _compare(q, k, v, perm, config):
     base = _default_flags()
     assert FLAG not in base  # the variant is not the product build
     after_ext, base_ext = backend_mma.extension((*base, FLAG)), backend_mma.extension(base)
     assert after_ext is not base_ext  # a build of its own
     after, default = _run((*base, FLAG), q, k, v, perm, config), _run(base, q, k, v, perm, config)
-    # the emulation of the wide layout's 64-key softmax steps (as tests/test_mma_variants_gpu.py's emulate_steps)
-    original = reference.quantize_p
-    monkeypatch.setattr(reference, "quantize_p",
-                        lambda s, cfg, offset_block=None, **kw: original(s, cfg, WIDE_STEP_KEYS, **kw))
     ref64 = reference.vc_attention_reference(q, k, v, config, perm=perm, parts=True).out
     rounding = _rel_l2(ref64.to(q.dtype), ref64)
     assert _rel_l2(after, ref64) <= GATE + rounding
@@ -56,17 +52,19 @@ def _compare(q, k, v, perm, config, monkeypatch):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 @pytest.mark.parametrize("n,d", [(77, 128), (4097, 128), (4097, 64), (1000, 64)])
-def test_restore_after_matches_the_emulation_and_the_default_build(name, n, d, monkeypatch):
+def test_restore_after_matches_the_emulation_and_the_default_build(name, n, d, emulate_steps):
+    emulate_steps(WIDE_STEP_KEYS)  # the wide layout's 64-key softmax steps
     q, k, v = _qkv(2, 3, n, d, torch.bfloat16, "bhnd", seed=n + d)
     perm = torch.argsort(torch.rand(2, 3, n, device="cuda"), dim=-1)
-    _compare(q, k, v, perm, CONFIGS[name], monkeypatch)
+    _compare(q, k, v, perm, CONFIGS[name])
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_restore_after_on_video_like_data_with_segments(name, monkeypatch):
+def test_restore_after_on_video_like_data_with_segments(name, emulate_steps):
     from vc_attention.study.fidelity import grouping_permutation
     from vc_attention.study.videodata import video_like_qkv
 
+    emulate_steps(WIDE_STEP_KEYS)
     q, k, v = video_like_qkv(B=1, H=2, T=4, Hgrid=30, Wgrid=52, D=128, dtype=torch.bfloat16, device="cuda")
     perm = grouping_permutation(v, 64, 8)
-    _compare(q, k, v, perm, CONFIGS[name], monkeypatch)
+    _compare(q, k, v, perm, CONFIGS[name])

@@ -22,7 +22,7 @@ FLAG = "-DVC_MMA_RESTORE_AFTER=1"
 
 
 def build(tmp_path, arch: str, flags) -> tuple[str, dict[str, int]]:
-    """(ptxas -v report, kernel -> spill-store bytes) and the SASS of attn_mma_d128.cu for `arch` with `flags`."""
+    """The SASS of attn_mma_d128.cu for `arch` with `flags`, and its kernels' spill-store bytes (ptxas -v)."""
     cubin = tmp_path / f"d128-{jit.arch_code(arch)}-{len(flags)}.cubin"
     cmd = jit.nvcc_compile_only_command(jit.CSRC_DIR / "attn_mma_d128.cu", arch, cubin, extra_flags=(*flags, "-Xptxas=-v"))
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -32,7 +32,7 @@ def build(tmp_path, arch: str, flags) -> tuple[str, dict[str, int]]:
     return sass, per_kernel(result.stderr, r"(\d+) bytes spill stores")
 
 
-def branches(sass: str) -> dict[str, collections.Counter]:
+def chunk_opcodes(sass: str) -> dict[str, collections.Counter]:
     """kernel name -> opcode counts of one chunk trip along the fall-through path."""
     return {name: collections.Counter(sass_loop_mix.opcode(ins) for ins in
                                       sass_loop_mix.hot_loop(rows, any_back_branch=True, votes_pass=True))
@@ -43,7 +43,7 @@ def test_the_restore_after_the_pv_loop_drops_the_per_pair_branches_on_sm89(tmp_p
     flags = mma_variants.flags(mma_variants.default_variant("8.9"))
     default_sass, default_spills = build(tmp_path, "8.9", flags)
     after_sass, after_spills = build(tmp_path, "8.9", (*flags, FLAG))
-    default, after = branches(default_sass), branches(after_sass)
+    default, after = chunk_opcodes(default_sass), chunk_opcodes(after_sass)
     assert set(default) == set(after) and len(default) == 10
     # <D, FP8 QK, ExpCast, V-Smooth, K lanes>
     vsmooth = [k for k in default if re.search(r"ILi128ELb0ELb[01]ELb1ELb[01]E", k)]
