@@ -104,7 +104,14 @@ def call_reason(c: Constraints, config: VCConfig, layout: str, q: torch.Tensor, 
     """Why a backend with these constraints cannot take this call (None: it can), one sentence.
 
     q decides device, dtype and head dim; the alignment precondition is checked on q and on k, v
-    when they are given."""
+    when they are given. The order of the checks (device, then the configuration, then the alignment) decides
+    which reason a call that fails several is given."""
+    return (_device_reason(c, q) or config_reason(c, config, layout, q.shape[-1])
+            or _alignment_reason(c, q, *kv))
+
+
+def _device_reason(c: Constraints, q: torch.Tensor) -> Optional[str]:
+    """The checks on q's device, capability, dtype and head dim (the same for every configuration of a call)."""
     if c.device_type == "cuda":
         if not q.is_cuda:
             return f"the inputs are on {q.device}, not a CUDA GPU"
@@ -115,6 +122,12 @@ def call_reason(c: Constraints, config: VCConfig, layout: str, q: torch.Tensor, 
         return f"dtype {_names([q.dtype])} is not supported (supported: {_names(c.dtypes)})"
     if c.head_dims is not None and q.shape[-1] not in c.head_dims:
         return f"head dim {q.shape[-1]} is not supported (supported: {_names(c.head_dims)})"
+    return None
+
+
+def config_reason(c: Constraints, config: VCConfig, layout: str, head_dim: int) -> Optional[str]:
+    """Why a backend with these constraints does not run this configuration at this head dim (None: it does): the
+    part of call_reason that no tensor decides, asked once per candidate of runnable_config."""
     for what, value, allowed in (("QK format", config.qk, c.qk_formats), ("V format", config.v, c.v_formats),
                                  ("P encoding", config.p, c.p_encodings), ("layout", layout, c.layouts)):
         if value not in allowed:
@@ -122,19 +135,23 @@ def call_reason(c: Constraints, config: VCConfig, layout: str, q: torch.Tensor, 
     if config.v_rank > c.max_v_rank:
         return (f"a rank-{config.v_rank} low-rank V term is not implemented in this kernel "
                 f"(v_rank up to {c.max_v_rank}; the spec's emulation runs any)")
-    if config.v_rank and c.v_rank_head_dims is not None and q.shape[-1] not in c.v_rank_head_dims:
-        return (f"the low-rank V term is not implemented in this kernel at head dim {q.shape[-1]} "
+    if config.v_rank and c.v_rank_head_dims is not None and head_dim not in c.v_rank_head_dims:
+        return (f"the low-rank V term is not implemented in this kernel at head dim {head_dim} "
                 f"(head dims {_names(c.v_rank_head_dims)})")
-    if not c.k_lane_scales and reference.k_lanes(config, q.shape[-1]):
+    if not c.k_lane_scales and reference.k_lanes(config, head_dim):
         return ("K scales per MMA lane (k_lane_scales) are not implemented in this kernel (the sm90 and mma kernels and "
                 "the spec's emulation run them)")
     if config.v_lo_channels not in c.v_lo_channels:
         return (f"a second E4M3 residual term on {config.v_lo_channels} V channels (v_lo_channels) is not implemented "
                 f"in this kernel (the spec's emulation runs it)")
     if config.has_refinements and c.refinements_where is not None:
-        where = c.refinements_where(q.shape[-1], config)
+        where = c.refinements_where(head_dim, config)
         if where is not None:
             return f"this kernel runs the V residual's second term and the mixed encoding only {where}"
+    return None
+
+
+def _alignment_reason(c: Constraints, q: torch.Tensor, *kv: torch.Tensor) -> Optional[str]:
     if c.aligned_rows:
         for name, t in zip("qkv", (q, *kv)):
             if not rows_aligned(t):
@@ -221,8 +238,15 @@ def runnable_config(chosen: Backend, q: torch.Tensor, config: VCConfig, layout: 
     """The configuration `chosen` runs for this call: config itself, else the most refined of
     config.refinements_dropped() that it can take (a kernel without the V residual's second term runs the call
     without it); None: not even the base one."""
+    if not config.has_refinements:
+        return config if chosen.why_not(q, config, layout, *kv) is None else None
+    # the checks no configuration changes run once, then only the configuration's per candidate: a refined call
+    # whose first candidate fails (the fidelity preset at head dim 64) paid two whole call_reasons of host time
+    c = chosen.constraints
+    if chosen.availability() or _device_reason(c, q) or _alignment_reason(c, q, *kv):
+        return None
     for candidate in config.refinements_dropped():
-        if chosen.why_not(q, candidate, layout, *kv) is None:
+        if config_reason(c, candidate, layout, q.shape[-1]) is None:
             return candidate
     return None
 

@@ -5,6 +5,7 @@ reference.py next to the arithmetic they parametrize; this file only names the c
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 from .constants import MAX_V_RANK  # V-Smooth's low-rank term: at most the PV MMA's spare columns (6)
@@ -176,17 +177,16 @@ class VCConfig:
         preset that carries them keeps its kernel on every GPU, each running the most of it that it has."""
         if not self.has_refinements:  # (select calls this per attention call: build nothing when there is nothing to drop)
             return (self,)
-        no_lo = replace(self, v_lo_channels=0)
-        no_mixed = replace(self, p="exp2") if self.p == "mixed" else self
-        chain = (self, no_lo, no_mixed, self.without_refinements())
-        return tuple(dict.fromkeys(chain))  # (in order, each once)
+        # the chain is built once per configuration (each replace() runs __post_init__'s checks: four of them were
+        # ~40 us of a refined call's host time, docs/kernel-notes.md section 44); the caller's own object comes first
+        return (self, *_dropped_after(self))
 
     def without_refinements(self) -> "VCConfig":
         """What a kernel with neither refinement runs: no second V term, "exp2" for "mixed" (refinements_dropped's
         last); the configuration itself when it has none."""
         if not self.has_refinements:
             return self
-        return replace(self, p="exp2" if self.p == "mixed" else self.p, v_lo_channels=0)
+        return _dropped_after(self)[-1]
 
     @property
     def has_refinements(self) -> bool:
@@ -220,3 +220,13 @@ FIDELITY = VCConfig(qk="int8", v="vsmooth", p="mixed", k_scale_rows=2 * K_BLOCK,
 SPEED = VCConfig(qk="int8", v="vsmooth", p="expcast", v_mean_rows=2 * V_BLOCK, v_mean_merge=True, k_scale_rows=2 * K_BLOCK,
                  k_lane_scales=True)
 PLAIN_8BIT = VCConfig(qk="int8", v="per_channel", p="exp2")
+
+
+@functools.lru_cache(maxsize=64)
+def _dropped_after(config: VCConfig) -> tuple[VCConfig, ...]:
+    """refinements_dropped(config) after config itself (frozen configurations: safe to share between calls)."""
+    no_lo = replace(config, v_lo_channels=0)
+    no_mixed = replace(config, p="exp2") if config.p == "mixed" else config
+    base = replace(config, p="exp2" if config.p == "mixed" else config.p, v_lo_channels=0)  # (without_refinements)
+    chain = (config, no_lo, no_mixed, base)
+    return tuple(dict.fromkeys(chain))[1:]  # (in order, each once)

@@ -185,3 +185,33 @@ def test_the_mixed_encoding_runs_on_the_expcast_kernel_where_a_step_is_one_tile(
         m = mixed.with_(v_mean_rows=rows)
         assert backend_sm90.vsmooth_mode(m, 64) == backend_sm90.vsmooth_mode(m.with_(p="expcast", k_scale_rows=128), 64)
 
+
+
+def test_a_refined_call_checks_its_tensors_once_and_builds_its_chain_once(registry, monkeypatch):
+    # host time (docs/kernel-notes.md section 44): the fidelity preset at head dim 64 drops its second V term on the
+    # Hopper kernel; selecting it ran call_reason whole for each candidate and rebuilt the chain (four replace()
+    # calls, each validating) on every attention call
+    from vc_attention.kernels import backend_sm90
+
+    stand_in = registry(_backend("host_time_stand_in", 991, lo=(0, SM90_V_LO_CHANNELS), p_encodings=("exp2", "expcast", "mixed")))
+    stand_in.constraints = backends.Constraints(device_type="any", aligned_rows=True, v_lo_channels=(0, SM90_V_LO_CHANNELS),
+                                                p_encodings=("exp2", "expcast", "mixed"),
+                                                refinements_where=backend_sm90.refinements_where)
+    asked = {"device": 0, "alignment": 0}
+    for what, name in (("device", "_device_reason"), ("alignment", "_alignment_reason")):
+        def counted(*args, _real=getattr(backends, name), _what=what):
+            asked[_what] += 1
+            return _real(*args)
+        monkeypatch.setattr(backends, name, counted)
+    q64 = torch.zeros(1, 2, 64, 64)
+    chain = FIDELITY.refinements_dropped()
+    assert backends.runnable_config(stand_in, q64, FIDELITY, "bhnd", q64, q64) == chain[1]  # the second term dropped
+    assert asked == {"device": 1, "alignment": 1}
+    # the same configuration objects on every call (nothing rebuilt), the caller's own first
+    again = FIDELITY.refinements_dropped()
+    assert all(a is b for a, b in zip(chain[1:], again[1:])) and again[0] is FIDELITY
+    assert FIDELITY.without_refinements() is chain[-1]
+    # misaligned rows still refuse every candidate, with the alignment's sentence
+    odd = torch.zeros(1, 2, 64, 65)[..., :64]
+    assert backends.runnable_config(stand_in, odd, FIDELITY, "bhnd") is None
+    assert stand_in.why_not(odd, FIDELITY.without_refinements(), "bhnd") == "q needs a contiguous last dim and 16-byte aligned rows"
