@@ -33,6 +33,9 @@
 #         restore (not in the default list) the portable kernel's V-Smooth mean restore after the PV loop
 #                 (VC_MMA_RESTORE_AFTER, docs/kernel-notes.md 43): its GPU tests, then both H100/H200 builds with and
 #                 without it beside SageAttention 2.2's portable kernel (bench/mma_variants.py)
+#         adopted (not in the default list) the portable default builds before and after VC_MMA_RESTORE_AFTER
+#                 (docs/kernel-notes.md 44): the H100/H200 build, the RTX build and the GeForce build (fp16 partials)
+#                 beside SageAttention 2.2's portable kernel (bench/mma_variants.py)
 #         spread  (not in the default list) bench/fidelity_spread.py: fidelity's paired-K exp2 loop against the
 #                 unpaired one and speed, in rotating rounds, with the SM clock / power after each (kernel-notes 35)
 #         mixed   (not in the default list) fidelity's variants of docs/kernel-notes.md 36, one device call each with
@@ -201,9 +204,16 @@ for stage in $stages; do
       v=wide-i2fp-meanscaled-restoretile-coalesced
       step restore_variants 420 python3 bench/mma_variants.py --reps 5 --out "$OUT" --shapes wan21-1.3b-480p,wan22-14b-720p,d64 \
         --variants "$v-viaf16,$v-viaf16+-DVC_MMA_RESTORE_AFTER=1,$v,$v+-DVC_MMA_RESTORE_AFTER=1" ;;
+    adopted)  # (not in the default list) docs/kernel-notes.md 44: the portable default builds before and after the mean
+      # restore after the PV loop (VC_MMA_RESTORE_AFTER), beside SageAttention 2.2's portable kernel: the H100/H200 build
+      # (via f16), the RTX 40 / 50 build (native FP8 mma.sync, lowered by ptxas here) and the GeForce build (native FP8
+      # with fp16 partials: SageAttention 2.2's own fp32+fp16 accumulation)
+      v=wide-i2fp-meanscaled
+      step adopted_variants 420 python3 bench/mma_variants.py --reps 7 --out "$OUT" --shapes wan21-1.3b-480p,wan22-14b-720p,d64 \
+        --variants "$v-restoretile-coalesced-viaf16,$v-restoretile-after64-coalesced-viaf16,$v-restoretile-coalesced,$v-restoretile-after-coalesced,$v-pvf16-restoretile-coalesced,$v-pvf16-restoretile-after-coalesced" ;;
     spread)  # fidelity's paired-K loop against the unpaired one in rounds, with the GPU's clocks (kernel-notes 35)
       step fidelity_spread 300 python3 bench/fidelity_spread.py --rounds 6 --out "$OUT" ;;
-    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio, restore)"; exit 2 ;;
+    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio, restore, adopted)"; exit 2 ;;
   esac
 done
 tail -n 4 "$OUT"/*.log

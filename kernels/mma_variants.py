@@ -44,6 +44,8 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     # the same with the mean restored from float32 mean / v_scale computed by the backend
     # (VC_MMA_MEAN_SCALED: one float2 load per column pair instead of a conversion and two products;
     # kernel-notes section 20: speed -2.3 to -3.5%, fidelity -0.1 to -0.8%, bit-identical): the backend's builds
+    # until kernel-notes section 44 (these two and the two pvf16 ones below, the restore inside the PV fold), kept
+    # for comparison
     "wide-i2fp-meanscaled-restoretile-coalesced-viaf16": ("-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1",
                                                           "-DVC_MMA_COALESCED_COPY=1", "-DVC_MMA_E4M3_VIA_F16=1",
                                                           "-DVC_MMA_I2FP=1", "-DVC_MMA_MEAN_SCALED=1"),
@@ -53,7 +55,8 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     # partial accumulated in fp16 and folded into the fp32 O by the ALU (VC_MMA_PV_F16=1). GeForce Ada /
     # Blackwell run FP8 MMAs with an fp16 accumulator at twice the fp32-accumulator rate, and f16 MMAs with an
     # fp32 accumulator (the identity-MMA fold of VC_MMA_PV_F16=2) at a quarter (Ada whitepaper, RTX 4090); this
-    # is SageAttention 2.2's pv_accum_dtype "fp32+fp16" there. -viaf16: its build for the H200 proxy
+    # is SageAttention 2.2's pv_accum_dtype "fp32+fp16" there. -viaf16: its build for the H200 proxy (both the
+    # fp32+fp16 defaults until section 44)
     "wide-i2fp-meanscaled-pvf16-restoretile-coalesced": ("-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1",
                                                          "-DVC_MMA_COALESCED_COPY=1", "-DVC_MMA_I2FP=1",
                                                          "-DVC_MMA_MEAN_SCALED=1", "-DVC_MMA_PV_F16=1"),
@@ -61,6 +64,22 @@ VARIANTS: dict[str, tuple[str, ...]] = {
                                                                 "-DVC_MMA_COALESCED_COPY=1", "-DVC_MMA_E4M3_VIA_F16=1",
                                                                 "-DVC_MMA_I2FP=1", "-DVC_MMA_MEAN_SCALED=1",
                                                                 "-DVC_MMA_PV_F16=1"),
+    # the backend's builds since kernel-notes section 44: the four above with the V-Smooth mean restore after the
+    # chunk's PV loop (VC_MMA_RESTORE_AFTER, one uniform branch instead of one per column pair in it). Native FP8
+    # (sm_89, sm_120a) at every head dim (=1); via f16 (sm_90a, sm_100a) at head dim 64 only (=2): with =1 its
+    # D=128 INT8 V-Smooth kernels spill 448 / 484 B instead of 80 / 120 B and Wan2.2-14B fidelity measured +0.7%
+    "wide-i2fp-meanscaled-restoretile-after-coalesced": (
+        "-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1", "-DVC_MMA_COALESCED_COPY=1", "-DVC_MMA_I2FP=1",
+        "-DVC_MMA_MEAN_SCALED=1", "-DVC_MMA_RESTORE_AFTER=1"),
+    "wide-i2fp-meanscaled-pvf16-restoretile-after-coalesced": (
+        "-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1", "-DVC_MMA_COALESCED_COPY=1", "-DVC_MMA_I2FP=1",
+        "-DVC_MMA_MEAN_SCALED=1", "-DVC_MMA_PV_F16=1", "-DVC_MMA_RESTORE_AFTER=1"),
+    "wide-i2fp-meanscaled-restoretile-after64-coalesced-viaf16": (
+        "-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1", "-DVC_MMA_COALESCED_COPY=1", "-DVC_MMA_E4M3_VIA_F16=1",
+        "-DVC_MMA_I2FP=1", "-DVC_MMA_MEAN_SCALED=1", "-DVC_MMA_RESTORE_AFTER=2"),
+    "wide-i2fp-meanscaled-pvf16-restoretile-after64-coalesced-viaf16": (
+        "-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1", "-DVC_MMA_COALESCED_COPY=1", "-DVC_MMA_E4M3_VIA_F16=1",
+        "-DVC_MMA_I2FP=1", "-DVC_MMA_MEAN_SCALED=1", "-DVC_MMA_PV_F16=1", "-DVC_MMA_RESTORE_AFTER=2"),
 }
 
 # the targets without FP8 mma.sync (ptxas lowers it to two f16 HMMAs plus FADDs): the H200 and the B200
@@ -78,13 +97,23 @@ def default_variant(arch: str, pv_accum: str = "fp32") -> str:
     the H200 against the 16-row layout (docs/kernel-notes.md section 17): Wan2.2-14B speed 413 -> 321 ms; on
     sm_89 / sm_120a (RTX) it is the same layout with native FP8 MMAs, not measured there.
 
+    The mean restore runs after the chunk's PV loop (VC_MMA_RESTORE_AFTER, docs/kernel-notes.md sections 43-44;
+    H100, total ms, Wan2.1-1.3B / Wan2.2-14B / head dim 64): with native FP8 MMAs (the RTX code's shape, timed as
+    the native-FP8 build on the H100) at every head dim, fidelity 19.74 / 331.48 / 31.37 -> 19.27 / 323.69 / 29.26,
+    speed 18.60 / 309.74 / 29.06 -> 18.36 / 309.91 / 28.10 (the `-after-` names); through f16 at head dim 64 only
+    (the `-after64-` names), where it took fidelity 29.20 -> 27.33 and speed 27.04 -> 25.42 while at head dim 128
+    fidelity went 306.35 -> 308.56 at Wan2.2-14B and the INT8 V-Smooth kernels spilled 448 / 484 B instead of
+    80 / 120 B. On sm_90a (fp32 PV) the `-after64-` build's head-dim-64 / 128 cubins are, byte for byte, those of the
+    timed build with =1 / without the flag. Plain 8-bit has no restore: unchanged.
+
     pv_accum "fp32+fp16" (default_pv_accum: GeForce parts): each 64-key PV partial accumulates in fp16 and the
     ALU folds it into the fp32 O (VC_MMA_PV_F16=1, on V codes shifted by 2^-8: kernels/mma_pv_f16.py)."""
     if pv_accum not in PV_ACCUMS:
         raise ValueError(f"pv_accum must be one of {', '.join(PV_ACCUMS)}, got {pv_accum!r}.")
     pv = "-pvf16" if pv_accum == "fp32+fp16" else ""
-    via = "-viaf16" if arch in VIA_F16_ARCHS else ""
-    return f"wide-i2fp-meanscaled{pv}-restoretile-coalesced{via}"
+    if arch in VIA_F16_ARCHS:
+        return f"wide-i2fp-meanscaled{pv}-restoretile-after64-coalesced-viaf16"
+    return f"wide-i2fp-meanscaled{pv}-restoretile-after-coalesced"
 
 
 # GeForce Ada (8.9) and consumer Blackwell (12.x) run FP8 MMAs with an fp16 accumulator at twice the rate of

@@ -15,7 +15,7 @@ from .test_cuda_compile import per_kernel
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 
-BUILD = "wide-i2fp-meanscaled-restoretile-coalesced"  # the backend's build on Ada / consumer Blackwell, fp32 PV
+BUILD = mma_variants.default_variant("8.9")  # the backend's build on Ada / consumer Blackwell, fp32 PV (on both archs)
 
 
 def ptxas_report(tmp_path, source: str, arch: str, extra=()) -> dict[str, int]:

@@ -33,6 +33,7 @@ def test_one_off_variant_flags_parse():
     spec = importlib.util.spec_from_file_location("mma_variants_bench", REPO / "bench" / "mma_variants.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    # any registered name does (this one: the H100/H200 build until kernel-notes section 44)
     base = "wide-i2fp-meanscaled-restoretile-coalesced-viaf16"
     flags = bench.variant_flags(base + "+-DVC_MMA_MIN_BLOCKS=3")
     assert flags[-1] == "-DVC_MMA_MIN_BLOCKS=3" and flags[:-1] == bench.mma_variants.flags(base)

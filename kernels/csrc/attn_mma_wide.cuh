@@ -65,16 +65,22 @@ static_assert(kWideStages >= 2 && kWideStages <= 4, "VC_MMA_STAGES must be 2, 3 
 #define VC_MMA_CLAMP_BOUND 1
 #endif
 #ifndef VC_MMA_RESTORE_AFTER
-// 1 (variant): the V-Smooth mean restore runs after the chunk's PV loop, in one warp-uniform branch over all of O
+// 1: the V-Smooth mean restore runs after the chunk's PV loop, in one warp-uniform branch over all of O
 // (acc += l mu / v_scale), instead of inside each column pair's fold (part + l mu / v_scale, then the fold). The
 // restore chunk pays the same FFMAs (two per O element either way); a chunk without a restore (with per-tile restores
 // every other chunk, more with segments) then runs the plain fold with no branch inside the PV loop: ptxas kept one
 // branch per column pair there (sm_89 fidelity chunk: 22 BRA against plain 8-bit's 4, docs/kernel-notes.md
-// section 43). Same result up to the fp32 order of one sum: (alpha O + part) + l mu instead of alpha O + (part + l mu)
+// section 43). Same result up to the fp32 order of one sum: (alpha O + part) + l mu instead of alpha O + (part + l mu).
+// 2: the same for head dim 64 only (AttnMmaWide::kRestoreAfter). The default builds take 1 on the native-FP8 archs and
+// 2 on the via-f16 ones (kernels/mma_variants.default_variant; docs/kernel-notes.md section 44, H100): with 1 the
+// via-f16 D=128 INT8 V-Smooth kernels spill 448 / 484 B instead of 80 / 120 B (fidelity / speed, sm_90a) and its
+// Wan2.2-14B fidelity measured +0.7%, while its D=64 kernels run 6% faster (fidelity and speed) and spill a word
+// at most (INT8 QK: 0 -> 4 B).
+// 0 (the default here): the restore inside the fold, so the older named variants keep their meaning
 #define VC_MMA_RESTORE_AFTER 0
 #endif
 static_assert(VC_MMA_PV_F16 >= 0 && VC_MMA_PV_F16 <= 2, "VC_MMA_PV_F16 must be 0, 1 or 2");
-constexpr bool kRestoreAfter = VC_MMA_RESTORE_AFTER;
+static_assert(VC_MMA_RESTORE_AFTER >= 0 && VC_MMA_RESTORE_AFTER <= 2, "VC_MMA_RESTORE_AFTER must be 0, 1 or 2");
 constexpr bool kPvF16 = VC_MMA_PV_F16 != 0;
 constexpr bool kPvF16MmaFold = VC_MMA_PV_F16 == 2;
 constexpr bool kRestorePerTile = VC_MMA_RESTORE_PER_TILE;
@@ -157,6 +163,8 @@ struct AttnMmaWide {
   static constexpr int kDimTiles = D / 8;            // n-tiles of O
   static constexpr int kPSteps = kChunkKeys / 32;    // MMA k-steps over keys (PV) per chunk
   static constexpr bool kQInRegs = D == 64;
+  // VC_MMA_RESTORE_AFTER: the mean restore after the PV loop (1: every head dim, 2: head dim 64 only)
+  static constexpr bool kRestoreAfter = VC_MMA_RESTORE_AFTER == 1 || (VC_MMA_RESTORE_AFTER == 2 && D == 64);
   using Smem = WideSmem<D>;
   using SAcc = std::conditional_t<kQkFp8, float, int>;
   using Encoder = AttnMma<D, kQkFp8, kExpCast, kVSmooth>;
