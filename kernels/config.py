@@ -177,8 +177,9 @@ class VCConfig:
         preset that carries them keeps its kernel on every GPU, each running the most of it that it has."""
         if not self.has_refinements:  # (select calls this per attention call: build nothing when there is nothing to drop)
             return (self,)
-        # the chain is built once per configuration (each replace() runs __post_init__'s checks: four of them were
-        # ~40 us of a refined call's host time, docs/kernel-notes.md section 44); the caller's own object comes first
+        # the chain is built once per configuration: each replace() runs __post_init__'s checks, and rebuilding it on
+        # every call was most of a refined call's selection time (docs/kernel-notes.md section 44); the caller's own
+        # object comes first
         return (self, *_dropped_after(self))
 
     def without_refinements(self) -> "VCConfig":
