@@ -64,23 +64,18 @@ VARIANTS: dict[str, tuple[str, ...]] = {
                                                                 "-DVC_MMA_COALESCED_COPY=1", "-DVC_MMA_E4M3_VIA_F16=1",
                                                                 "-DVC_MMA_I2FP=1", "-DVC_MMA_MEAN_SCALED=1",
                                                                 "-DVC_MMA_PV_F16=1"),
-    # the backend's builds since kernel-notes section 44: the four above with the V-Smooth mean restore after the
-    # chunk's PV loop (VC_MMA_RESTORE_AFTER, one uniform branch instead of one per column pair in it). Native FP8
-    # (sm_89, sm_120a) at every head dim (=1); via f16 (sm_90a, sm_100a) at head dim 64 only (=2): with =1 its
-    # D=128 INT8 V-Smooth kernels spill 448 / 484 B instead of 80 / 120 B and Wan2.2-14B fidelity measured +0.7%
-    "wide-i2fp-meanscaled-restoretile-after-coalesced": (
-        "-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1", "-DVC_MMA_COALESCED_COPY=1", "-DVC_MMA_I2FP=1",
-        "-DVC_MMA_MEAN_SCALED=1", "-DVC_MMA_RESTORE_AFTER=1"),
-    "wide-i2fp-meanscaled-pvf16-restoretile-after-coalesced": (
-        "-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1", "-DVC_MMA_COALESCED_COPY=1", "-DVC_MMA_I2FP=1",
-        "-DVC_MMA_MEAN_SCALED=1", "-DVC_MMA_PV_F16=1", "-DVC_MMA_RESTORE_AFTER=1"),
-    "wide-i2fp-meanscaled-restoretile-after64-coalesced-viaf16": (
-        "-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1", "-DVC_MMA_COALESCED_COPY=1", "-DVC_MMA_E4M3_VIA_F16=1",
-        "-DVC_MMA_I2FP=1", "-DVC_MMA_MEAN_SCALED=1", "-DVC_MMA_RESTORE_AFTER=2"),
-    "wide-i2fp-meanscaled-pvf16-restoretile-after64-coalesced-viaf16": (
-        "-DVC_MMA_WIDE=1", "-DVC_MMA_RESTORE_PER_TILE=1", "-DVC_MMA_COALESCED_COPY=1", "-DVC_MMA_E4M3_VIA_F16=1",
-        "-DVC_MMA_I2FP=1", "-DVC_MMA_MEAN_SCALED=1", "-DVC_MMA_PV_F16=1", "-DVC_MMA_RESTORE_AFTER=2"),
 }
+
+# the backend's builds since kernel-notes section 44: the four builds before it with the V-Smooth mean restore after the
+# chunk's PV loop (VC_MMA_RESTORE_AFTER, one uniform branch instead of one per column pair in it). Native FP8 (sm_89,
+# sm_120a) at every head dim (=1, `-after-`); via f16 (sm_90a, sm_100a) at head dim 64 only (=2, `-after64-`): with =1
+# its D=128 INT8 V-Smooth kernels spill 448 / 484 B instead of 80 / 120 B and Wan2.2-14B fidelity measured +0.7%
+for _pv in ("", "-pvf16"):
+    VARIANTS[f"wide-i2fp-meanscaled{_pv}-restoretile-after-coalesced"] = (
+        *VARIANTS[f"wide-i2fp-meanscaled{_pv}-restoretile-coalesced"], "-DVC_MMA_RESTORE_AFTER=1")
+    VARIANTS[f"wide-i2fp-meanscaled{_pv}-restoretile-after64-coalesced-viaf16"] = (
+        *VARIANTS[f"wide-i2fp-meanscaled{_pv}-restoretile-coalesced-viaf16"], "-DVC_MMA_RESTORE_AFTER=2")
+del _pv
 
 # the targets without FP8 mma.sync (ptxas lowers it to two f16 HMMAs plus FADDs): the H200 and the B200
 VIA_F16_ARCHS = ("9.0a", "10.0a")

@@ -14,6 +14,7 @@ from vc_attention.kernels import backend_mma, jit, mma_variants, reference
 from vc_attention.kernels.config import FIDELITY as FIDELITY_PRESET, SPEED
 from vc_attention.kernels.prepare_cuda import prepare_cuda
 
+from .test_mma_restore_after_sass import without_restore_after
 from .test_mma_variants_gpu import GATE, WIDE_STEP_KEYS, _qkv, _rel_l2, emulate_steps  # noqa: F401  (a fixture)
 
 pytestmark = [
@@ -29,7 +30,7 @@ CONFIGS = {"fidelity": FIDELITY_PRESET.without_refinements(), "speed": SPEED}
 def _flags_without_restore_after() -> tuple[str, ...]:
     """This GPU's default build with the restore inside the PV fold (any -DVC_MMA_RESTORE_AFTER=... removed)."""
     flags = mma_variants.flags(mma_variants.default_variant(jit.target_arch(), backend_mma.pv_accum()))
-    base = tuple(f for f in flags if not f.startswith("-DVC_MMA_RESTORE_AFTER="))
+    base = without_restore_after(flags)
     assert len(base) == len(flags) - 1  # the default build restores after the PV loop (=1; =2: at head dim 64 only)
     return base
 
