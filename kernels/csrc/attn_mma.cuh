@@ -47,16 +47,25 @@ constexpr int kRowsPerWarp = 16;
 // long: XOR-ing the chunk with bits of the row makes the 8 rows read by one ldmatrix hit 8
 // distinct bank groups. kKeyRows: the tile is read in the permuted key order described above
 // (rows {0,1,4,5,8,9,12,13} + const), which needs other row bits than 8 consecutive rows.
+//
+// Identities the wide kernel's address arithmetic rests on (attn_mma_wide.cuh checks them for every lane at compile
+// time; the chunk bits 4-6 are all the XOR touches, row * kRowBytes has none of them):
+//   swizzled(row, c0 + 2 ks) == swizzled(row, c0) ^ (ks << 5)          for c0 in {0, 1}
+//   swizzled(row + 16 j, c) == swizzled(row, c) + 16 j kRowBytes        (the mix reads row bits 0-3 only)
+//   swizzled(row, c) == (row * kRowBytes + 16 c) ^ (mix(row) << 4)
 template <int kRowBytes, bool kKeyRows = false>
-__device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
+__host__ __device__ __forceinline__ constexpr int swizzle_mix(int row) {
   static_assert(kRowBytes == 64 || kRowBytes == 128, "rows of 64 or 128 bytes");
-  int mix;
   if constexpr (kKeyRows) {
-    mix = kRowBytes == 128 ? (((row >> 2) & 3) << 1) | (row & 1) : (row >> 2) & 3;
+    return kRowBytes == 128 ? (((row >> 2) & 3) << 1) | (row & 1) : (row >> 2) & 3;
   } else {
-    mix = kRowBytes == 128 ? row & 7 : (row >> 1) & 3;
+    return kRowBytes == 128 ? row & 7 : (row >> 1) & 3;
   }
-  return uint32_t(row * kRowBytes + (chunk ^ mix) * 16);
+}
+
+template <int kRowBytes, bool kKeyRows = false>
+__host__ __device__ __forceinline__ constexpr uint32_t swizzled(int row, int chunk) {
+  return uint32_t(row * kRowBytes + (chunk ^ swizzle_mix<kRowBytes, kKeyRows>(row)) * 16);
 }
 
 // Copies a [rows x kRowBytes] tile (global rows `src_stride` bytes apart) into swizzled smem.

@@ -138,7 +138,9 @@ __device__ __forceinline__ void load_rows_async(uint32_t dst, const uint8_t* src
     // swizzled() mixes row bits 0-3 at most: rows r and r + kRowsPerCopy share a pattern
     static_assert(kRowsPerCopy % 16 == 0, "the swizzle must repeat every kRowsPerCopy rows");
     const int row = threadIdx.x / kChunksPerRow, chunk = threadIdx.x % kChunksPerRow;
-    const uint32_t dst0 = dst + swizzled<kRowBytes, kKeyRows>(row, chunk);
+    // swizzled(row, chunk) as one XOR of the unswizzled offset threadIdx.x * 16 (attn_mma.cuh's third identity;
+    // AttnMmaWide::kAddressesMatch checks it for every thread)
+    const uint32_t dst0 = dst + ((threadIdx.x * 16u) ^ uint32_t(swizzle_mix<kRowBytes, kKeyRows>(row) << 4));
     const uint8_t* src0 = src + row * src_stride + chunk * 16;
 #pragma unroll
     for (int c = 0; c < kRun; ++c)
@@ -168,6 +170,55 @@ struct AttnMmaWide {
   using Smem = WideSmem<D>;
   using SAcc = std::conditional_t<kQkFp8, float, int>;
   using Encoder = AttnMma<D, kQkFp8, kExpCast, kVSmooth>;
+
+  // ---- ldmatrix addresses: one per thread and operand, at k-step 0 of row block 0. k-step ks is that address
+  // `^ (ks << 5)`, chain / pair c is `+ 16 c rows` (an immediate of the ldmatrix), the ring stage a uniform add
+  // (attn_mma.cuh, swizzled's identities): the chunk pays one LOP3 per k-step and operand instead of a swizzle per
+  // fragment. The XOR reaches bits 5-6 of the whole address, so every tile base must have bits 0-6 clear: the dynamic
+  // shared memory is __align__(128) and every offset below is a multiple of 128 (static_assert). Kept as macros:
+  // as member functions ptxas placed the chunk's registers differently (more spills in the D=64 speed kernel).
+  // Q rows warp_row0 + (matrix & 1) * 8 + r, chunk matrix >> 1
+#define VC_WIDE_Q_LANE(lane) swizzled<D>((((lane) >> 3) & 1) * 8 + ((lane) & 7), (lane) >> 4)
+  // K rows in the permuted key order 4 (r >> 1) + 2 (matrix >> 1) + (r & 1), chunk matrix & 1
+#define VC_WIDE_K_LANE(lane) swizzled<D, true>(4 * (((lane) & 7) >> 1) + 2 * ((lane) >> 4) + ((lane) & 1), ((lane) >> 3) & 1)
+  // V^T rows (head-dim columns) (matrix >> 1) * 8 + r, chunk matrix & 1
+#define VC_WIDE_V_LANE(lane) swizzled<kChunkKeys>(((lane) >> 4) * 8 + ((lane) & 7), ((lane) >> 3) & 1)
+  static_assert(Smem::kOffK % 128 == 0 && Smem::kK % 128 == 0 && Smem::kOffV % 128 == 0 && Smem::kV % 128 == 0,
+                "the ldmatrix address XOR needs 128-byte aligned tile bases");
+
+  // every lane's address forms against swizzled() itself, for each warp, chain / pair and k-step, and the coalesced
+  // copies' XOR form for each thread: the same bytes are read as with a swizzle per fragment
+  static constexpr bool addresses_match() {
+    for (int lane = 0; lane < 32; ++lane) {
+      const int matrix = lane >> 3, r = lane & 7;
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        for (int warp = 0; warp < kAttnWarps; ++warp)
+          for (int c = 0; c < kWideChains; ++c) {
+            const int row0 = warp * kWideRowsPerWarp;
+            if (row0 * D + ((VC_WIDE_Q_LANE(lane) ^ uint32_t(ks << 5)) + 16 * c * D) !=
+                swizzled<D>(row0 + 16 * c + (matrix & 1) * 8 + r, 2 * ks + (matrix >> 1)))
+              return false;
+          }
+        for (int pair = 0; pair < kKeyTiles / 2; ++pair)
+          if ((VC_WIDE_K_LANE(lane) ^ uint32_t(ks << 5)) + 16 * pair * D !=
+              swizzled<D, true>(16 * pair + 4 * (r >> 1) + 2 * (matrix >> 1) + (r & 1), 2 * ks + (matrix & 1)))
+            return false;
+      }
+      for (int ks = 0; ks < kPSteps; ++ks)
+        for (int pair = 0; pair < kDimTiles / 2; ++pair)
+          if ((VC_WIDE_V_LANE(lane) ^ uint32_t(ks << 5)) + 16 * pair * kChunkKeys !=
+              swizzled<kChunkKeys>(16 * pair + (matrix >> 1) * 8 + r, 2 * ks + (matrix & 1)))
+            return false;
+    }
+    for (int tid = 0; tid < kAttnThreads; ++tid) {  // load_rows_async's coalesced form, Q / K / V^T tiles
+      if (((tid * 16) ^ (swizzle_mix<D>(tid / (D / 16)) << 4)) != int(swizzled<D>(tid / (D / 16), tid % (D / 16))) ||
+          ((tid * 16) ^ (swizzle_mix<D, true>(tid / (D / 16)) << 4)) != int(swizzled<D, true>(tid / (D / 16), tid % (D / 16))) ||
+          ((tid * 16) ^ (swizzle_mix<kChunkKeys>(tid / 4) << 4)) != int(swizzled<kChunkKeys>(tid / 4, tid % 4)))
+        return false;
+    }
+    return true;
+  }
+  static_assert(addresses_match(), "an ldmatrix / cp.async address form reads other bytes than swizzled()");
 
   // per-thread online-softmax state: chain c, rows g and g+8 of that chain's 16
   float acc[kWideChains][kDimTiles][4];
@@ -285,16 +336,17 @@ struct AttnMmaWide {
     store_output(p, bh, q_row0 + warp_row0, lane);
   }
 
-  __device__ __forceinline__ void q_fragment(uint32_t (&a)[4], uint32_t sbase, int warp_row0, int chain, int ks, int lane) const {
-    const int matrix = lane >> 3, r = lane & 7;
-    ldmatrix_x4(a, sbase + swizzled<D>(warp_row0 + 16 * chain + (matrix & 1) * 8 + r, 2 * ks + (matrix >> 1)));
+  // q_addr: this thread's Q address at k-step 0 of chain 0 (sbase + warp_row0 * D + VC_WIDE_Q_LANE)
+  __device__ __forceinline__ void q_fragment(uint32_t (&a)[4], uint32_t q_addr, int chain, int ks) const {
+    ldmatrix_x4(a, (q_addr ^ uint32_t(ks << 5)) + 16 * chain * D);
   }
 
   __device__ __forceinline__ void load_q_fragments(uint32_t sbase, int warp_row0, int lane) {
+    const uint32_t q_addr = sbase + warp_row0 * D + VC_WIDE_Q_LANE(lane);
 #pragma unroll
     for (int c = 0; c < kWideChains; ++c)
 #pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks) q_fragment(q_frag[c][ks], sbase, warp_row0, c, ks, lane);
+      for (int ks = 0; ks < kKSteps; ++ks) q_fragment(q_frag[c][ks], q_addr, c, ks);
   }
 
   // one 64-key chunk in ring stage `stage`; its first `valid` keys are real; `restore`: add the
@@ -303,14 +355,15 @@ struct AttnMmaWide {
   template <bool kMask>
   __device__ __forceinline__ void process_chunk(uint32_t sbase, int stage, const float (&scale)[kWideChains][2], int valid,
                                                 int warp_row0, int lane, uint8_t* smem, bool restore) {
-    const int t = lane & 3, matrix = lane >> 3, r = lane & 7;
+    const int t = lane & 3;
     // ---- S = Q K^T for both chains; k-step outer so consecutive MMAs are independent
     SAcc s[kWideChains][kKeyTiles][4];
 #pragma unroll
     for (int c = 0; c < kWideChains; ++c)
 #pragma unroll
       for (int i = 0; i < kKeyTiles; ++i) s[c][i][0] = s[c][i][1] = s[c][i][2] = s[c][i][3] = SAcc(0);
-    const uint32_t k_base = sbase + Smem::kOffK + stage * Smem::kK;
+    const uint32_t k_addr = sbase + Smem::kOffK + stage * Smem::kK + VC_WIDE_K_LANE(lane);
+    const uint32_t q_addr = sbase + warp_row0 * D + VC_WIDE_Q_LANE(lane);
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
       uint32_t a[kWideChains][4];
@@ -320,14 +373,14 @@ struct AttnMmaWide {
 #pragma unroll
           for (int j = 0; j < 4; ++j) a[c][j] = q_frag[c][ks][j];
         } else {
-          q_fragment(a[c], sbase, warp_row0, c, ks, lane);
+          q_fragment(a[c], q_addr, c, ks);
         }
       }
+      const uint32_t k_step = k_addr ^ uint32_t(ks << 5);
 #pragma unroll
       for (int pair = 0; pair < kKeyTiles / 2; ++pair) {
-        const int key = 16 * pair + 4 * (r >> 1) + 2 * (matrix >> 1) + (r & 1);
         uint32_t b[4];
-        ldmatrix_x4(b, k_base + swizzled<D, true>(key, 2 * ks + (matrix & 1)));
+        ldmatrix_x4(b, k_step + 16 * pair * D);
 #pragma unroll
         for (int c = 0; c < kWideChains; ++c) {
           if constexpr (kQkFp8) {
@@ -488,7 +541,7 @@ struct AttnMmaWide {
       }
     }
 
-    const uint32_t v_base = sbase + Smem::kOffV + stage * Smem::kV;
+    const uint32_t v_addr = sbase + Smem::kOffV + stage * Smem::kV + VC_WIDE_V_LANE(lane);
     const uint8_t* mean = smem + Smem::kOffMean + stage * Smem::kMean;
     const float* inv_scale = reinterpret_cast<const float*>(smem + Smem::kOffInvScale);
     // mu / v_scale of columns col and col + 1, read where the restore needs them (no registers to hold them)
@@ -504,13 +557,12 @@ struct AttnMmaWide {
 #pragma unroll
     for (int pair = 0; pair < kDimTiles / 2; ++pair) {
       float part[kWideChains][2][4];
-      const int dim = 16 * pair + (matrix >> 1) * 8 + r;
       if constexpr (kPvF16) {
         uint32_t part16[kWideChains][2][2] = {};  // half2 {row g, row g+8} x columns 2t, 2t+1
 #pragma unroll
         for (int ks = 0; ks < kPSteps; ++ks) {
           uint32_t b[4];
-          ldmatrix_x4(b, v_base + swizzled<kChunkKeys>(dim, 2 * ks + (matrix & 1)));
+          ldmatrix_x4(b, (v_addr ^ uint32_t(ks << 5)) + 16 * pair * kChunkKeys);
 #pragma unroll
           for (int c = 0; c < kWideChains; ++c) {
             mma_e4m3_f16(part16[c][0], p_frag[c][ks], b[0], b[1]);
@@ -544,7 +596,7 @@ struct AttnMmaWide {
 #pragma unroll
         for (int ks = 0; ks < kPSteps; ++ks) {
           uint32_t b[4];
-          ldmatrix_x4(b, v_base + swizzled<kChunkKeys>(dim, 2 * ks + (matrix & 1)));
+          ldmatrix_x4(b, (v_addr ^ uint32_t(ks << 5)) + 16 * pair * kChunkKeys);
 #pragma unroll
           for (int c = 0; c < kWideChains; ++c) {
             mma_e4m3(part[c][0], p_frag[c][ks], b[0], b[1]);
