@@ -74,16 +74,21 @@ def branch_target(ins: str) -> int | None:
 
 
 _VOTE_ALL = re.compile(r"\bVOTE\.ALL\s+(P\d+),")
+_VOTE_ANY = re.compile(r"\bVOTE\.ANY\s+(P\d+),")
 
 
-def hot_loop(rows: list[tuple[int, str]], any_back_branch: bool = False, votes_pass: bool = False) -> list[str]:
+def hot_loop(rows: list[tuple[int, str]], any_back_branch: bool = False, votes_pass: bool = False,
+             anys_fail: bool = False) -> list[str]:
     """Instructions of one fall-through trip through the largest loop (by address span).
 
     any_back_branch: unconditional backward branches close loops too (the portable kernel's chunk loop
     tests at its head and jumps back unconditionally; it has no barrier-retry blocks).
     votes_pass: at a forward branch on the predicate of the latest `VOTE.ALL` (a warp-uniform "every lane
     agrees" test, e.g. the clamp checks), take the path where the vote passed: follow `@P BRA`, fall
-    through `@!P BRA`; every other conditional branch still falls through."""
+    through `@!P BRA`; every other conditional branch still falls through.
+    anys_fail: at a forward branch on the predicate of the latest `VOTE.ANY` (a warp-uniform "some lane wants it" test,
+    e.g. the rescale of O only where a row's max moved), take the path where no lane asked: follow `@!P BRA`, fall
+    through `@P BRA` (the common chunk once the row maxima have settled)."""
     index = {addr: i for i, (addr, _) in enumerate(rows)}
     # conditional backward branches close loops; the unconditional ones come from the out-of-line
     # retry blocks of barrier waits at the end of the function, which jump back into the body
@@ -92,7 +97,7 @@ def hot_loop(rows: list[tuple[int, str]], any_back_branch: bool = False, votes_p
     if not loops:
         return []
     head, back = max(loops, key=lambda loop: loop[1] - loop[0])
-    trip, i, vote = [], index[head], None
+    trip, i, vote, any_vote = [], index[head], None, None
     while i < len(rows) and rows[i][0] <= back:
         addr, ins = rows[i]
         trip.append(ins)
@@ -102,7 +107,10 @@ def hot_loop(rows: list[tuple[int, str]], any_back_branch: bool = False, votes_p
             break
         if votes_pass and (m := _VOTE_ALL.search(ins)):
             vote = m.group(1)
+        if anys_fail and (m := _VOTE_ANY.search(ins)):
+            any_vote = m.group(1)
         taken = votes_pass and vote is not None and target is not None and ins.startswith(f"@{vote} ")
+        taken |= anys_fail and any_vote is not None and target is not None and ins.startswith(f"@!{any_vote} ")
         i = index[target] if (unconditional or taken) and target > addr and target in index else i + 1
     return trip
 
@@ -124,12 +132,14 @@ def main() -> int:
                         help="unconditional backward branches close loops too (the portable mma kernels)")
     parser.add_argument("--votes-pass", action="store_true",
                         help="follow the path where each VOTE.ALL passed (e.g. the unclamped ExpCast encode)")
+    parser.add_argument("--anys-fail", action="store_true",
+                        help="follow the path where each VOTE.ANY found no lane (e.g. no rescale of O: no row max moved)")
     args = parser.parse_args()
     found = 0
     for name, rows in functions(args.sass.read_text()).items():
         if not all(k in name for k in args.kernel):
             continue
-        trip = hot_loop(rows, args.any_back_branch, args.votes_pass)
+        trip = hot_loop(rows, args.any_back_branch, args.votes_pass, args.anys_fail)
         if not trip:
             continue
         found += 1

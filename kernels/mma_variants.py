@@ -76,6 +76,13 @@ for _pv in ("", "-pvf16"):
     VARIANTS[f"wide-i2fp-meanscaled{_pv}-restoretile-after64-coalesced-viaf16"] = (
         *VARIANTS[f"wide-i2fp-meanscaled{_pv}-restoretile-coalesced-viaf16"], "-DVC_MMA_RESTORE_AFTER=2")
 del _pv
+# the via-f16 default with the PV MMAs accumulating straight into O (VC_MMA_PV_DIRECT: no per-chunk partial and no fold,
+# O rescaled only in a chunk where a row's max moved; the restore after the PV loop at every head dim). Through f16 the
+# tensor core's accumulator is fp32, so only the order of the fp32 sums changes; never with native FP8 mma.sync
+# (attn_mma_wide.cuh). SASS, one chunk trip without a rescale, sm_90a head dim 128 (docs/kernel-notes.md 45): plain
+# 8-bit 980 -> 838 instructions, speed without V-Smooth 988 -> 837
+VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect-coalesced-viaf16"] = (
+    *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-coalesced-viaf16"], "-DVC_MMA_PV_DIRECT=1")
 
 # the targets without FP8 mma.sync (ptxas lowers it to two f16 HMMAs plus FADDs): the H200 and the B200
 VIA_F16_ARCHS = ("9.0a", "10.0a")

@@ -59,3 +59,28 @@ def test_votes_pass_takes_the_branch_of_a_passed_vote_and_nothing_else():
     assert fall == ["VIMNMX3", "VOTE", "BRA", "VIMNMX", "VIMNMX", "IMAD", "ISETP", "BRA"]  # the clamped path
     passed = [sass_loop_mix.opcode(i).split(".")[0] for i in sass_loop_mix.hot_loop(rows, votes_pass=True)]
     assert passed == ["VIMNMX3", "VOTE", "BRA", "IMAD", "ISETP", "BRA"]  # the loop's own branch (P1) still closes it
+
+
+ANY_VOTED = """\
+.text.kernel_c:
+.L_x_0:
+        /*0000*/                   FSETP.NEU.AND P0, PT, R1, 1, PT ;
+        /*0010*/                   VOTE.ANY P0, P0 ;
+        /*0020*/              @!P0 BRA `(.L_x_2) ;
+        /*0030*/                   FMUL R4, R4, R1 ;
+        /*0040*/                   FMUL R5, R5, R1 ;
+.L_x_2:
+        /*0050*/                   HMMA.16816.F32 R4, R8, R12, R4 ;
+        /*0060*/                   ISETP.NE.AND P1, PT, R9, RZ, PT ;
+        /*0070*/               @P1 BRA `(.L_x_0) ;
+        /*0080*/                   EXIT ;
+"""
+
+
+def test_anys_fail_skips_the_block_a_failed_any_vote_guards():
+    rows = sass_loop_mix.functions(ANY_VOTED)["kernel_c"]
+    fall = [sass_loop_mix.opcode(i).split(".")[0] for i in sass_loop_mix.hot_loop(rows)]
+    assert fall == ["FSETP", "VOTE", "BRA", "FMUL", "FMUL", "HMMA", "ISETP", "BRA"]  # the rescale of O counted
+    skipped = [sass_loop_mix.opcode(i).split(".")[0] for i in sass_loop_mix.hot_loop(rows, anys_fail=True)]
+    assert skipped == ["FSETP", "VOTE", "BRA", "HMMA", "ISETP", "BRA"]
+    assert sass_loop_mix.hot_loop(rows, votes_pass=True) == sass_loop_mix.hot_loop(rows)  # an ANY vote is not an ALL

@@ -79,7 +79,20 @@ static_assert(kWideStages >= 2 && kWideStages <= 4, "VC_MMA_STAGES must be 2, 3 
 // 0 (the default here): the restore inside the fold, so the older named variants keep their meaning
 #define VC_MMA_RESTORE_AFTER 0
 #endif
+#ifndef VC_MMA_PV_DIRECT
+// 1 (builds with VC_MMA_E4M3_VIA_F16=1 and fp32 PV only): the PV MMAs accumulate straight into O, whose rows are
+// multiplied by alpha before them only when some row of the warp moved its offset (alpha == 1 exactly otherwise: one
+// vote per chunk), and the V-Smooth restore runs after the PV loop (as VC_MMA_RESTORE_AFTER=1). No per-chunk partial
+// and no fold: one FFMA per O element per chunk (128 per thread at head dim 128) and the partial's 16 registers go.
+// Through f16 the tensor core's accumulator is fp32 (HMMA.16816.F32), so only the order of the fp32 sums changes:
+// alpha O + (p1 + p2) becomes (alpha O + p1) + p2. Never on native FP8 mma.sync, whose fp32 accumulator keeps fewer
+// mantissa bits (SageAttention 2's reason for its two-level accumulation): the partial bounds that error per chunk.
+#define VC_MMA_PV_DIRECT 0
+#endif
 static_assert(VC_MMA_PV_F16 >= 0 && VC_MMA_PV_F16 <= 2, "VC_MMA_PV_F16 must be 0, 1 or 2");
+static_assert(!VC_MMA_PV_DIRECT || (VC_MMA_E4M3_VIA_F16 && VC_MMA_PV_F16 == 0),
+              "VC_MMA_PV_DIRECT needs the f16 MMAs' fp32 accumulator (VC_MMA_E4M3_VIA_F16=1) and fp32 PV");
+constexpr bool kPvDirect = VC_MMA_PV_DIRECT;
 static_assert(VC_MMA_RESTORE_AFTER >= 0 && VC_MMA_RESTORE_AFTER <= 2, "VC_MMA_RESTORE_AFTER must be 0, 1 or 2");
 constexpr bool kPvF16 = VC_MMA_PV_F16 != 0;
 constexpr bool kPvF16MmaFold = VC_MMA_PV_F16 == 2;
@@ -166,7 +179,7 @@ struct AttnMmaWide {
   static constexpr int kPSteps = kChunkKeys / 32;    // MMA k-steps over keys (PV) per chunk
   static constexpr bool kQInRegs = D == 64;
   // VC_MMA_RESTORE_AFTER: the mean restore after the PV loop (1: every head dim, 2: head dim 64 only)
-  static constexpr bool kRestoreAfter = VC_MMA_RESTORE_AFTER == 1 || (VC_MMA_RESTORE_AFTER == 2 && D == 64);
+  static constexpr bool kRestoreAfter = VC_MMA_RESTORE_AFTER == 1 || (VC_MMA_RESTORE_AFTER == 2 && D == 64) || kPvDirect;
   using Smem = WideSmem<D>;
   using SAcc = std::conditional_t<kQkFp8, float, int>;
   using Encoder = AttnMma<D, kQkFp8, kExpCast, kVSmooth>;
@@ -523,11 +536,13 @@ struct AttnMmaWide {
         }
       }
 
-    // MMA fold: rescale O first, and only if an offset of the warp's rows moved (warp-uniform)
+    // MMA fold and PV straight into O: rescale O first, and only if an offset of the warp's rows moved (warp-uniform)
     uint32_t identity = 0;  // B of the fold MMA: this thread's half2 {2t == g, 2t + 1 == g} of I_8
-    if constexpr (kPvF16MmaFold) {
-      const int g = lane >> 2;
-      identity = (2 * t == g ? 0x3C00u : 0u) | (2 * t + 1 == g ? 0x3C000000u : 0u);  // fp16 1.0 = 0x3C00
+    if constexpr (kPvF16MmaFold || kPvDirect) {
+      if constexpr (kPvF16MmaFold) {
+        const int g = lane >> 2;
+        identity = (2 * t == g ? 0x3C00u : 0u) | (2 * t + 1 == g ? 0x3C000000u : 0u);  // fp16 1.0 = 0x3C00
+      }
       bool moved = false;
 #pragma unroll
       for (int c = 0; c < kWideChains; ++c) moved |= alpha[c][0] != 1.0f || alpha[c][1] != 1.0f;
@@ -556,6 +571,19 @@ struct AttnMmaWide {
     };
 #pragma unroll
     for (int pair = 0; pair < kDimTiles / 2; ++pair) {
+      if constexpr (kPvDirect) {  // O already rescaled; the restore, if any, runs after the loop
+#pragma unroll
+        for (int ks = 0; ks < kPSteps; ++ks) {
+          uint32_t b[4];
+          ldmatrix_x4(b, (v_addr ^ uint32_t(ks << 5)) + 16 * pair * kChunkKeys);
+#pragma unroll
+          for (int c = 0; c < kWideChains; ++c) {
+            mma_e4m3(acc[c][2 * pair], p_frag[c][ks], b[0], b[1]);
+            mma_e4m3(acc[c][2 * pair + 1], p_frag[c][ks], b[2], b[3]);
+          }
+        }
+        continue;
+      }
       float part[kWideChains][2][4];
       if constexpr (kPvF16) {
         uint32_t part16[kWideChains][2][2] = {};  // half2 {row g, row g+8} x columns 2t, 2t+1
