@@ -37,7 +37,8 @@
 #                 (docs/kernel-notes.md 44): the H100/H200 build, the RTX build and the GeForce build (fp16 partials)
 #                 beside SageAttention 2.2's portable kernel (bench/mma_variants.py)
 #         direct  (not in the default list) the via-f16 build with PV straight into O (VC_MMA_PV_DIRECT, kernel-notes 45): its
-#                 GPU tests with the default builds', then the default builds and it beside SageAttention 2.2's portable kernel
+#                 GPU tests with the build it extends, the backend suite, then both and the GeForce build beside
+#                 SageAttention 2.2's portable kernel
 #         spread  (not in the default list) bench/fidelity_spread.py: fidelity's paired-K exp2 loop against the
 #                 unpaired one and speed, in rotating rounds, with the SM clock / power after each (kernel-notes 35)
 #         mixed   (not in the default list) fidelity's variants of docs/kernel-notes.md 36, one device call each with
@@ -217,10 +218,12 @@ for stage in $stages; do
       # gated against the emulation with the default builds (all with the per-thread ldmatrix addresses), then timed beside
       # them and SageAttention 2.2's portable kernel: the H100/H200 build, the GeForce build (fp16 partials), the RTX build
       workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || true)
-      step direct_tests 300 python3 -m pytest -q -rf $workers tests/test_mma_variants_gpu.py -k "after64 and not pvf16"
+      step direct_tests 300 python3 -m pytest -q -rf $workers tests/test_mma_variants_gpu.py -k "pvdirect"
+      # the backend's own suite on the default build (the via-f16 default is the -pvdirect- build since section 45)
+      step direct_backend_tests 240 python3 -m pytest -q -rf $workers tests/test_backends_gpu.py
       v=wide-i2fp-meanscaled
-      step direct_variants 420 python3 bench/mma_variants.py --reps 7 --out "$OUT" --shapes wan21-1.3b-480p,wan22-14b-720p,d64 \
-        --variants "$v-restoretile-after64-coalesced-viaf16,$v-restoretile-after64-pvdirect-coalesced-viaf16,$v-pvf16-restoretile-after-coalesced,$v-restoretile-after-coalesced" ;;
+      step direct_variants 300 python3 bench/mma_variants.py --reps 5 --out "$OUT" --shapes wan21-1.3b-480p,wan22-14b-720p,d64 \
+        --variants "$v-restoretile-after64-coalesced-viaf16,$v-restoretile-after64-pvdirect2-coalesced-viaf16,$v-pvf16-restoretile-after-coalesced" ;;
     spread)  # fidelity's paired-K loop against the unpaired one in rounds, with the GPU's clocks (kernel-notes 35)
       step fidelity_spread 300 python3 bench/fidelity_spread.py --rounds 6 --out "$OUT" ;;
     *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio, restore, adopted, direct)"; exit 2 ;;

@@ -83,6 +83,12 @@ del _pv
 # 8-bit 980 -> 838 instructions, speed without V-Smooth 988 -> 837
 VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect-coalesced-viaf16"] = (
     *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-coalesced-viaf16"], "-DVC_MMA_PV_DIRECT=1")
+# the same except in the head-dim-64 kernels without V-Smooth (=2): the via-f16 default since section 45. H100, total ms
+# against the build without it (bench/results/nvidia-h100-mma-pv-direct.json): Wan2.1-1.3B / Wan2.2-14B fidelity
+# 17.95 / 301.73 -> 16.30 / 276.57, speed 16.68 / 280.47 -> 15.42 / 261.20, plain 8-bit 14.95 / 259.53 -> 14.51 /
+# 249.50; head dim 64 fidelity 26.30 -> 26.21, speed 25.51 -> 24.45, but plain 8-bit 22.95 -> 25.12, which =2 leaves out
+VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-coalesced-viaf16"] = (
+    *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-coalesced-viaf16"], "-DVC_MMA_PV_DIRECT=2")
 
 # the targets without FP8 mma.sync (ptxas lowers it to two f16 HMMAs plus FADDs): the H200 and the B200
 VIA_F16_ARCHS = ("9.0a", "10.0a")
@@ -108,13 +114,20 @@ def default_variant(arch: str, pv_accum: str = "fp32") -> str:
     80 / 120 B. On sm_90a (fp32 PV) the `-after64-` build's head-dim-64 / 128 cubins are, byte for byte, those of the
     timed build with =1 / without the flag. Plain 8-bit has no restore: unchanged.
 
+    The via-f16 build with fp32 PV (the H100 / H200 / B200 one) accumulates the PV MMAs straight into O
+    (VC_MMA_PV_DIRECT=2, the `-pvdirect2-` name: no per-chunk partial and fold, O rescaled only in a chunk where a row's
+    max moved, the restore after the PV loop; every kernel but the head-dim-64 ones without V-Smooth, where it measured
+    slower; docs/kernel-notes.md section 45): H100, against SageAttention 2.2's portable kernel in the same run,
+    Wan2.1-1.3B / Wan2.2-14B fidelity 1.00x / 0.99x -> 1.10x / 1.08x, speed 1.08x / 1.06x -> 1.16x / 1.14x.
+
     pv_accum "fp32+fp16" (default_pv_accum: GeForce parts): each 64-key PV partial accumulates in fp16 and the
     ALU folds it into the fp32 O (VC_MMA_PV_F16=1, on V codes shifted by 2^-8: kernels/mma_pv_f16.py)."""
     if pv_accum not in PV_ACCUMS:
         raise ValueError(f"pv_accum must be one of {', '.join(PV_ACCUMS)}, got {pv_accum!r}.")
     pv = "-pvf16" if pv_accum == "fp32+fp16" else ""
     if arch in VIA_F16_ARCHS:
-        return f"wide-i2fp-meanscaled{pv}-restoretile-after64-coalesced-viaf16"
+        # fp32 PV: straight into O (VC_MMA_PV_DIRECT, docs/kernel-notes.md section 45)
+        return f"wide-i2fp-meanscaled{pv}-restoretile-after64{'' if pv else '-pvdirect2'}-coalesced-viaf16"
     return f"wide-i2fp-meanscaled{pv}-restoretile-after-coalesced"
 
 

@@ -21,6 +21,9 @@ from .test_cuda_compile import MAX_WIDE_SPILL_BYTES, per_kernel
 
 DIRECT = "wide-i2fp-meanscaled-restoretile-after64-pvdirect-coalesced-viaf16"
 FLAG = "-DVC_MMA_PV_DIRECT=1"
+# =2, the via-f16 default: the same kernels but the head-dim-64 ones without V-Smooth, which keep the partial
+DIRECT2 = "wide-i2fp-meanscaled-restoretile-after64-pvdirect2-coalesced-viaf16"
+BASE = "wide-i2fp-meanscaled-restoretile-after64-coalesced-viaf16"
 
 
 def build(tmp_path, source: str, flags, tag: str) -> tuple[dict, dict[str, int]]:
@@ -38,17 +41,32 @@ def trip(rows, anys_fail: bool) -> collections.Counter:
                                sass_loop_mix.hot_loop(rows, any_back_branch=True, votes_pass=True, anys_fail=anys_fail))
 
 
-def test_the_variant_is_the_via_f16_default_plus_the_flag():
-    flags = mma_variants.flags(DIRECT)
-    assert FLAG in flags and "-DVC_MMA_E4M3_VIA_F16=1" in flags
-    assert tuple(f for f in flags if f != FLAG) == mma_variants.flags("wide-i2fp-meanscaled-restoretile-after64-coalesced-viaf16")
+def test_the_variants_are_the_build_before_plus_the_flag():
+    for name, flag in ((DIRECT, FLAG), (DIRECT2, "-DVC_MMA_PV_DIRECT=2")):
+        flags = mma_variants.flags(name)
+        assert flag in flags and "-DVC_MMA_E4M3_VIA_F16=1" in flags
+        assert tuple(f for f in flags if f != flag) == mma_variants.flags(BASE)
+
+
+def test_the_via_f16_fp32_builds_take_it_and_no_other():
+    for arch in ("9.0a", "10.0a"):  # no FP8 mma.sync: the f16 MMAs' fp32 accumulator
+        assert mma_variants.default_variant(arch) == DIRECT2
+        flags = mma_variants.flags(mma_variants.default_variant(arch, "fp32+fp16"))  # the fp16 partial stays
+        assert not any(f.startswith("-DVC_MMA_PV_DIRECT=") for f in flags)
+    for arch in ("8.9", "12.0a"):  # native FP8 mma.sync
+        for pv_accum in mma_variants.PV_ACCUMS:
+            flags = mma_variants.flags(mma_variants.default_variant(arch, pv_accum))
+            assert not any(f.startswith("-DVC_MMA_PV_DIRECT=") for f in flags)
 
 
 def test_pv_straight_into_o_drops_the_fold(tmp_path):
-    base_flags = tuple(f for f in mma_variants.flags(DIRECT) if f != FLAG)
     for source, d in (("attn_mma_d128.cu", 128), ("attn_mma_d64.cu", 64)):
-        before_k, _ = build(tmp_path, source, base_flags, "base")
+        before_k, _ = build(tmp_path, source, mma_variants.flags(BASE), "base")
         after_k, after_spills = build(tmp_path, source, mma_variants.flags(DIRECT), "direct")
+        default_k, _ = build(tmp_path, source, mma_variants.flags(DIRECT2), "direct2")
+        for k in after_k:  # =2: =1's kernels, but the head-dim-64 ones without V-Smooth are the build's before
+            keeps_partial = re.search(r"ILi64ELb[01]ELb[01]ELb0E", k) is not None
+            assert default_k[k] == (before_k[k] if keeps_partial else after_k[k]), k
         assert set(before_k) == set(after_k) and len(after_k) == (10 if d == 128 else 8)
         o_elements = 2 * (d // 8) * 4  # per thread: two chains x d/8 n-tiles x 4
         # <D, FP8 QK, ExpCast, V-Smooth, K lanes>: the kernels without V-Smooth

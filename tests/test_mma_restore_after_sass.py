@@ -28,7 +28,7 @@ from .test_clamp_bound_sass import nvdisasm, pytestmark, sass_loop_mix  # noqa: 
 from .test_cuda_compile import MAX_WIDE_SPILL_BYTES, per_kernel
 
 FLAG = "-DVC_MMA_RESTORE_AFTER=1"
-PV_DIRECT = "-DVC_MMA_PV_DIRECT=1"
+PV_DIRECT = "-DVC_MMA_PV_DIRECT="
 # the via-f16 build with the restore after the loop at head dim 64 only: the default until section 45 took PV straight into
 # O on top of it (which restores after the loop at every head dim; tests/test_mma_pv_direct_sass.py)
 VIA_F16_AFTER64 = "wide-i2fp-meanscaled-restoretile-after64-coalesced-viaf16"
@@ -77,8 +77,8 @@ def test_the_default_builds_restore_after_the_pv_loop():
             assert "-DVC_MMA_RESTORE_AFTER=2" in mma_variants.flags(mma_variants.default_variant(arch, pv_accum))
         for arch in ("8.9", "9.0a", "10.0a", "12.0a"):  # the flag is all that sets them apart from the builds before
             flags = mma_variants.flags(mma_variants.default_variant(arch, pv_accum))
-            direct = PV_DIRECT in flags  # (the via-f16 fp32 build since section 45, on top of the restore after)
-            before = without_restore_after(tuple(f for f in flags if f != PV_DIRECT))
+            direct = any(f.startswith(PV_DIRECT) for f in flags)  # (the via-f16 fp32 build since section 45)
+            before = without_restore_after(tuple(f for f in flags if not f.startswith(PV_DIRECT)))
             assert before in mma_variants.VARIANTS.values() and len(flags) == len(before) + 1 + direct
 
 

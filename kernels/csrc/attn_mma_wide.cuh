@@ -87,12 +87,15 @@ static_assert(kWideStages >= 2 && kWideStages <= 4, "VC_MMA_STAGES must be 2, 3 
 // Through f16 the tensor core's accumulator is fp32 (HMMA.16816.F32), so only the order of the fp32 sums changes:
 // alpha O + (p1 + p2) becomes (alpha O + p1) + p2. Never on native FP8 mma.sync, whose fp32 accumulator keeps fewer
 // mantissa bits (SageAttention 2's reason for its two-level accumulation): the partial bounds that error per chunk.
+// 2: the same except in the head-dim-64 kernels without V-Smooth (AttnMmaWide::kPvDirect), the via-f16 default's choice
+// (docs/kernel-notes.md section 45, H100: plain 8-bit at head dim 64 22.95 -> 25.12 ms with it, every other kernel
+// timed faster or equal)
 #define VC_MMA_PV_DIRECT 0
 #endif
 static_assert(VC_MMA_PV_F16 >= 0 && VC_MMA_PV_F16 <= 2, "VC_MMA_PV_F16 must be 0, 1 or 2");
 static_assert(!VC_MMA_PV_DIRECT || (VC_MMA_E4M3_VIA_F16 && VC_MMA_PV_F16 == 0),
               "VC_MMA_PV_DIRECT needs the f16 MMAs' fp32 accumulator (VC_MMA_E4M3_VIA_F16=1) and fp32 PV");
-constexpr bool kPvDirect = VC_MMA_PV_DIRECT;
+static_assert(VC_MMA_PV_DIRECT >= 0 && VC_MMA_PV_DIRECT <= 2, "VC_MMA_PV_DIRECT must be 0, 1 or 2");
 static_assert(VC_MMA_RESTORE_AFTER >= 0 && VC_MMA_RESTORE_AFTER <= 2, "VC_MMA_RESTORE_AFTER must be 0, 1 or 2");
 constexpr bool kPvF16 = VC_MMA_PV_F16 != 0;
 constexpr bool kPvF16MmaFold = VC_MMA_PV_F16 == 2;
@@ -179,6 +182,8 @@ struct AttnMmaWide {
   static constexpr int kPSteps = kChunkKeys / 32;    // MMA k-steps over keys (PV) per chunk
   static constexpr bool kQInRegs = D == 64;
   // VC_MMA_RESTORE_AFTER: the mean restore after the PV loop (1: every head dim, 2: head dim 64 only)
+  // VC_MMA_PV_DIRECT: PV straight into O (2: not in the head-dim-64 kernels without V-Smooth)
+  static constexpr bool kPvDirect = VC_MMA_PV_DIRECT == 1 || (VC_MMA_PV_DIRECT == 2 && (D != 64 || kVSmooth));
   static constexpr bool kRestoreAfter = VC_MMA_RESTORE_AFTER == 1 || (VC_MMA_RESTORE_AFTER == 2 && D == 64) || kPvDirect;
   using Smem = WideSmem<D>;
   using SAcc = std::conditional_t<kQkFp8, float, int>;
