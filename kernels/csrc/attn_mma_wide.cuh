@@ -574,34 +574,31 @@ struct AttnMmaWide {
         return make_float2(m.x * inv.x, m.y * inv.y);
       }
     };
+    // the chunk's PV MMAs of column pair `pair` (n-tiles 2 pair, 2 pair + 1): mma(dst(c, half), P, V) for both chains
+    auto pv_mmas = [&](int pair, auto&& mma, auto&& dst) {
+#pragma unroll
+      for (int ks = 0; ks < kPSteps; ++ks) {
+        uint32_t b[4];
+        ldmatrix_x4(b, (v_addr ^ uint32_t(ks << 5)) + 16 * pair * kChunkKeys);
+#pragma unroll
+        for (int c = 0; c < kWideChains; ++c) {
+          mma(dst(c, 0), p_frag[c][ks], b[0], b[1]);
+          mma(dst(c, 1), p_frag[c][ks], b[2], b[3]);
+        }
+      }
+    };
+    auto mma_f32 = [](float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) { mma_e4m3(d, a, b0, b1); };
 #pragma unroll
     for (int pair = 0; pair < kDimTiles / 2; ++pair) {
       if constexpr (kPvDirect) {  // O already rescaled; the restore, if any, runs after the loop
-#pragma unroll
-        for (int ks = 0; ks < kPSteps; ++ks) {
-          uint32_t b[4];
-          ldmatrix_x4(b, (v_addr ^ uint32_t(ks << 5)) + 16 * pair * kChunkKeys);
-#pragma unroll
-          for (int c = 0; c < kWideChains; ++c) {
-            mma_e4m3(acc[c][2 * pair], p_frag[c][ks], b[0], b[1]);
-            mma_e4m3(acc[c][2 * pair + 1], p_frag[c][ks], b[2], b[3]);
-          }
-        }
+        pv_mmas(pair, mma_f32, [&](int c, int half) -> float (&)[4] { return acc[c][2 * pair + half]; });
         continue;
       }
       float part[kWideChains][2][4];
       if constexpr (kPvF16) {
         uint32_t part16[kWideChains][2][2] = {};  // half2 {row g, row g+8} x columns 2t, 2t+1
-#pragma unroll
-        for (int ks = 0; ks < kPSteps; ++ks) {
-          uint32_t b[4];
-          ldmatrix_x4(b, (v_addr ^ uint32_t(ks << 5)) + 16 * pair * kChunkKeys);
-#pragma unroll
-          for (int c = 0; c < kWideChains; ++c) {
-            mma_e4m3_f16(part16[c][0], p_frag[c][ks], b[0], b[1]);
-            mma_e4m3_f16(part16[c][1], p_frag[c][ks], b[2], b[3]);
-          }
-        }
+        pv_mmas(pair, [](uint32_t (&d)[2], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) { mma_e4m3_f16(d, a, b0, b1); },
+                [&](int c, int half) -> uint32_t (&)[2] { return part16[c][half]; });
         if constexpr (kPvF16MmaFold) {
           // O += partial on the tensor core (exact products by 0 and 1, one fp32 accumulation)
 #pragma unroll
@@ -626,16 +623,7 @@ struct AttnMmaWide {
         for (int c = 0; c < kWideChains; ++c)
 #pragma unroll
           for (int half = 0; half < 2; ++half) part[c][half][0] = part[c][half][1] = part[c][half][2] = part[c][half][3] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < kPSteps; ++ks) {
-          uint32_t b[4];
-          ldmatrix_x4(b, (v_addr ^ uint32_t(ks << 5)) + 16 * pair * kChunkKeys);
-#pragma unroll
-          for (int c = 0; c < kWideChains; ++c) {
-            mma_e4m3(part[c][0], p_frag[c][ks], b[0], b[1]);
-            mma_e4m3(part[c][1], p_frag[c][ks], b[2], b[3]);
-          }
-        }
+        pv_mmas(pair, mma_f32, [&](int c, int half) -> float (&)[4] { return part[c][half]; });
       }
       // O = alpha O + part (+ l mu / v_scale); without a restore the part is added as it is (a
       // `part + 0.0f` would cost one FADD per element: x + 0 is no identity for x = -0). The MMA
