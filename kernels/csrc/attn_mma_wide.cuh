@@ -155,7 +155,7 @@ __device__ __forceinline__ void load_rows_async(uint32_t dst, const uint8_t* src
     static_assert(kRowsPerCopy % 16 == 0, "the swizzle must repeat every kRowsPerCopy rows");
     const int row = threadIdx.x / kChunksPerRow, chunk = threadIdx.x % kChunksPerRow;
     // swizzled(row, chunk) as one XOR of the unswizzled offset threadIdx.x * 16 (attn_mma.cuh's third identity;
-    // AttnMmaWide::kAddressesMatch checks it for every thread)
+    // AttnMmaWide::addresses_match() checks it for every thread)
     const uint32_t dst0 = dst + ((threadIdx.x * 16u) ^ uint32_t(swizzle_mix<kRowBytes, kKeyRows>(row) << 4));
     const uint8_t* src0 = src + row * src_stride + chunk * 16;
 #pragma unroll
@@ -702,6 +702,11 @@ struct AttnMmaWide {
       }
   }
 };
+
+// (the lane-address macros name AttnMmaWide's members: not for use outside it)
+#undef VC_WIDE_Q_LANE
+#undef VC_WIDE_K_LANE
+#undef VC_WIDE_V_LANE
 
 template <int D, bool kQkFp8, bool kExpCast, bool kVSmooth, bool kLanes = false>
 __global__ VC_MMA_LAUNCH_BOUNDS void attn_mma_wide_kernel(const AttnParams p) {
