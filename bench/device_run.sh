@@ -37,8 +37,8 @@
 #                 (docs/kernel-notes.md 44): the H100/H200 build, the RTX build and the GeForce build (fp16 partials)
 #                 beside SageAttention 2.2's portable kernel (bench/mma_variants.py)
 #         direct  (not in the default list) the via-f16 build with PV straight into O (VC_MMA_PV_DIRECT, kernel-notes 45): its
-#                 GPU tests with the build it extends, the backend suite, then both and the GeForce build beside
-#                 SageAttention 2.2's portable kernel
+#                 GPU tests (=1 and =2), the backend suite, then the build before it, the default (=2) and the GeForce
+#                 build beside SageAttention 2.2's portable kernel
 #         spread  (not in the default list) bench/fidelity_spread.py: fidelity's paired-K exp2 loop against the
 #                 unpaired one and speed, in rotating rounds, with the SM clock / power after each (kernel-notes 35)
 #         mixed   (not in the default list) fidelity's variants of docs/kernel-notes.md 36, one device call each with
@@ -215,11 +215,11 @@ for stage in $stages; do
       step adopted_variants 420 python3 bench/mma_variants.py --reps 7 --out "$OUT" --shapes wan21-1.3b-480p,wan22-14b-720p,d64 \
         --variants "$v-restoretile-coalesced-viaf16,$v-restoretile-after64-coalesced-viaf16,$v-restoretile-coalesced,$v-restoretile-after-coalesced,$v-pvf16-restoretile-coalesced,$v-pvf16-restoretile-after-coalesced" ;;
     direct)  # (not in the default list) docs/kernel-notes.md 45: the via-f16 build with PV straight into O (VC_MMA_PV_DIRECT)
-      # gated against the emulation with the default builds (all with the per-thread ldmatrix addresses), then timed beside
-      # them and SageAttention 2.2's portable kernel: the H100/H200 build, the GeForce build (fp16 partials), the RTX build
+      # (=1 and =2, the via-f16 default) gated against the emulation, the backend suite on the default build, then the build
+      # before it (-after64-), the default and the GeForce build (fp16 partials) beside SageAttention 2.2's portable kernel
       workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || true)
       step direct_tests 300 python3 -m pytest -q -rf $workers tests/test_mma_variants_gpu.py -k "pvdirect"
-      # the backend's own suite on the default build (the via-f16 default is the -pvdirect- build since section 45)
+      # the backend's own suite on the default build (the via-f16 default is the -pvdirect2- build since section 45)
       step direct_backend_tests 240 python3 -m pytest -q -rf $workers tests/test_backends_gpu.py
       v=wide-i2fp-meanscaled
       step direct_variants 300 python3 bench/mma_variants.py --reps 5 --out "$OUT" --shapes wan21-1.3b-480p,wan22-14b-720p,d64 \
