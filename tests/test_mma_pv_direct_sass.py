@@ -17,23 +17,21 @@ import subprocess
 from vc_attention.kernels import jit, mma_variants
 
 from .test_clamp_bound_sass import nvdisasm, pytestmark, sass_loop_mix  # noqa: F401  (pytestmark: nvcc + nvdisasm)
-from .test_cuda_compile import MAX_WIDE_SPILL_BYTES, per_kernel
+from .test_cuda_compile import MAX_WIDE_SPILL_BYTES
+from .test_mma_restore_after_sass import build as compile_sass
+
+
+def build(tmp_path, source: str, flags, tag: str) -> tuple[dict, dict[str, int]]:
+    """source's kernels for sm_90a: name -> SASS rows, name -> spill-store bytes (the restore-after test's compile)."""
+    (tmp_path / tag).mkdir(exist_ok=True)
+    kernels, spills, _ = compile_sass(tmp_path / tag, source, "9.0a", flags)
+    return kernels, spills
 
 DIRECT = "wide-i2fp-meanscaled-restoretile-after64-pvdirect-coalesced-viaf16"
 FLAG = "-DVC_MMA_PV_DIRECT=1"
 # =2, the via-f16 default: the same kernels but the head-dim-64 ones without V-Smooth, which keep the partial
 DIRECT2 = "wide-i2fp-meanscaled-restoretile-after64-pvdirect2-coalesced-viaf16"
 BASE = "wide-i2fp-meanscaled-restoretile-after64-coalesced-viaf16"
-
-
-def build(tmp_path, source: str, flags, tag: str) -> tuple[dict, dict[str, int]]:
-    cubin = tmp_path / f"{source}-{tag}.cubin"
-    cmd = jit.nvcc_compile_only_command(jit.CSRC_DIR / source, "9.0a", cubin, extra_flags=(*flags, "-Xptxas=-v"))
-    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
-    sass = subprocess.run([nvdisasm(), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
-    kernels = {name: rows for name, rows in sass_loop_mix.functions(sass).items() if "wide_kernel" in name}
-    return kernels, per_kernel(result.stderr, r"(\d+) bytes spill stores")
 
 
 def trip(rows, anys_fail: bool) -> collections.Counter:
