@@ -224,9 +224,26 @@ for stage in $stages; do
       v=wide-i2fp-meanscaled
       step direct_variants 300 python3 bench/mma_variants.py --reps 5 --out "$OUT" --shapes wan21-1.3b-480p,wan22-14b-720p,d64 \
         --variants "$v-restoretile-after64-coalesced-viaf16,$v-restoretile-after64-pvdirect2-coalesced-viaf16,$v-pvf16-restoretile-after-coalesced" ;;
+    candidates)  # (not in the default list) docs/kernel-notes.md 46: mma_variants.CANDIDATES beside the builds they would
+      # replace and SageAttention 2.2's portable kernel: the head-dim-64 kernels at three CTAs per SM (-d64x3-,
+      # VC_MMA_D64_MIN_BLOCKS=3) and the mean restore as TF32 MMAs (-restoremma-, VC_MMA_RESTORE_MMA=1) in the via-f16
+      # default, the native-FP8 build and the GeForce build (all built in parallel first); timed at head dim 64 (every
+      # build) and Wan2.1-1.3B (the restore's builds: -d64x3- leaves head dim 128 as it is), gated against the emulation,
+      # then ncu on the via-f16 plain 8-bit / fidelity kernels at head dim 64 beside SageAttention's
+      v=wide-i2fp-meanscaled; d=$v-restoretile-after64-pvdirect2; n=$v-restoretile-after; g=$v-pvf16-restoretile-after
+      wan="$d-coalesced-viaf16,$d-restoremma-coalesced-viaf16,$n-coalesced,$n-restoremma-coalesced,$g-coalesced,$g-restoremma-coalesced"
+      d64="$wan,$d-d64x3-coalesced-viaf16,$d-d64x3-restoremma-coalesced-viaf16,$n-d64x3-coalesced,$g-d64x3-coalesced"
+      d64="$d64,$v-restoretile-after64-pvdirect-coalesced-viaf16+-DVC_MMA_D64_MIN_BLOCKS=3"
+      step candidate_builds 240 python3 bench/build_mma_variants.py --jobs 12 --only "$d64"
+      step candidates_d64 200 python3 bench/mma_variants.py --reps 5 --out "$OUT/d64" --shapes d64 --variants "$d64"
+      step candidates_wan 150 python3 bench/mma_variants.py --reps 5 --out "$OUT/wan" --shapes wan21-1.3b-480p --variants "$wan"
+      workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || true)
+      step candidate_tests 200 python3 -m pytest -q -rf $workers tests/test_mma_restore_mma_gpu.py tests/test_mma_variants_gpu.py -k "d64x3 or restoremma"
+      step candidate_profile 150 python3 bench/kernel_profile.py --shape d64 --out "$OUT" \
+        --targets "sa-portable,mma:$d-coalesced-viaf16:plain8,mma:$d-coalesced-viaf16:fidelity,mma:$d-d64x3-coalesced-viaf16:plain8,mma:$d-d64x3-coalesced-viaf16:fidelity" ;;
     spread)  # fidelity's paired-K loop against the unpaired one in rounds, with the GPU's clocks (kernel-notes 35)
       step fidelity_spread 300 python3 bench/fidelity_spread.py --rounds 6 --out "$OUT" ;;
-    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio, restore, adopted, direct)"; exit 2 ;;
+    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio, restore, adopted, direct, candidates)"; exit 2 ;;
   esac
 done
 tail -n 4 "$OUT"/*.log

@@ -90,6 +90,28 @@ VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect-coalesced-viaf16"] =
 VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-coalesced-viaf16"] = (
     *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-coalesced-viaf16"], "-DVC_MMA_PV_DIRECT=2")
 
+# the head-dim-64 kernels bounded to three CTAs per SM, Q re-read from shared memory (VC_MMA_D64_MIN_BLOCKS=3): they take
+# 209-254 registers unbounded (two CTAs, 8 warps per SM) and 168 with 4-88 B of spills bounded (docs/kernel-notes.md 46);
+# head dim 128 is the same machine code. The via-f16 default, the native-FP8 build and the GeForce build with it
+VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64x3-coalesced-viaf16"] = (
+    *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-coalesced-viaf16"], "-DVC_MMA_D64_MIN_BLOCKS=3")
+for _pv in ("", "-pvf16"):
+    VARIANTS[f"wide-i2fp-meanscaled{_pv}-restoretile-after-d64x3-coalesced"] = (
+        *VARIANTS[f"wide-i2fp-meanscaled{_pv}-restoretile-after-coalesced"], "-DVC_MMA_D64_MIN_BLOCKS=3")
+del _pv
+
+# the V-Smooth mean restore as TF32 MMAs over 8 restores (VC_MMA_RESTORE_MMA=1; docs/kernel-notes.md 46) in the via-f16
+# default, the native-FP8 build and the GeForce build, and with the head-dim-64 bound
+for _base in ("wide-i2fp-meanscaled-restoretile-after64-pvdirect2", "wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64x3"):
+    VARIANTS[f"{_base}-restoremma-coalesced-viaf16"] = (*VARIANTS[f"{_base}-coalesced-viaf16"], "-DVC_MMA_RESTORE_MMA=1")
+for _base in ("wide-i2fp-meanscaled-restoretile-after", "wide-i2fp-meanscaled-pvf16-restoretile-after"):
+    VARIANTS[f"{_base}-restoremma-coalesced"] = (*VARIANTS[f"{_base}-coalesced"], "-DVC_MMA_RESTORE_MMA=1")
+del _base
+
+# variants under measurement for adoption: CI compiles them for every arch of their kind, as the defaults (the others
+# only for sm_90a, where they were timed: tests/test_cuda_compile.py)
+CANDIDATES = tuple(name for name in VARIANTS if "-d64x3-" in name or "-restoremma-" in name)
+
 # the targets without FP8 mma.sync (ptxas lowers it to two f16 HMMAs plus FADDs): the H200 and the B200
 VIA_F16_ARCHS = ("9.0a", "10.0a")
 

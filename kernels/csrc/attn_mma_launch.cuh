@@ -19,8 +19,9 @@ inline void (*attn_kernel_of_build())(const AttnParams) {
   if constexpr (kLanes) {  // K scales per lane: the wide layout's own instantiations (launch_attn_mma_dim asks only there)
     return attn_mma_wide_kernel<D, kQkFp8, kExpCast, kVSmooth, true>;
   } else if constexpr (VC_MMA_WIDE) {
-#if VC_MMA_D64_VSMOOTH_MIN_BLOCKS
-    if constexpr (D == 64 && kVSmooth) {
+#if VC_MMA_D64_BOUND
+    // the head-dim-64 kernels with a CTAs-per-SM bound: all of them (VC_MMA_D64_MIN_BLOCKS) or the V-Smooth ones
+    if constexpr (D == 64 && (VC_MMA_D64_MIN_BLOCKS || kVSmooth)) {
       return attn_mma_wide_kernel_occupied<D, kQkFp8, kExpCast, kVSmooth>;
     } else {
       return attn_mma_wide_kernel<D, kQkFp8, kExpCast, kVSmooth>;

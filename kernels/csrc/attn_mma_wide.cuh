@@ -79,6 +79,12 @@ static_assert(kWideStages >= 2 && kWideStages <= 4, "VC_MMA_STAGES must be 2, 3 
 // 0 (the default here): the restore inside the fold, so the older named variants keep their meaning
 #define VC_MMA_RESTORE_AFTER 0
 #endif
+#ifndef VC_MMA_D64_VSMOOTH_MIN_BLOCKS
+#define VC_MMA_D64_VSMOOTH_MIN_BLOCKS 0
+#endif
+#ifndef VC_MMA_D64_MIN_BLOCKS
+#define VC_MMA_D64_MIN_BLOCKS 0
+#endif
 #ifndef VC_MMA_PV_DIRECT
 // 1 (builds with VC_MMA_E4M3_VIA_F16=1 and fp32 PV only): the PV MMAs accumulate straight into O, whose rows are
 // multiplied by alpha before them only when some row of the warp moved its offset (alpha == 1 exactly otherwise: one
@@ -92,6 +98,18 @@ static_assert(kWideStages >= 2 && kWideStages <= 4, "VC_MMA_STAGES must be 2, 3 
 // timed faster or equal)
 #define VC_MMA_PV_DIRECT 0
 #endif
+#ifndef VC_MMA_RESTORE_MMA
+// 1 (mean-scaled builds; the kernels whose restore runs after the PV loop): the V-Smooth mean restore O += l mu / v_scale
+// as a matrix product on the tensor core, once per 8 restores instead of one FFMA per O element per restore. The rows'
+// sums of each restore wait in the A operand of an m16n8k8 TF32 MMA (restore j of a group in quad lane j % 4, the
+// operand's column j: the slots are rescaled with O), B is the 8 restores' mu / v_scale read from the backend's float32
+// mean table (global memory, each thread the two tiles of its columns t and t + 4), and each product runs as
+// hi*hi + hi*lo + lo*hi of a tf32 split (split_tf32: ~2^-20 relative, as the Hopper kernel's VC_SM90_MEAN_MMA). The
+// mean's shared-memory copy per chunk goes. Only the fp32 order and rounding of the restore's sums changes
+// (docs/kernel-notes.md 46)
+#define VC_MMA_RESTORE_MMA 0
+#endif
+static_assert(!VC_MMA_RESTORE_MMA || VC_MMA_MEAN_SCALED, "VC_MMA_RESTORE_MMA reads the float32 mean / v_scale table");
 static_assert(VC_MMA_PV_F16 >= 0 && VC_MMA_PV_F16 <= 2, "VC_MMA_PV_F16 must be 0, 1 or 2");
 static_assert(!VC_MMA_PV_DIRECT || (VC_MMA_E4M3_VIA_F16 && VC_MMA_PV_F16 == 0),
               "VC_MMA_PV_DIRECT needs the f16 MMAs' fp32 accumulator (VC_MMA_E4M3_VIA_F16=1) and fp32 PV");
@@ -180,11 +198,17 @@ struct AttnMmaWide {
   static constexpr int kKeyTiles = kChunkKeys / 8;   // n-tiles of S per chunk
   static constexpr int kDimTiles = D / 8;            // n-tiles of O
   static constexpr int kPSteps = kChunkKeys / 32;    // MMA k-steps over keys (PV) per chunk
-  static constexpr bool kQInRegs = D == 64;
+  // Q fragments in registers at head dim 64 (16 per thread), re-read from shared memory every chunk at 128 and in the
+  // builds that bound head dim 64 to more CTAs per SM (VC_MMA_D64_MIN_BLOCKS: the 16 registers are what keeps its INT8
+  // kernels from spilling at 168)
+  static constexpr bool kQInRegs = D == 64 && !VC_MMA_D64_MIN_BLOCKS;
   // VC_MMA_RESTORE_AFTER: the mean restore after the PV loop (1: every head dim, 2: head dim 64 only)
   // VC_MMA_PV_DIRECT: PV straight into O (2: not in the head-dim-64 kernels without V-Smooth)
   static constexpr bool kPvDirect = VC_MMA_PV_DIRECT == 1 || (VC_MMA_PV_DIRECT == 2 && (D != 64 || kVSmooth));
   static constexpr bool kRestoreAfter = VC_MMA_RESTORE_AFTER == 1 || (VC_MMA_RESTORE_AFTER == 2 && D == 64) || kPvDirect;
+  // VC_MMA_RESTORE_MMA: the restores gathered 8 at a time and added by TF32 MMAs (flush_restores)
+  static constexpr bool kRestoreMma = VC_MMA_RESTORE_MMA && kVSmooth && kRestoreAfter;
+  static constexpr int kRestoreSlots = 8;  // the TF32 MMA's k
   using Smem = WideSmem<D>;
   using SAcc = std::conditional_t<kQkFp8, float, int>;
   using Encoder = AttnMma<D, kQkFp8, kExpCast, kVSmooth>;
@@ -249,6 +273,11 @@ struct AttnMmaWide {
   // kernel from 292 to 312 B of spills)
   static constexpr bool kSegments = kDeferRestore && kMeanScaled;
   float l_pending[kWideChains][2];  // kDeferRestore: row sums of the tile's chunks not yet restored
+  // kRestoreMma: the pending restores' row sums as the TF32 A operand (rows g, g + 8 at slots t, then t + 4), the tiles
+  // whose means are this thread's B (slots t and t + 4) and the restores so far (uniform)
+  float l_slot[kWideChains][4];
+  int slot_tile[2];
+  int n_restored;
   uint32_t q_frag[kQInRegs ? kWideChains : 1][kQInRegs ? kKSteps : 1][4];
   // VC_MMA_CLAMP_BOUND: per chain, |score| <= q_bound for both of this thread's rows (set before the chunk loop)
   static constexpr bool kClampBound = VC_MMA_CLAMP_BOUND && kExpCast && !kQkFp8 && !VC_EXPCAST_BYTE_CODES;
@@ -272,7 +301,7 @@ struct AttnMmaWide {
       const int stage = chunk % kWideStages;
       load_rows_async<D, kChunkKeys, true>(sbase + Smem::kOffK + stage * Smem::kK, k_src + int64_t(chunk) * kChunkKeys * D, D);
       load_rows_async<kChunkKeys, D>(sbase + Smem::kOffV + stage * Smem::kV, v_src + int64_t(chunk) * kChunkKeys, p.n_pad);
-      if constexpr (kVSmooth) {
+      if constexpr (kVSmooth && !kRestoreMma) {  // (kRestoreMma reads the means from global memory at a flush)
         if (threadIdx.x < Smem::kMean / 16)
           cp_async_16(sbase + Smem::kOffMean + stage * Smem::kMean + threadIdx.x * 16,
                       mean_src + int64_t(chunk / kChunksPerTile) * Smem::kMean + threadIdx.x * 16);
@@ -296,7 +325,11 @@ struct AttnMmaWide {
       row_offset[c][0] = row_offset[c][1] = -INFINITY;
       row_sum[c][0] = row_sum[c][1] = 0.0f;
       l_pending[c][0] = l_pending[c][1] = 0.0f;
+      l_slot[c][0] = l_slot[c][1] = l_slot[c][2] = l_slot[c][3] = 0.0f;
     }
+    slot_tile[0] = slot_tile[1] = 0;  // an empty slot's B: any finite mean (times a zero row sum)
+    n_restored = 0;
+    const float* mean_bh = reinterpret_cast<const float*>(p.v_mean) + int64_t(bh) * n_tiles * D;
     // the scales of this thread's rows g and g+8 of each chain (rows < n_pad; padded rows have 0)
     const float* q_sc_rows = p.q_scale + int64_t(bh) * p.n_pad + q_row0 + warp_row0 + (lane >> 2);
     float q_scale[kWideChains][2];
@@ -345,11 +378,15 @@ struct AttnMmaWide {
       const bool tile_end = chunk % kChunksPerTile == kChunksPerTile - 1;
       const bool restore = !kDeferRestore || chunk + 1 == n_chunks ||
                            (tile_end && (!kSegments || p.v_seg_end == nullptr || p.v_seg_end[tile_index] != 0));
+      const int tile = chunk / kChunksPerTile;
       if (valid < kChunkKeys) {
-        process_chunk<true>(sbase, chunk % kWideStages, scale, valid, warp_row0, lane, smem, true);
+        process_chunk<true>(sbase, chunk % kWideStages, scale, valid, warp_row0, lane, smem, true, tile, mean_bh);
       } else {
-        process_chunk<false>(sbase, chunk % kWideStages, scale, kChunkKeys, warp_row0, lane, smem, restore);
+        process_chunk<false>(sbase, chunk % kWideStages, scale, kChunkKeys, warp_row0, lane, smem, restore, tile, mean_bh);
       }
+    }
+    if constexpr (kRestoreMma) {
+      if (n_restored % kRestoreSlots != 0) flush_restores(mean_bh, lane);  // the last group (the last chunk restores)
     }
     store_output(p, bh, q_row0 + warp_row0, lane);
   }
@@ -372,7 +409,8 @@ struct AttnMmaWide {
   // warp-uniform flag: a third inlined chunk body (template flag) spilled 328 B on sm_89.
   template <bool kMask>
   __device__ __forceinline__ void process_chunk(uint32_t sbase, int stage, const float (&scale)[kWideChains][2], int valid,
-                                                int warp_row0, int lane, uint8_t* smem, bool restore) {
+                                                int warp_row0, int lane, uint8_t* smem, bool restore, int tile,
+                                                const float* mean_bh) {
     const int t = lane & 3;
     // ---- S = Q K^T for both chains; k-step outer so consecutive MMAs are independent
     SAcc s[kWideChains][kKeyTiles][4];
@@ -558,8 +596,10 @@ struct AttnMmaWide {
           for (int i = 0; i < kDimTiles; ++i)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[c][i][e] *= alpha[c][e >> 1];
+        if constexpr (kRestoreMma) rescale_slots(alpha);
       }
     }
+    if constexpr (kRestoreMma && !(kPvF16MmaFold || kPvDirect)) rescale_slots(alpha);  // O rescaled by the ALU fold in every chunk
 
     const uint32_t v_addr = sbase + Smem::kOffV + stage * Smem::kV + VC_WIDE_V_LANE(lane);
     const uint8_t* mean = smem + Smem::kOffMean + stage * Smem::kMean;
@@ -660,7 +700,29 @@ struct AttnMmaWide {
             for (int e = 0; e < 4; ++e) acc[c][2 * pair + half][e] = fmaf(acc[c][2 * pair + half][e], alpha[c][e >> 1], part[c][half][e]);
       }
     }
-    if constexpr (kVSmooth && kRestoreAfter) {
+    if constexpr (kRestoreMma) {
+      if (restore) {  // this restore's row sums into slot n_restored % 8; a full group is added to O
+        const int slot = n_restored % kRestoreSlots;
+        const bool mine = (lane & 3) == (slot & 3);
+#pragma unroll
+        for (int c = 0; c < kWideChains; ++c) {
+          if (slot < 4) {
+            l_slot[c][0] = mine ? l_restore[c][0] : l_slot[c][0];
+            l_slot[c][1] = mine ? l_restore[c][1] : l_slot[c][1];
+          } else {
+            l_slot[c][2] = mine ? l_restore[c][0] : l_slot[c][2];
+            l_slot[c][3] = mine ? l_restore[c][1] : l_slot[c][3];
+          }
+        }
+        if (slot < 4) {
+          slot_tile[0] = mine ? tile : slot_tile[0];
+        } else {
+          slot_tile[1] = mine ? tile : slot_tile[1];
+        }
+        ++n_restored;
+        if (__builtin_expect(slot == kRestoreSlots - 1, 0)) flush_restores(mean_bh, lane);  // one restore in 8
+      }
+    } else if constexpr (kVSmooth && kRestoreAfter) {
       if (restore) {  // (uniform across the CTA: the chunk's and the tile's indices, the segment flag)
 #pragma unroll
         for (int i = 0; i < kDimTiles; ++i) {
@@ -670,6 +732,41 @@ struct AttnMmaWide {
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[c][i][e] = fmaf(l_restore[c][e >> 1], e & 1 ? mu.y : mu.x, acc[c][i][e]);
         }
+      }
+    }
+  }
+
+  // kRestoreMma: the pending slots follow O's running scale
+  __device__ __forceinline__ void rescale_slots(const float (&alpha)[kWideChains][2]) {
+#pragma unroll
+    for (int c = 0; c < kWideChains; ++c)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) l_slot[c][j] *= alpha[c][j & 1];
+  }
+
+  // kRestoreMma: O += L M for the gathered restores, L (16 rows x 8 slots per chain) the slots' row sums, M (8 slots x D)
+  // their tiles' mu / v_scale; three TF32 MMAs per n-tile and chain (split_tf32), then the slots are empty
+  __device__ __forceinline__ void flush_restores(const float* mean_bh, int lane) {
+    uint32_t a_hi[kWideChains][4], a_lo[kWideChains][4];
+#pragma unroll
+    for (int c = 0; c < kWideChains; ++c)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        split_tf32(l_slot[c][j], a_hi[c][j], a_lo[c][j]);
+        l_slot[c][j] = 0.0f;
+      }
+    const float* m0 = mean_bh + int64_t(slot_tile[0]) * D + (lane >> 2);  // slot t's tile, column 8 i + g
+    const float* m1 = mean_bh + int64_t(slot_tile[1]) * D + (lane >> 2);  // slot t + 4's
+#pragma unroll
+    for (int i = 0; i < kDimTiles; ++i) {
+      uint32_t b_hi[2], b_lo[2];
+      split_tf32(__ldg(m0 + 8 * i), b_hi[0], b_lo[0]);
+      split_tf32(__ldg(m1 + 8 * i), b_hi[1], b_lo[1]);
+#pragma unroll
+      for (int c = 0; c < kWideChains; ++c) {
+        mma_tf32_k8(acc[c][i], a_lo[c], b_hi[0], b_hi[1]);
+        mma_tf32_k8(acc[c][i], a_hi[c], b_lo[0], b_lo[1]);
+        mma_tf32_k8(acc[c][i], a_hi[c], b_hi[0], b_hi[1]);
       }
     }
   }
@@ -719,12 +816,17 @@ __global__ VC_MMA_LAUNCH_BOUNDS void attn_mma_wide_kernel(const AttnParams p) {
 // launched as this copy, whose launch bound asks ptxas for N CTAs per SM (N = 3: 168 registers, with spills), the
 // others keep the unbounded one. A whole build with three CTAs per SM (VC_MMA_MIN_BLOCKS=3) took exactly those
 // kernels 5% (fidelity) and 2% (speed) faster on the H200 and every other one slower (docs/kernel-notes.md 31).
-#ifndef VC_MMA_D64_VSMOOTH_MIN_BLOCKS
-#define VC_MMA_D64_VSMOOTH_MIN_BLOCKS 0
+// VC_MMA_D64_MIN_BLOCKS=N (0 = off): every head-dim-64 kernel is launched as that copy with N CTAs per SM and keeps Q
+// in shared memory instead of 16 registers (AttnMmaWide::kQInRegs). Those kernels take 209-254 registers unbounded, so
+// two CTAs (8 warps) per SM; at N = 3 (168 registers) the INT8 ones spill 16-76 B on sm_90a and 12 warps per SM hide
+// the chunk's latencies (docs/kernel-notes.md 46). Head dim 128 is untouched (O alone is 128 registers).
+#if VC_MMA_D64_VSMOOTH_MIN_BLOCKS && VC_MMA_D64_MIN_BLOCKS
+#error "VC_MMA_D64_VSMOOTH_MIN_BLOCKS and VC_MMA_D64_MIN_BLOCKS bound the same kernels: set one"
 #endif
-#if VC_MMA_D64_VSMOOTH_MIN_BLOCKS
+#define VC_MMA_D64_BOUND (VC_MMA_D64_MIN_BLOCKS + VC_MMA_D64_VSMOOTH_MIN_BLOCKS)
+#if VC_MMA_D64_BOUND
 template <int D, bool kQkFp8, bool kExpCast, bool kVSmooth>
-__global__ __launch_bounds__(kAttnThreads, VC_MMA_D64_VSMOOTH_MIN_BLOCKS) void attn_mma_wide_kernel_occupied(
+__global__ __launch_bounds__(kAttnThreads, VC_MMA_D64_BOUND) void attn_mma_wide_kernel_occupied(
     const AttnParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   AttnMmaWide<D, kQkFp8, kExpCast, kVSmooth> kernel;

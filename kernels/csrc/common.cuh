@@ -196,6 +196,24 @@ __device__ __forceinline__ void mma_f16_k8_f32(float (&d)[4], const uint32_t (&a
       : "r"(a[0]), "r"(a[1]), "r"(b));
 }
 
+// D = A(16x8 tf32, row) * B(8x8 tf32, col) + C, float accumulate. a[0]: (row g, column t), a[1]: (g + 8, t),
+// a[2]: (g, t + 4), a[3]: (g + 8, t + 4); b0: (row t, column g), b1: (t + 4, g); C / D as every m16n8 accumulator.
+// The operands are fp32 bit patterns of which the tensor core reads the top 19 bits (sign, exponent, 10 mantissa bits)
+__device__ __forceinline__ void mma_tf32_k8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// x = hi + lo with hi exact in tf32 (x's top 19 bits) and lo = x - hi exact in fp32: a product of two such splits taken
+// as hi*hi + hi*lo + lo*hi on the tensor core is x*y to ~2^-20 relative (the lo*lo term and lo's own tf32 truncation
+// dropped), where one tf32 product keeps ~2^-10
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  hi = __float_as_uint(x) & 0xFFFFE000u;
+  lo = __float_as_uint(x - __uint_as_float(hi));
+}
+
 // ---------------------------------------------------------------------------------------------
 // block-wide reductions (blockDim.x a multiple of 32, at most 1024)
 __device__ __forceinline__ float warp_max(float v) {
