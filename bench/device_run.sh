@@ -241,9 +241,18 @@ for stage in $stages; do
       step candidate_tests 200 python3 -m pytest -q -rf $workers tests/test_mma_restore_mma_gpu.py tests/test_mma_variants_gpu.py -k "d64x3 or restoremma"
       step candidate_profile 150 python3 bench/kernel_profile.py --shape d64 --out "$OUT" \
         --targets "sa-portable,mma:$d-coalesced-viaf16:plain8,mma:$d-coalesced-viaf16:fidelity,mma:$d-d64x3-coalesced-viaf16:plain8,mma:$d-d64x3-coalesced-viaf16:fidelity" ;;
+    adopt46)  # (not in the default list) docs/kernel-notes.md 46: the via-f16 default with its head-dim-64 V-Smooth kernels at
+      # three CTAs per SM (-d64vs3-): its variant-tier slice (and the restore-by-MMA builds'), `vc-attention bench --save`,
+      # then the GPU tier without the variant file (its other variants are the previous defaults, gated before)
+      workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || true)
+      step adopt46_variant_tests 150 python3 -m pytest -q -rf $workers tests/test_mma_variants_gpu.py tests/test_mma_restore_mma_gpu.py \
+        -k "d64vs3 or restoremma or the_backend_runs"
+      step bench 200 python3 -m vc_attention.cli bench --save
+      step adopt46_tier 230 python3 -m pytest -q -rf -m gpu $workers --ignore=tests/test_mma_variants_gpu.py \
+        --junitxml="$OUT/gpu_tests.xml" tests ;;
     spread)  # fidelity's paired-K loop against the unpaired one in rounds, with the GPU's clocks (kernel-notes 35)
       step fidelity_spread 300 python3 bench/fidelity_spread.py --rounds 6 --out "$OUT" ;;
-    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio, restore, adopted, direct, candidates)"; exit 2 ;;
+    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio, restore, adopted, direct, candidates, adopt46)"; exit 2 ;;
   esac
 done
 tail -n 4 "$OUT"/*.log

@@ -91,26 +91,33 @@ VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-coalesced-viaf16"] 
     *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-coalesced-viaf16"], "-DVC_MMA_PV_DIRECT=2")
 
 # the head-dim-64 kernels bounded to three CTAs per SM, Q re-read from shared memory (VC_MMA_D64_MIN_BLOCKS=3): they take
-# 209-254 registers unbounded (two CTAs, 8 warps per SM) and 168 with 4-88 B of spills bounded (docs/kernel-notes.md 46);
-# head dim 128 is the same machine code. The via-f16 default, the native-FP8 build and the GeForce build with it
+# 209-254 registers unbounded (two CTAs, 8 warps per SM) and 168 with 4-88 B of spills bounded; head dim 128 is the same
+# machine code. The via-f16 default, the native-FP8 build and the GeForce build with it. H100, head dim 64, total ms
+# (bench/results/nvidia-h100-mma-candidates-d64.json; docs/kernel-notes.md 46): via f16 fidelity 26.07 -> 24.74, speed
+# 24.47 -> 23.85, plain 8-bit 22.88 -> 23.50; native FP8 28.94 -> 27.67 / 27.46 -> 27.35 / 27.13 -> 26.14; GeForce 26.45 ->
+# 26.73 / 26.66 -> 26.89 / 23.83 -> 25.44
 VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64x3-coalesced-viaf16"] = (
     *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-coalesced-viaf16"], "-DVC_MMA_D64_MIN_BLOCKS=3")
 for _pv in ("", "-pvf16"):
     VARIANTS[f"wide-i2fp-meanscaled{_pv}-restoretile-after-d64x3-coalesced"] = (
         *VARIANTS[f"wide-i2fp-meanscaled{_pv}-restoretile-after-coalesced"], "-DVC_MMA_D64_MIN_BLOCKS=3")
 del _pv
-
-# the V-Smooth mean restore as TF32 MMAs over 8 restores (VC_MMA_RESTORE_MMA=1; docs/kernel-notes.md 46) in the via-f16
-# default, the native-FP8 build and the GeForce build, and with the head-dim-64 bound
-for _base in ("wide-i2fp-meanscaled-restoretile-after64-pvdirect2", "wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64x3"):
-    VARIANTS[f"{_base}-restoremma-coalesced-viaf16"] = (*VARIANTS[f"{_base}-coalesced-viaf16"], "-DVC_MMA_RESTORE_MMA=1")
-for _base in ("wide-i2fp-meanscaled-restoretile-after", "wide-i2fp-meanscaled-pvf16-restoretile-after"):
-    VARIANTS[f"{_base}-restoremma-coalesced"] = (*VARIANTS[f"{_base}-coalesced"], "-DVC_MMA_RESTORE_MMA=1")
-del _base
+# the bound on the head-dim-64 V-Smooth kernels only (VC_MMA_D64_VSMOOTH_MIN_BLOCKS=3, Q from shared memory there): the
+# via-f16 fp32 default since section 46, its fidelity and speed kernels those of -d64x3- and every other kernel the
+# -pvdirect2- build's, machine code for machine code (tests/test_mma_d64_bound_sass.py)
+VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-coalesced-viaf16"] = (
+    *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-coalesced-viaf16"], "-DVC_MMA_D64_VSMOOTH_MIN_BLOCKS=3")
+# the V-Smooth mean restore as TF32 MMAs over 8 restores (VC_MMA_RESTORE_MMA=1; docs/kernel-notes.md 46), the via-f16
+# default's and the native-FP8 build's: measured slower (H100, fidelity, Wan2.1-1.3B 16.42 -> 16.68 ms via f16, head dim
+# 64 26.07 -> 26.74; native 18.44 -> 18.35 / 28.94 -> 28.44), kept for comparison
+VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-restoremma-coalesced-viaf16"] = (
+    *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-coalesced-viaf16"], "-DVC_MMA_RESTORE_MMA=1")
+VARIANTS["wide-i2fp-meanscaled-restoretile-after-restoremma-coalesced"] = (
+    *VARIANTS["wide-i2fp-meanscaled-restoretile-after-coalesced"], "-DVC_MMA_RESTORE_MMA=1")
 
 # variants under measurement for adoption: CI compiles them for every arch of their kind, as the defaults (the others
 # only for sm_90a, where they were timed: tests/test_cuda_compile.py)
-CANDIDATES = tuple(name for name in VARIANTS if "-d64x3-" in name or "-restoremma-" in name)
+CANDIDATES: tuple[str, ...] = ()
 
 # the targets without FP8 mma.sync (ptxas lowers it to two f16 HMMAs plus FADDs): the H200 and the B200
 VIA_F16_ARCHS = ("9.0a", "10.0a")
@@ -148,8 +155,9 @@ def default_variant(arch: str, pv_accum: str = "fp32") -> str:
         raise ValueError(f"pv_accum must be one of {', '.join(PV_ACCUMS)}, got {pv_accum!r}.")
     pv = "-pvf16" if pv_accum == "fp32+fp16" else ""
     if arch in VIA_F16_ARCHS:
-        # fp32 PV: straight into O (VC_MMA_PV_DIRECT, docs/kernel-notes.md section 45)
-        return f"wide-i2fp-meanscaled{pv}-restoretile-after64{'' if pv else '-pvdirect2'}-coalesced-viaf16"
+        # fp32 PV: straight into O (VC_MMA_PV_DIRECT, docs/kernel-notes.md section 45) and the head-dim-64 V-Smooth
+        # kernels at three CTAs per SM (section 46)
+        return f"wide-i2fp-meanscaled{pv}-restoretile-after64{'' if pv else '-pvdirect2-d64vs3'}-coalesced-viaf16"
     return f"wide-i2fp-meanscaled{pv}-restoretile-after-coalesced"
 
 

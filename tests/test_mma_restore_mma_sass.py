@@ -37,7 +37,6 @@ def trip(rows) -> collections.Counter:
 def test_the_variants_are_the_build_before_plus_the_flag():
     for base in BUILDS.values():
         assert mma_variants.flags(with_flag(base)) == (*mma_variants.flags(base), FLAG)
-    assert all(with_flag(base) in mma_variants.CANDIDATES for base in BUILDS.values())
 
 
 def test_the_restore_runs_on_the_tensor_core(tmp_path):

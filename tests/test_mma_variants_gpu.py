@@ -96,7 +96,9 @@ def test_the_backend_runs_its_arch_default_build():
     assert ("-DVC_MMA_E4M3_VIA_F16=1" in backend_mma.default_flags()) == (jit.target_arch() in mma_variants.VIA_F16_ARCHS)
 
 
-MEAN_SCALED = [name for name in WIDE if backend_mma.MEAN_SCALED_FLAG in mma_variants.flags(name)]
+# (the builds that restore the mean by TF32 MMAs read only the float32 table: no fp16-mean twin to compare with)
+MEAN_SCALED = [name for name in WIDE if backend_mma.MEAN_SCALED_FLAG in mma_variants.flags(name)
+               and "-DVC_MMA_RESTORE_MMA=1" not in mma_variants.flags(name)]
 
 
 @pytest.mark.parametrize("variant", MEAN_SCALED)

@@ -199,9 +199,10 @@ struct AttnMmaWide {
   static constexpr int kDimTiles = D / 8;            // n-tiles of O
   static constexpr int kPSteps = kChunkKeys / 32;    // MMA k-steps over keys (PV) per chunk
   // Q fragments in registers at head dim 64 (16 per thread), re-read from shared memory every chunk at 128 and in the
-  // builds that bound head dim 64 to more CTAs per SM (VC_MMA_D64_MIN_BLOCKS: the 16 registers are what keeps its INT8
-  // kernels from spilling at 168)
-  static constexpr bool kQInRegs = D == 64 && !VC_MMA_D64_MIN_BLOCKS;
+  // head-dim-64 kernels bound to more CTAs per SM (VC_MMA_D64_MIN_BLOCKS, VC_MMA_D64_VSMOOTH_MIN_BLOCKS: the 16
+  // registers are what keeps their INT8 kernels from spilling at 168)
+  static constexpr bool kBoundD64 = D == 64 && (VC_MMA_D64_MIN_BLOCKS || (VC_MMA_D64_VSMOOTH_MIN_BLOCKS && kVSmooth));
+  static constexpr bool kQInRegs = D == 64 && !kBoundD64;
   // VC_MMA_RESTORE_AFTER: the mean restore after the PV loop (1: every head dim, 2: head dim 64 only)
   // VC_MMA_PV_DIRECT: PV straight into O (2: not in the head-dim-64 kernels without V-Smooth)
   static constexpr bool kPvDirect = VC_MMA_PV_DIRECT == 1 || (VC_MMA_PV_DIRECT == 2 && (D != 64 || kVSmooth));
@@ -813,13 +814,17 @@ __global__ VC_MMA_LAUNCH_BOUNDS void attn_mma_wide_kernel(const AttnParams p) {
 }
 
 // VC_MMA_D64_VSMOOTH_MIN_BLOCKS=N (variant, 0 = off): the head-dim-64 V-Smooth kernels (fidelity and speed) are
-// launched as this copy, whose launch bound asks ptxas for N CTAs per SM (N = 3: 168 registers, with spills), the
-// others keep the unbounded one. A whole build with three CTAs per SM (VC_MMA_MIN_BLOCKS=3) took exactly those
-// kernels 5% (fidelity) and 2% (speed) faster on the H200 and every other one slower (docs/kernel-notes.md 31).
+// launched as this copy, whose launch bound asks ptxas for N CTAs per SM (N = 3: 168 registers), the others keep the
+// unbounded one. A whole build with three CTAs per SM (VC_MMA_MIN_BLOCKS=3) took exactly those kernels 5% (fidelity)
+// and 2% (speed) faster on the H200 and every other one slower (docs/kernel-notes.md 31). Since section 46 the bounded
+// kernels read Q from shared memory (kQInRegs; 28 / 48 B of spills instead of more), and the via-f16 default takes
+// N = 3: H100, head dim 64, fidelity 26.07 -> 24.74 ms, speed 24.47 -> 23.85, while its plain 8-bit kernel measured
+// 22.88 -> 23.50 ms bounded and stays unbounded.
 // VC_MMA_D64_MIN_BLOCKS=N (0 = off): every head-dim-64 kernel is launched as that copy with N CTAs per SM and keeps Q
 // in shared memory instead of 16 registers (AttnMmaWide::kQInRegs). Those kernels take 209-254 registers unbounded, so
-// two CTAs (8 warps) per SM; at N = 3 (168 registers) the INT8 ones spill 16-76 B on sm_90a and 12 warps per SM hide
-// the chunk's latencies (docs/kernel-notes.md 46). Head dim 128 is untouched (O alone is 128 registers).
+// two CTAs (8 warps) per SM; at N = 3 (168 registers) the INT8 ones spill 16-76 B on sm_90a (docs/kernel-notes.md 46:
+// on the H100 the V-Smooth kernels ran 2.5-5% faster, plain 8-bit 3% slower via f16, the GeForce build 1-7% slower).
+// Head dim 128 is untouched (O alone is 128 registers).
 #if VC_MMA_D64_VSMOOTH_MIN_BLOCKS && VC_MMA_D64_MIN_BLOCKS
 #error "VC_MMA_D64_VSMOOTH_MIN_BLOCKS and VC_MMA_D64_MIN_BLOCKS bound the same kernels: set one"
 #endif
