@@ -149,6 +149,11 @@ def default_variant(arch: str, pv_accum: str = "fp32") -> str:
     slower; docs/kernel-notes.md section 45): H100, against SageAttention 2.2's portable kernel in the same run,
     Wan2.1-1.3B / Wan2.2-14B fidelity 1.00x / 0.99x -> 1.10x / 1.08x, speed 1.08x / 1.06x -> 1.16x / 1.14x.
 
+    Its head-dim-64 V-Smooth kernels run three CTAs per SM (VC_MMA_D64_VSMOOTH_MIN_BLOCKS=3, Q from shared memory there;
+    the `-d64vs3-` name, docs/kernel-notes.md section 46): H100, head dim 64, fidelity 26.07 -> 24.74 ms, speed 24.47 ->
+    23.85 (0.98x / 1.04x -> 1.03x / 1.07x SageAttention 2.2's portable kernel); plain 8-bit measured slower bounded
+    and the GeForce build slower in every mode, so neither takes it.
+
     pv_accum "fp32+fp16" (default_pv_accum: GeForce parts): each 64-key PV partial accumulates in fp16 and the
     ALU folds it into the fp32 O (VC_MMA_PV_F16=1, on V codes shifted by 2^-8: kernels/mma_pv_f16.py)."""
     if pv_accum not in PV_ACCUMS:
