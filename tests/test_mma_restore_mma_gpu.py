@@ -10,9 +10,11 @@ at segment ends only). tests/test_mma_variants_gpu.py gates the variants against
 import pytest
 import torch
 
-from vc_attention.kernels import backend_mma, mma_variants
+from vc_attention.kernels import mma_variants
 from vc_attention.kernels.config import FIDELITY, SPEED
 from vc_attention.kernels.prepare_cuda import prepare_cuda
+
+from .test_mma_variants_gpu import outputs_of_builds
 
 pytestmark = [
     pytest.mark.gpu,
@@ -44,11 +46,7 @@ def test_restore_mma_matches_the_build_without_it(variant, mode, n, d):
     q, k, v = (t.half() for t in (q, k, v))
     perm = torch.argsort(torch.rand(2, 3, n, device="cuda", generator=gen), dim=-1)
     ops = prepare_cuda(q, k, v, perm, config, "bhnd")
-    outs = []
-    for f in (flags, base):
-        out = torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")
-        backend_mma.attention_from_operands(ops, config, out, "bhnd", variant_flags=f)
-        outs.append(out)
+    outs = outputs_of_builds(ops, config, q, (flags, base))
     assert torch.isfinite(outs[0]).all()
     err = _rel_l2(outs[0], outs[1])
     assert err <= GATE, f"{variant} {mode} n={n} d={d}: rel-L2 {err:.2e} against the build without the flag"

@@ -65,6 +65,17 @@ def _qkv(b, h, n, d, dtype, layout, seed):
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
+def outputs_of_builds(ops, config, q, flag_sets) -> list:
+    """The output of each build (-D flag set) on the same prepared operands, (B,H,N,D) like q, each into a NaN-poisoned
+    tensor."""
+    outs = []
+    for flags in flag_sets:
+        out = torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")
+        backend_mma.attention_from_operands(ops, config, out, "bhnd", variant_flags=flags)
+        outs.append(out)
+    return outs
+
+
 def _check(variant, q, k, v, perm, config, layout):
     flags = mma_variants.flags(variant)
     ops = prepare_cuda(q, k, v, perm, config, layout)
@@ -112,11 +123,7 @@ def test_mean_scaled_build_matches_the_fp16_mean_build_bit_for_bit(variant):
     q, k, v = _qkv(2, 3, 1000, 128, torch.bfloat16, "bhnd", seed=5)
     perm = torch.argsort(torch.rand(2, 3, 1000, device="cuda"), dim=-1)
     ops = prepare_cuda(q, k, v, perm, FIDELITY, "bhnd")
-    outs = []
-    for f in (flags, plain_flags):
-        out = torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")
-        backend_mma.attention_from_operands(ops, FIDELITY, out, "bhnd", variant_flags=f)
-        outs.append(out)
+    outs = outputs_of_builds(ops, FIDELITY, q, (flags, plain_flags))
     assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])
     with pytest.raises(ValueError, match="float32 mean / v_scale"):
         backend_mma.extension(flags).attention(
