@@ -77,9 +77,11 @@ def test_the_default_builds_restore_after_the_pv_loop():
             assert "-DVC_MMA_RESTORE_AFTER=2" in mma_variants.flags(mma_variants.default_variant(arch, pv_accum))
         for arch in ("8.9", "9.0a", "10.0a", "12.0a"):  # the flag is all that sets them apart from the builds before
             flags = mma_variants.flags(mma_variants.default_variant(arch, pv_accum))
-            direct = any(f.startswith(PV_DIRECT) for f in flags)  # (the via-f16 fp32 build since section 45)
-            before = without_restore_after(tuple(f for f in flags if not f.startswith(PV_DIRECT)))
-            assert before in mma_variants.VARIANTS.values() and len(flags) == len(before) + 1 + direct
+            # (the via-f16 fp32 build since section 45 also sends PV straight into O and since section 46 bounds its
+            # head-dim-64 V-Smooth kernels)
+            later = tuple(f for f in flags if f.startswith((PV_DIRECT, "-DVC_MMA_D64_VSMOOTH_MIN_BLOCKS=")))
+            before = without_restore_after(tuple(f for f in flags if f not in later))
+            assert before in mma_variants.VARIANTS.values() and len(flags) == len(before) + 1 + len(later)
 
 
 def test_the_restore_after_the_pv_loop_drops_the_per_pair_branches_on_sm89(tmp_path):
