@@ -11,6 +11,7 @@ import re
 from vc_attention.kernels import mma_variants
 
 from .test_clamp_bound_sass import nvdisasm, pytestmark, sass_loop_mix  # noqa: F401  (pytestmark: nvcc + nvdisasm)
+from .test_cuda_compile import per_kernel
 from .test_mma_restore_after_sass import build as compile_sass
 
 DEFAULT = "wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-coalesced-viaf16"
@@ -46,6 +47,5 @@ def test_the_bounded_kernels_are_the_timed_ones(tmp_path):
             assert rows == builds[ALL_BOUND if vsmooth else BASE][1][key], (source, key)
         bounded = [k for k in kernels if "occupied" in k]
         assert len(bounded) == (4 if source == "attn_mma_d64.cu" else 0), sorted(kernels)
-        regs = {m.group(1): int(m.group(2)) for m in re.finditer(
-            r"Compiling entry function '(\w+)'[\s\S]*?Used (\d+) registers", report)}
+        regs = per_kernel(report, r"Used (\d+) registers")
         assert all(regs[k] <= 65536 // (3 * 128) for k in bounded), regs
