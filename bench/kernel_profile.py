@@ -42,6 +42,10 @@ TABLE = ("Duration", "Registers Per Thread", "Achieved Occupancy", "Executed Ins
 # stall reasons: warp cycles spent stalled per issued instruction, by reason (what "latency-bound" consists of)
 STALL_METRICS = r"regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
 _STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio")
+# which pipe throttles (kernel-notes 46-47: the head-dim-64 chunk is pipe-bound on conversions and exponentials once
+# latency is covered): each pipe's share of its peak issue rate while the SM is active
+PIPE_METRICS = r"regex:sm__inst_executed_pipe_\w+\.avg\.pct_of_peak_sustained_active"
+_PIPE = re.compile(r"sm__inst_executed_pipe_(\w+?)\.avg\.pct_of_peak_sustained_active")
 MODES = ("fidelity", "speed", "plain8")  # bench/mma_variants.py's mode names (MODES there: name -> VCConfig)
 # the Hopper library's refined fidelity kernels one refinement at a time, to see what each costs inside the kernel
 # (kernel-notes 41): the preset without the V residual's second term (the chord alone), and without the chord
@@ -141,6 +145,16 @@ def stall_reasons(launch: dict[str, str]) -> dict[str, float]:
     return dict(sorted(found.items(), key=lambda kv: -kv[1]))
 
 
+def pipe_use(launch: dict[str, str]) -> dict[str, float]:
+    """One launch's pipe utilization (short pipe name -> % of its peak while active), largest first."""
+    found = {}
+    for name, value in launch.items():
+        match = _PIPE.fullmatch(name)
+        if match:
+            found[match.group(1)] = float(value.split()[0].replace(",", ""))
+    return dict(sorted(found.items(), key=lambda kv: -kv[1]))
+
+
 def profile(args) -> int:
     ncu = shutil.which("ncu")
     if ncu is None:
@@ -150,7 +164,7 @@ def profile(args) -> int:
     # application-only: the JIT builds in the profiled process start nvcc and ninja, which ncu need not follow
     cmd = [ncu, "--csv", "--page", "details", "--target-processes", "application-only", "--kernel-name", KERNELS,
            "--launch-count", str(len(args.targets)),
-           *[x for s in SECTIONS for x in ("--section", s)], "--metrics", STALL_METRICS,
+           *[x for s in SECTIONS for x in ("--section", s)], "--metrics", f"{STALL_METRICS},{PIPE_METRICS}",
            sys.executable, __file__, "--launch", "--shape", args.shape, "--targets", ",".join(args.targets)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ), check=False)
     (out_dir / "kernel_profile_ncu.csv").write_text(done.stdout)
@@ -172,6 +186,10 @@ def profile(args) -> int:
     top = sorted({r for st in stalls for r in list(st)[:6]}, key=lambda r: -max(st.get(r, 0.0) for st in stalls))
     for reason in top:  # the six largest of each target, as cycles per issued instruction
         print(f"{'stall: ' + reason:36s} " + " ".join(f"{st.get(reason, 0.0):>{width}.2f}" for st in stalls))
+    pipes = [pipe_use(m) for m in launches]
+    busiest = sorted({r for pu in pipes for r in list(pu)[:5]}, key=lambda r: -max(pu.get(r, 0.0) for pu in pipes))
+    for pipe in busiest:  # the five busiest of each target, % of peak
+        print(f"{'pipe %: ' + pipe:36s} " + " ".join(f"{pu.get(pipe, 0.0):>{width}.1f}" for pu in pipes))
     print("kernels: " + "; ".join(f"{t} = {m['Kernel Name'][:60]}" for t, m in zip(args.targets, launches)))
     return 0
 

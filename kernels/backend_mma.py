@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from . import jit, mma_pv_f16, mma_variants
+from . import jit, mma_pv_f16, mma_v_f16, mma_variants
 from .backends import Backend, Constraints, register
 from .config import KERNEL_P_ENCODINGS, VCConfig
 from .constants import K_BLOCK
@@ -98,6 +98,12 @@ def mean_operand(ops: PreparedOperands) -> torch.Tensor:
     return ops.v_mean * torch.reciprocal(ops.v_scale).unsqueeze(-2)
 
 
+def v_f16_operand(v_t: torch.Tensor, variant_flags: tuple[str, ...]) -> torch.Tensor:
+    """V^T as a VC_MMA_V_F16 build reads it: the codes' float16 values, keys permuted within each 16
+    (kernels/mma_v_f16.py), one elementwise launch on the current stream."""
+    return extension(variant_flags).v_f16(v_t, torch.cuda.current_stream(v_t.device).cuda_stream)
+
+
 _PAIR_FLAGS: dict[tuple, torch.Tensor] = {}
 _PAIR_FLAGS_KEPT = 16  # shapes x devices kept (B * H * slots bytes each)
 
@@ -142,8 +148,8 @@ def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.
     lse (B,H,N) float32, if given, receives each row's natural-log log-sum-exp of the scores the
     kernel sees: with config.smooth_k those are shifted by q.mean(K)*sm_scale per row (softmax-
     invariant, but the LSE moves by that amount).
-    The fp16-partial variant runs on V codes shifted by 2^-8 (kernels/mma_pv_f16.py): shifted here,
-    so its time includes that pass.
+    The fp16-partial variant runs on V codes shifted by 2^-8 (kernels/mma_pv_f16.py) and the f16-V variant on V's
+    f16 values in its key order (kernels/mma_v_f16.py): made here, so their time includes that pass.
     """
     if variant_flags is None:
         variant_flags = default_flags()
@@ -151,6 +157,8 @@ def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.
         ops = mma_pv_f16.shifted_v_operands(ops)
     if MEAN_SCALED_FLAG in variant_flags and config.v == "vsmooth":
         ops = dataclasses.replace(ops, v_mean=mean_operand(ops))  # after the shift: its v_scale
+    if mma_v_f16.uses_v_f16(variant_flags):
+        ops = dataclasses.replace(ops, v_t=v_f16_operand(ops.v_t, variant_flags))
     extension(variant_flags).attention(
         ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean,
         to_bhnd(out, layout), lse, ops.n_tokens, config.qk == "fp8", config.p == "expcast",

@@ -115,9 +115,19 @@ VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-restoremma-coalesce
 VARIANTS["wide-i2fp-meanscaled-restoretile-after-restoremma-coalesced"] = (
     *VARIANTS["wide-i2fp-meanscaled-restoretile-after-coalesced"], "-DVC_MMA_RESTORE_MMA=1")
 
+# V^T given to the kernel as the codes' f16 values (VC_MMA_V_F16, kernels/mma_v_f16.py): no per-warp conversion of V
+# fragments (64 of the 129 F2FP of a head-dim-64 warp chunk via f16, 128 at 128; docs/kernel-notes.md 47), twice V's
+# shared memory and L2 bytes; bit-identical to the build it extends. Via f16 only (the f16 MMAs' B operand)
+VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-vf16-coalesced-viaf16"] = (
+    *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-coalesced-viaf16"], "-DVC_MMA_V_F16=1")
+VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-vf16-coalesced-viaf16"] = (
+    *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-coalesced-viaf16"], "-DVC_MMA_V_F16=1")
+VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64x3-vf16-coalesced-viaf16"] = (
+    *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64x3-coalesced-viaf16"], "-DVC_MMA_V_F16=1")
+
 # variants under measurement for adoption: CI compiles them for every arch of their kind, as the defaults (the others
 # only for sm_90a, where they were timed: tests/test_cuda_compile.py)
-CANDIDATES: tuple[str, ...] = ()
+CANDIDATES: tuple[str, ...] = ("wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-vf16-coalesced-viaf16",)
 
 # the targets without FP8 mma.sync (ptxas lowers it to two f16 HMMAs plus FADDs): the H200 and the B200
 VIA_F16_ARCHS = ("9.0a", "10.0a")

@@ -67,3 +67,13 @@ def test_stall_reasons_are_read_by_short_name_largest_first(kp):
               "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio": "1.03 ratio"}
     assert list(kp.stall_reasons(launch).items()) == [("long_scoreboard", 1250.5), ("wait", 1.03), ("barrier", 0.92)]
     assert kp.stall_reasons({"Kernel Name": "k"}) == {}
+
+
+def test_pipe_use_is_read_by_short_name_busiest_first(kp):
+    launch = {"Kernel Name": "k", "Duration": "4.6 ms",
+              "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active": "61.5 %",
+              "sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active": "33.1",
+              "sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active": "72.25 %",
+              "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio": "1.03"}
+    assert list(kp.pipe_use(launch).items()) == [("alu", 72.25), ("xu", 61.5), ("fma", 33.1)]
+    assert kp.pipe_use({"Kernel Name": "k"}) == {}

@@ -36,6 +36,12 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
   TORCH_CHECK_VALUE(!vsmooth || v_mean.scalar_type() == (mean_scaled ? torch::kFloat32 : torch::kHalf),
                     vc::text("v_mean must be ", mean_scaled ? "float32 mean / v_scale (backend_mma.mean_operand)" : "the float16 mean",
                     " for this build, got ", v_mean.scalar_type(), "."));
+  // V's form is the build's too (backend_mma.v_f16_operand converts the codes for VC_MMA_V_F16)
+  const bool v_f16 = vc::attn_mma_v_f16() != 0;
+  TORCH_CHECK_VALUE(v_f16 ? v_t.scalar_type() == torch::kHalf : v_t.element_size() == 1,
+                    vc::text("v_t must be ", v_f16 ? "float16 values of the E4M3 codes (backend_mma.v_f16_operand)" : "the E4M3 codes",
+                    " for this build, got ", v_t.scalar_type(), "."));
+  TORCH_CHECK_VALUE(v_t.numel() == q_q.numel(), "v_t must be (B, H, D, n_pad).");
   // K scales per lane (VCConfig.k_lane_scales): four per 128-key tile, read by the wide layout's lane kernels
   const bool k_lanes = k_scale.dim() == 4;
   const int64_t tiles = q_q.size(0) * q_q.size(1) * (q_q.size(2) / vc::kKBlock);
@@ -77,6 +83,18 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
   raise_on_error(vc::launch_attn_mma(p, reinterpret_cast<void*>(stream), k_lanes), "attention");
 }
 
+// E4M3 codes (any shape whose last dim is a multiple of 16, one byte each) -> float16 in VC_MMA_V_F16's key order
+torch::Tensor v_f16(const torch::Tensor& codes, int64_t stream) {
+  check_cuda_contiguous(codes, "codes");
+  TORCH_CHECK_VALUE(codes.element_size() == 1 && codes.dim() >= 1 && codes.size(-1) % 16 == 0,
+                    "codes must be one-byte E4M3 codes whose last dim is a multiple of 16.");
+  const c10::cuda::CUDAGuard guard(codes.device());
+  torch::Tensor out = torch::empty(codes.sizes(), codes.options().dtype(torch::kHalf));
+  raise_on_error(vc::launch_v_codes_to_f16(codes.data_ptr(), out.data_ptr(), codes.numel() / 16, reinterpret_cast<void*>(stream)),
+                 "v_f16");
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -87,5 +105,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("v_mean"), py::arg("out"), py::arg("lse"), py::arg("n"), py::arg("qk_fp8"), py::arg("expcast"),
         py::arg("vsmooth"), py::arg("stream"), py::arg("v_seg_end") = py::none());
   m.def("cta_rows", &vc::attn_mma_cta_rows, "query rows per CTA of this build's attention kernel (128: the wide layout)");
+  m.def("v_f16", &v_f16, "E4M3 codes -> float16 values with keys permuted within each 16 (the V operand of a VC_MMA_V_F16 build)",
+        py::arg("codes"), py::arg("stream"));
+  m.def("v_f16_build", &vc::attn_mma_v_f16, "1 if this build takes V^T as float16 (VC_MMA_V_F16), 0: as the E4M3 codes");
   m.def("mean_scaled", &vc::attn_mma_mean_scaled, "1 if this build takes v_mean as float32 mean / v_scale (VC_MMA_MEAN_SCALED)");
 }

@@ -98,6 +98,15 @@ static_assert(kWideStages >= 2 && kWideStages <= 4, "VC_MMA_STAGES must be 2, 3 
 // timed faster or equal)
 #define VC_MMA_PV_DIRECT 0
 #endif
+#ifndef VC_MMA_V_F16
+// 1 (builds with VC_MMA_E4M3_VIA_F16=1 and fp32 PV only): the kernel takes V^T as float16 values of the E4M3 codes
+// (backend_mma.v_f16_operand: one pass over v_t), its keys permuted within each 16 so that ldmatrix hands every thread
+// the f16 B fragments the via-f16 MMA would have unpacked (position 2t + j of a 16-key group holds key 4t + j, position
+// 8 + 2t + j key 4t + 2 + j, j = 0, 1: v_f16_key_of). The via-f16 build converts each V fragment in every warp and
+// chunk (64 of the 129 F2FP of a head-dim-64 warp chunk, 128 at 128; docs/kernel-notes.md 47): here nothing, for
+// twice V's shared memory and L2 bytes. The same HMMAs on the same f16 values in the same order: bit-identical output
+#define VC_MMA_V_F16 0
+#endif
 #ifndef VC_MMA_RESTORE_MMA
 // 1 (mean-scaled builds; the kernels whose restore runs after the PV loop): the V-Smooth mean restore O += l mu / v_scale
 // as a matrix product on the tensor core, once per 8 restores instead of one FFMA per O element per restore. The rows'
@@ -115,6 +124,10 @@ static_assert(!VC_MMA_PV_DIRECT || (VC_MMA_E4M3_VIA_F16 && VC_MMA_PV_F16 == 0),
               "VC_MMA_PV_DIRECT needs the f16 MMAs' fp32 accumulator (VC_MMA_E4M3_VIA_F16=1) and fp32 PV");
 static_assert(VC_MMA_PV_DIRECT >= 0 && VC_MMA_PV_DIRECT <= 2, "VC_MMA_PV_DIRECT must be 0, 1 or 2");
 static_assert(VC_MMA_RESTORE_AFTER >= 0 && VC_MMA_RESTORE_AFTER <= 2, "VC_MMA_RESTORE_AFTER must be 0, 1 or 2");
+static_assert(!VC_MMA_V_F16 || (VC_MMA_E4M3_VIA_F16 && VC_MMA_PV_F16 == 0),
+              "VC_MMA_V_F16 feeds the via-f16 MMAs' f16 B operand (VC_MMA_E4M3_VIA_F16=1) with fp32 PV");
+constexpr bool kVF16 = VC_MMA_V_F16;
+constexpr int kVBytes = kVF16 ? 2 : 1;  // bytes per element of the V^T tile
 constexpr bool kPvF16 = VC_MMA_PV_F16 != 0;
 constexpr bool kPvF16MmaFold = VC_MMA_PV_F16 == 2;
 constexpr bool kRestorePerTile = VC_MMA_RESTORE_PER_TILE;
@@ -138,7 +151,8 @@ template <int D>
 struct WideSmem {
   static constexpr int kQ = kWideRows * D;    // Q tile, bytes
   static constexpr int kK = kChunkKeys * D;   // one K chunk
-  static constexpr int kV = D * kChunkKeys;   // one transposed V chunk (D rows of 64 keys)
+  static constexpr int kVRow = kChunkKeys * kVBytes;  // bytes of one V^T row (a head-dim column's 64 keys)
+  static constexpr int kV = D * kVRow;                  // one transposed V chunk
   static constexpr int kMean = D * (kMeanScaled ? 4 : 2);  // the chunk's tile mean: fp16, or fp32 mean / v_scale
   static constexpr int kOffK = kQ;
   static constexpr int kOffV = kOffK + kWideStages * kK;
@@ -226,6 +240,9 @@ struct AttnMmaWide {
 #define VC_WIDE_K_LANE(lane) swizzled<D, true>(4 * (((lane) & 7) >> 1) + 2 * ((lane) >> 4) + ((lane) & 1), ((lane) >> 3) & 1)
   // V^T rows (head-dim columns) (matrix >> 1) * 8 + r, chunk matrix & 1
 #define VC_WIDE_V_LANE(lane) swizzled<kChunkKeys>(((lane) >> 4) * 8 + ((lane) & 7), ((lane) >> 3) & 1)
+  // f16 V^T (kVF16) rows of 128 bytes: n-tile row r, 16-byte chunk 4 ks + matrix (one n-tile per ldmatrix.x4; k-step ks
+  // is `^ (ks << 6)`, n-tile i `+ 8 i rows`)
+#define VC_WIDE_V16_LANE(lane) swizzled<2 * kChunkKeys>((lane) & 7, (lane) >> 3)
   static_assert(Smem::kOffK % 128 == 0 && Smem::kK % 128 == 0 && Smem::kOffV % 128 == 0 && Smem::kV % 128 == 0,
                 "the ldmatrix address XOR needs 128-byte aligned tile bases");
 
@@ -252,11 +269,17 @@ struct AttnMmaWide {
           if ((VC_WIDE_V_LANE(lane) ^ uint32_t(ks << 5)) + 16 * pair * kChunkKeys !=
               swizzled<kChunkKeys>(16 * pair + (matrix >> 1) * 8 + r, 2 * ks + (matrix & 1)))
             return false;
+      for (int ks = 0; ks < kPSteps; ++ks)
+        for (int i = 0; i < kDimTiles; ++i)
+          if ((VC_WIDE_V16_LANE(lane) ^ uint32_t(ks << 6)) + 8 * i * 2 * kChunkKeys !=
+              swizzled<2 * kChunkKeys>(8 * i + r, 4 * ks + matrix))
+            return false;
     }
     for (int tid = 0; tid < kAttnThreads; ++tid) {  // load_rows_async's coalesced form, Q / K / V^T tiles
       if (((tid * 16) ^ (swizzle_mix<D>(tid / (D / 16)) << 4)) != int(swizzled<D>(tid / (D / 16), tid % (D / 16))) ||
           ((tid * 16) ^ (swizzle_mix<D, true>(tid / (D / 16)) << 4)) != int(swizzled<D, true>(tid / (D / 16), tid % (D / 16))) ||
-          ((tid * 16) ^ (swizzle_mix<kChunkKeys>(tid / 4) << 4)) != int(swizzled<kChunkKeys>(tid / 4, tid % 4)))
+          ((tid * 16) ^ (swizzle_mix<kChunkKeys>(tid / 4) << 4)) != int(swizzled<kChunkKeys>(tid / 4, tid % 4)) ||
+          ((tid * 16) ^ (swizzle_mix<2 * kChunkKeys>(tid / 8) << 4)) != int(swizzled<2 * kChunkKeys>(tid / 8, tid % 8)))
         return false;
     }
     return true;
@@ -294,14 +317,15 @@ struct AttnMmaWide {
     const uint32_t sbase = smem_addr(smem);
     const uint8_t* q_src = static_cast<const uint8_t*>(p.q_q) + (int64_t(bh) * p.n_pad + q_row0) * D;
     const uint8_t* k_src = static_cast<const uint8_t*>(p.k_q) + int64_t(bh) * p.n_pad * D;
-    const uint8_t* v_src = p.v_t + int64_t(bh) * D * p.n_pad;
+    const uint8_t* v_src = p.v_t + int64_t(bh) * D * p.n_pad * kVBytes;
     const uint8_t* mean_src = reinterpret_cast<const uint8_t*>(p.v_mean) + int64_t(bh) * n_tiles * Smem::kMean;
     float* inv_scale = reinterpret_cast<float*>(smem + Smem::kOffInvScale);
 
     auto load_chunk = [&](int chunk) {
       const int stage = chunk % kWideStages;
       load_rows_async<D, kChunkKeys, true>(sbase + Smem::kOffK + stage * Smem::kK, k_src + int64_t(chunk) * kChunkKeys * D, D);
-      load_rows_async<kChunkKeys, D>(sbase + Smem::kOffV + stage * Smem::kV, v_src + int64_t(chunk) * kChunkKeys, p.n_pad);
+      load_rows_async<Smem::kVRow, D>(sbase + Smem::kOffV + stage * Smem::kV, v_src + int64_t(chunk) * Smem::kVRow,
+                                      int64_t(p.n_pad) * kVBytes);
       if constexpr (kVSmooth && !kRestoreMma) {  // (kRestoreMma reads the means from global memory at a flush)
         if (threadIdx.x < Smem::kMean / 16)
           cp_async_16(sbase + Smem::kOffMean + stage * Smem::kMean + threadIdx.x * 16,
@@ -602,7 +626,7 @@ struct AttnMmaWide {
     }
     if constexpr (kRestoreMma && !(kPvF16MmaFold || kPvDirect)) rescale_slots(alpha);  // O rescaled by the ALU fold in every chunk
 
-    const uint32_t v_addr = sbase + Smem::kOffV + stage * Smem::kV + VC_WIDE_V_LANE(lane);
+    const uint32_t v_addr = sbase + Smem::kOffV + stage * Smem::kV + (kVF16 ? VC_WIDE_V16_LANE(lane) : VC_WIDE_V_LANE(lane));
     const uint8_t* mean = smem + Smem::kOffMean + stage * Smem::kMean;
     const float* inv_scale = reinterpret_cast<const float*>(smem + Smem::kOffInvScale);
     // mu / v_scale of columns col and col + 1, read where the restore needs them (no registers to hold them)
@@ -617,6 +641,18 @@ struct AttnMmaWide {
     };
     // the chunk's PV MMAs of column pair `pair` (n-tiles 2 pair, 2 pair + 1): mma(dst(c, half), P, V) for both chains
     auto pv_mmas = [&](int pair, auto&& mma, auto&& dst) {
+      if constexpr (kVF16) {  // B in f16 already: one ldmatrix.x4 per n-tile and k-step, no conversion (fp32 PV only)
+#pragma unroll
+        for (int ks = 0; ks < kPSteps; ++ks)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            uint32_t b[4];
+            ldmatrix_x4(b, (v_addr ^ uint32_t(ks << 6)) + (2 * pair + half) * 8 * Smem::kVRow);
+#pragma unroll
+            for (int c = 0; c < kWideChains; ++c) mma_e4m3_f16b(dst(c, half), p_frag[c][ks], b);
+          }
+        return;
+      }
 #pragma unroll
       for (int ks = 0; ks < kPSteps; ++ks) {
         uint32_t b[4];
@@ -805,6 +841,7 @@ struct AttnMmaWide {
 #undef VC_WIDE_Q_LANE
 #undef VC_WIDE_K_LANE
 #undef VC_WIDE_V_LANE
+#undef VC_WIDE_V16_LANE
 
 template <int D, bool kQkFp8, bool kExpCast, bool kVSmooth, bool kLanes = false>
 __global__ VC_MMA_LAUNCH_BOUNDS void attn_mma_wide_kernel(const AttnParams p) {

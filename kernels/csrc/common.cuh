@@ -177,6 +177,17 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], 
   }
 }
 
+// mma_e4m3 through f16 with B given in f16 already (VC_MMA_V_F16): b[0] / b[1] are the f16x2 of keys 4t, 4t + 1 /
+// 4t + 2, 4t + 3 of the first 16 keys, b[2] / b[3] of the next 16 (what e4m3x4_to_f16x2x2 makes of b0 and b1), so the
+// two HMMAs are mma_e4m3's own
+__device__ __forceinline__ void mma_e4m3_f16b(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[4]) {
+  uint32_t a_lo[4], a_hi[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) e4m3x4_to_f16x2x2(a[i], a_lo[i], a_hi[i]);
+  mma_f16_k16_f32(d, a_lo[0], a_lo[1], a_hi[0], a_hi[1], b[0], b[1]);  // keys 0..15
+  mma_f16_k16_f32(d, a_lo[2], a_lo[3], a_hi[2], a_hi[3], b[2], b[3]);  // keys 16..31
+}
+
 // D = A(16x32 e4m3, row) * B(32x8 e4m3, col) + C, fp16 accumulate (PTX: sm_89+). d[0] holds row g,
 // columns 2t and 2t+1 as a half2, d[1] row g+8: the fp32 accumulator's layout at half the registers.
 // No overflow check: the caller bounds sum |A*B| + |C| below 65504 (attn_mma_wide.cuh, VC_MMA_PV_F16).

@@ -122,5 +122,9 @@ const char* launch_attn_mma(const AttnParams& p, void* stream, bool k_lanes = fa
 int attn_mma_cta_rows();
 // 1: the build takes v_mean as float32 mean / v_scale (VC_MMA_MEAN_SCALED), 0: as the fp16 mean.
 int attn_mma_mean_scaled();
+// 1: the build takes V^T as float16 values of the E4M3 codes, keys permuted within each 16 (VC_MMA_V_F16), 0: the codes.
+int attn_mma_v_f16();
+// codes (n16 groups of 16 E4M3 bytes) -> their f16 values in VC_MMA_V_F16's key order; nullptr or the CUDA error
+const char* launch_v_codes_to_f16(const void* codes, void* out, int64_t n16, void* stream);
 
 }  // namespace vc

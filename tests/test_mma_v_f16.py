@@ -1,0 +1,40 @@
+"""kernels/mma_v_f16.py on the CPU: the key order of the f16 V operand and its torch map (the GPU file checks the
+extension's conversion against this map and the kernel's output against the via-f16 build's)."""
+import pytest
+import torch
+
+from vc_attention.kernels import mma_v_f16, mma_variants
+
+
+def test_key_order_is_the_via_f16_unpack_order():
+    # e4m3x4_to_f16x2x2 gives thread t's f16 k-slots 2t, 2t + 1 the keys 4t, 4t + 1 and slots 2t + 8, 2t + 9 the keys
+    # 4t + 2, 4t + 3 (common.cuh); ldmatrix gives thread t positions 2t, 2t + 1 of each 8-key matrix
+    assert sorted(mma_v_f16.KEY_ORDER) == list(range(16))
+    for t in range(4):
+        for j in range(2):
+            assert mma_v_f16.KEY_ORDER[2 * t + j] == 4 * t + j
+            assert mma_v_f16.KEY_ORDER[8 + 2 * t + j] == 4 * t + 2 + j
+
+
+def test_reference_map_permutes_each_group_of_16():
+    codes = torch.randint(0, 0x7E, (2, 3, 48), dtype=torch.uint8)
+    got = mma_v_f16.v_f16_reference(codes)
+    values = codes.view(torch.float8_e4m3fn).half()
+    assert got.dtype == torch.float16 and got.shape == codes.shape
+    for group in range(3):
+        for position, key in enumerate(mma_v_f16.KEY_ORDER):
+            assert torch.equal(got[..., 16 * group + position], values[..., 16 * group + key])
+
+
+def test_reference_map_refuses_a_partial_group():
+    with pytest.raises(ValueError, match="multiple of 16"):
+        mma_v_f16.v_f16_reference(torch.zeros(2, 20, dtype=torch.uint8))
+
+
+def test_every_f16_v_build_goes_through_f16_with_fp32_pv():
+    # the kernel's static_assert, seen from the registry: VC_MMA_V_F16 feeds the via-f16 MMAs' B operand
+    names = [n for n in mma_variants.VARIANTS if mma_v_f16.uses_v_f16(mma_variants.flags(n))]
+    assert names
+    for name in names:
+        flags = mma_variants.flags(name)
+        assert "-DVC_MMA_E4M3_VIA_F16=1" in flags and not any(f.startswith("-DVC_MMA_PV_F16=") for f in flags)

@@ -1,0 +1,75 @@
+"""GPU tier: VC_MMA_V_F16 (V^T handed to the via-f16 kernel as the codes' f16 values in its key order,
+kernels/mma_v_f16.py, docs/kernel-notes.md 47) against the build without it (skips without a GPU).
+
+The f16 build feeds its HMMAs the same f16 values in the same order as the via-f16 build's own unpack, so the
+output must be the same bits, in every mode, at both head dims, with tail chunks (n = 4097) and whole tiles, fp16 and
+bf16, K scales per lane included. The conversion kernel itself must be the torch map of kernels/mma_v_f16.py
+exactly, and a build must refuse the other V form with a sentence: proof that the f16 operand is what ran.
+"""
+import pytest
+import torch
+
+from vc_attention.kernels import backend_mma, mma_v_f16, mma_variants
+from vc_attention.kernels.config import FIDELITY, PLAIN_8BIT, SPEED, VCConfig
+from vc_attention.kernels.prepare_cuda import prepare_cuda
+
+from .test_mma_variants_gpu import outputs_of_builds
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                       reason="needs a CUDA GPU with FP8 tensor cores (sm_89+)"),
+]
+
+V_F16 = [name for name in mma_variants.VARIANTS if mma_v_f16.uses_v_f16(mma_variants.flags(name))]
+CONFIGS = {"fidelity": FIDELITY.without_refinements(), "speed": SPEED, "plain8": PLAIN_8BIT,
+           "fp8qk": VCConfig(qk="fp8"), "fp8qk-expcast": VCConfig(qk="fp8", p="expcast")}
+
+
+def _base(flags):
+    return tuple(f for f in flags if f != mma_v_f16.FLAG)
+
+
+def test_the_conversion_is_the_torch_map():
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    codes = torch.randint(0, 256, (2, 3, 64, 4096), generator=gen, device="cuda", dtype=torch.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x11  # no NaN codes (NaN payloads need not match)
+    ext = backend_mma.extension(mma_variants.flags(V_F16[0]))
+    got = ext.v_f16(codes, torch.cuda.current_stream().cuda_stream)
+    want = mma_v_f16.v_f16_reference(codes)
+    assert got.dtype == torch.float16 and got.shape == codes.shape
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    # the key order moved something: not the plain conversion
+    assert not torch.equal(got, codes.view(torch.float8_e4m3fn).half())
+
+
+@pytest.mark.parametrize("variant", V_F16)
+def test_each_build_takes_only_its_v_form(variant):
+    flags = mma_variants.flags(variant)
+    assert backend_mma.extension(flags).v_f16_build() == 1
+    assert backend_mma.extension(_base(flags)).v_f16_build() == 0
+    q = torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.float16)
+    ops = prepare_cuda(q, q, q, None, PLAIN_8BIT, "bhnd")
+    out = torch.empty_like(q)
+    args = (ops.q_q, ops.q_scale, ops.k_q, ops.k_scale)
+    with pytest.raises(ValueError, match="float16 values of the E4M3 codes"):
+        backend_mma.extension(flags).attention(*args, ops.v_t, ops.v_scale, ops.v_mean, out, None, 256, False, False,
+                                               False, torch.cuda.current_stream().cuda_stream)
+
+
+@pytest.mark.parametrize("variant", V_F16)
+@pytest.mark.parametrize("mode", list(CONFIGS))
+@pytest.mark.parametrize("n,d,dtype", [(4097, 128, torch.float16), (8192, 64, torch.bfloat16), (4097, 64, torch.float16)])
+def test_v_f16_is_the_via_f16_build_bit_for_bit(variant, mode, n, d, dtype):
+    config = CONFIGS[mode]
+    config = config.with_(k_lane_scales=config.k_lane_scales and d == 128)  # (K scales per lane: head dim 128 only)
+    flags = mma_variants.flags(variant)
+    gen = torch.Generator(device="cuda").manual_seed(n + d)
+    q, k, v = (torch.randn(2, 3, n, d, generator=gen, device="cuda") for _ in range(3))
+    v = v + 3.0 * torch.randn(d, generator=gen, device="cuda")
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    perm = torch.argsort(torch.rand(2, 3, n, device="cuda", generator=gen), dim=-1)
+    ops = prepare_cuda(q, k, v, perm, config, "bhnd")
+    outs = outputs_of_builds(ops, config, q, (flags, _base(flags)))
+    assert torch.isfinite(outs[0]).all()
+    assert torch.equal(outs[0], outs[1]), f"{variant} {mode} n={n} d={d}: not the via-f16 build's bits"
