@@ -1,11 +1,14 @@
 """V operand of the portable kernel's f16-V builds (`-DVC_MMA_V_F16=1`, kernels/csrc/attn_mma_wide.cuh).
 
 The via-f16 build (sm_90a / sm_100a, no FP8 mma.sync) unpacks every E4M3 V fragment to f16 in every warp and chunk
-before its HMMAs. A VC_MMA_V_F16 build instead reads V^T already as the f16 values of the codes (exact: every E4M3
-value is an f16), made once per call by one elementwise pass (the extension's `v_f16`), with the keys of each group of
-16 permuted so that ldmatrix gives each thread the fragments the unpack would have made: position 2t + j holds key
-4t + j and position 8 + 2t + j key 4t + 2 + j (t = 0..3, j = 0, 1). Same values, same HMMAs, same order: the output is
-the via-f16 build's bit for bit (tests/test_mma_v_f16_gpu.py).
+before its HMMAs. A VC_MMA_V_F16 build instead reads V already as the f16 values of the codes (exact: every E4M3 value
+is an f16), made once per call by one elementwise pass (the extension's `v_f16`), laid out as the image of its shared-
+memory tile so that each 64-key chunk is one flat copy:
+- (B, H, n_pad / 64, D, 64): per chunk the V^T rows of its 64 keys, contiguous;
+- the keys of each group of 16 permuted so that ldmatrix gives each thread the fragments the unpack would have made:
+  position 2t + j holds key 4t + j and position 8 + 2t + j key 4t + 2 + j (t = 0..3, j = 0, 1);
+- the eight 16-byte units (8 keys each) of row d at unit ^ (d & 7), the kernel's bank-conflict swizzle (swizzled<128>).
+Same values, same HMMAs, same order: the output is the via-f16 build's bit for bit (tests/test_mma_v_f16_gpu.py).
 """
 from __future__ import annotations
 
@@ -28,12 +31,21 @@ def uses_v_f16(variant_flags: tuple[str, ...]) -> bool:
     return FLAG in variant_flags
 
 
+CHUNK_KEYS = 64  # keys per block (kChunkKeys)
+UNIT_KEYS = 8  # keys per 16-byte unit of f16
+
+
 def v_f16_reference(codes: torch.Tensor) -> torch.Tensor:
-    """What the extension's v_f16 makes of E4M3 codes (last dim a multiple of 16): their float16 values, keys
-    permuted within each group of 16 by KEY_ORDER (torch ops; for tests and the CPU)."""
-    if codes.shape[-1] % GROUP:
-        raise ValueError(f"the codes' last dim must be a multiple of {GROUP}, got {codes.shape[-1]}")
+    """What the extension's v_f16 makes of V^T codes (B, H, D, n_pad), n_pad a multiple of 64: (B, H, n_pad / 64, D, 64)
+    float16 (torch ops; for tests and the CPU)."""
+    if codes.dim() != 4 or codes.shape[-1] % CHUNK_KEYS:
+        raise ValueError(f"codes must be (B, H, D, n_pad) with n_pad a multiple of {CHUNK_KEYS}, got {tuple(codes.shape)}")
+    b, h, d, n_pad = codes.shape
     values = codes.view(torch.float8_e4m3fn).to(torch.float16)
-    groups = values.reshape(*values.shape[:-1], -1, GROUP)
-    order = torch.tensor(KEY_ORDER, device=codes.device)
-    return groups.index_select(-1, order).reshape(values.shape)
+    groups = values.reshape(b, h, d, -1, GROUP).index_select(-1, torch.tensor(KEY_ORDER, device=codes.device))
+    blocks = groups.reshape(b, h, d, n_pad // CHUNK_KEYS, CHUNK_KEYS // UNIT_KEYS, UNIT_KEYS).transpose(2, 3)
+    # unit u of row r goes to position u ^ (r & 7): position p holds unit p ^ (r & 7)
+    units = torch.arange(CHUNK_KEYS // UNIT_KEYS, device=codes.device)
+    source = units.view(1, -1) ^ (torch.arange(d, device=codes.device) % 8).view(-1, 1)  # (D, 8)
+    index = source.view(1, 1, 1, d, -1, 1).expand(b, h, n_pad // CHUNK_KEYS, d, -1, UNIT_KEYS)
+    return blocks.gather(4, index).reshape(b, h, n_pad // CHUNK_KEYS, d, CHUNK_KEYS).contiguous()

@@ -16,19 +16,24 @@ def test_key_order_is_the_via_f16_unpack_order():
             assert mma_v_f16.KEY_ORDER[8 + 2 * t + j] == 4 * t + 2 + j
 
 
-def test_reference_map_permutes_each_group_of_16():
-    codes = torch.randint(0, 0x7E, (2, 3, 48), dtype=torch.uint8)
+def test_reference_map_is_the_kernels_tile_image():
+    codes = torch.randint(0, 0x7E, (2, 3, 16, 128), dtype=torch.uint8)
     got = mma_v_f16.v_f16_reference(codes)
     values = codes.view(torch.float8_e4m3fn).half()
-    assert got.dtype == torch.float16 and got.shape == codes.shape
-    for group in range(3):
-        for position, key in enumerate(mma_v_f16.KEY_ORDER):
-            assert torch.equal(got[..., 16 * group + position], values[..., 16 * group + key])
+    assert got.dtype == torch.float16 and got.shape == (2, 3, 2, 16, 64)
+    for chunk in range(2):
+        for row in range(16):
+            for unit in range(8):
+                stored = got[:, :, chunk, row, 8 * (unit ^ (row % 8)):8 * (unit ^ (row % 8)) + 8]  # swizzled<128>
+                for slot in range(8):
+                    position = 8 * unit + slot  # within the chunk's 64 keys
+                    key = 64 * chunk + 16 * (position // 16) + mma_v_f16.KEY_ORDER[position % 16]
+                    assert torch.equal(stored[..., slot], values[:, :, row, key])
 
 
-def test_reference_map_refuses_a_partial_group():
-    with pytest.raises(ValueError, match="multiple of 16"):
-        mma_v_f16.v_f16_reference(torch.zeros(2, 20, dtype=torch.uint8))
+def test_reference_map_refuses_a_partial_chunk():
+    with pytest.raises(ValueError, match="multiple of 64"):
+        mma_v_f16.v_f16_reference(torch.zeros(1, 1, 64, 80, dtype=torch.uint8))
 
 
 def test_every_f16_v_build_goes_through_f16_with_fp32_pv():

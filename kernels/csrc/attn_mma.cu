@@ -20,26 +20,41 @@ int attn_mma_mean_scaled() { return VC_MMA_MEAN_SCALED; }
 static_assert(!VC_MMA_V_F16 || VC_MMA_WIDE, "VC_MMA_V_F16 is an option of the wide layout only");
 int attn_mma_v_f16() { return VC_MMA_V_F16; }
 
-// One thread per 16 keys: word w of the codes holds keys 4w..4w+3; its f16x2 of keys 4w, 4w+1 goes to output word w
-// (positions 2w, 2w+1) and of keys 4w+2, 4w+3 to word 4 + w (positions 8+2w, 9+2w): the ldmatrix order of
-// attn_mma_wide.cuh's f16 V tile (VC_MMA_V_F16; kernels/mma_v_f16.py is the same map in torch)
-__global__ void v_codes_to_f16_kernel(const uint4* __restrict__ codes, uint4* __restrict__ out, int64_t n16) {
+// One thread per 16 keys of one V^T row d: word w of the codes holds keys 4w..4w+3; its f16x2 of keys 4w, 4w+1 goes to
+// position 2w of the 16-key group, of keys 4w+2, 4w+3 to position 8+2w (two 16-byte units of 8 keys). The units land
+// where attn_mma_wide.cuh's f16 V tile has them: chunk (64 keys) after chunk, row d of its (D, 64) block, unit u at
+// u ^ (d & 7) (VC_MMA_V_F16; kernels/mma_v_f16.py is the same map in torch)
+template <int D>
+__global__ void v_codes_to_f16_kernel(const uint4* __restrict__ codes, uint4* __restrict__ out, int64_t n16, int n_pad) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n16) return;
+  const int groups = n_pad / 16;                         // 16-key groups per row
+  const int64_t row = i / groups;                        // (bh, d)
+  const int key16 = int(i % groups), d = int(row % D);
+  const int64_t bh = row / D;
+  const int chunk = key16 / 4, u = 2 * (key16 % 4);      // 8-key units u, u + 1 of the chunk's row d
   const uint4 c = codes[i];
   const uint32_t w[4] = {c.x, c.y, c.z, c.w};
   uint32_t lo[4], hi[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) e4m3x4_to_f16x2x2(w[j], lo[j], hi[j]);
-  out[2 * i] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-  out[2 * i + 1] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+  uint4* block_row = out + ((bh * (n_pad / 64) + chunk) * D + d) * 8;  // 8 units of 16 bytes per row of a block
+  block_row[u ^ (d & 7)] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+  block_row[(u + 1) ^ (d & 7)] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
 }
 
-const char* launch_v_codes_to_f16(const void* codes, void* out, int64_t n16, void* stream) {
+const char* launch_v_codes_to_f16(const void* codes, void* out, int64_t n16, int head_dim, int n_pad, void* stream) {
   if (n16 > 0) {
     constexpr int kThreads = 256;
-    v_codes_to_f16_kernel<<<unsigned((n16 + kThreads - 1) / kThreads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const uint4*>(codes), static_cast<uint4*>(out), n16);
+    const unsigned blocks = unsigned((n16 + kThreads - 1) / kThreads);
+    const auto s = static_cast<cudaStream_t>(stream);
+    const auto* src = static_cast<const uint4*>(codes);
+    auto* dst = static_cast<uint4*>(out);
+    if (head_dim == 64) {
+      v_codes_to_f16_kernel<64><<<blocks, kThreads, 0, s>>>(src, dst, n16, n_pad);
+    } else {
+      v_codes_to_f16_kernel<128><<<blocks, kThreads, 0, s>>>(src, dst, n16, n_pad);
+    }
   }
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);

@@ -83,14 +83,17 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
   raise_on_error(vc::launch_attn_mma(p, reinterpret_cast<void*>(stream), k_lanes), "attention");
 }
 
-// E4M3 codes (any shape whose last dim is a multiple of 16, one byte each) -> float16 in VC_MMA_V_F16's key order
+// V^T codes (B, H, D, n_pad), one byte each -> (B, H, n_pad / 64, D, 64) float16 as a VC_MMA_V_F16 build reads them
 torch::Tensor v_f16(const torch::Tensor& codes, int64_t stream) {
   check_cuda_contiguous(codes, "codes");
-  TORCH_CHECK_VALUE(codes.element_size() == 1 && codes.dim() >= 1 && codes.size(-1) % 16 == 0,
-                    "codes must be one-byte E4M3 codes whose last dim is a multiple of 16.");
+  TORCH_CHECK_VALUE(codes.element_size() == 1 && codes.dim() == 4, "codes must be one-byte E4M3 codes, 4-D (B, H, D, n_pad).");
+  const int64_t head_dim = codes.size(2), n_pad = codes.size(3);
+  TORCH_CHECK_VALUE(head_dim == 64 || head_dim == 128, vc::text("head dim must be 64 or 128, got ", head_dim, "."));
+  TORCH_CHECK_VALUE(n_pad % vc::kKBlock == 0, vc::text("n_pad must be a multiple of ", vc::kKBlock, ", got ", n_pad, "."));
   const c10::cuda::CUDAGuard guard(codes.device());
-  torch::Tensor out = torch::empty(codes.sizes(), codes.options().dtype(torch::kHalf));
-  raise_on_error(vc::launch_v_codes_to_f16(codes.data_ptr(), out.data_ptr(), codes.numel() / 16, reinterpret_cast<void*>(stream)),
+  torch::Tensor out = torch::empty({codes.size(0), codes.size(1), n_pad / 64, head_dim, 64}, codes.options().dtype(torch::kHalf));
+  raise_on_error(vc::launch_v_codes_to_f16(codes.data_ptr(), out.data_ptr(), codes.numel() / 16, int(head_dim), int(n_pad),
+                                           reinterpret_cast<void*>(stream)),
                  "v_f16");
   return out;
 }
@@ -105,7 +108,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("v_mean"), py::arg("out"), py::arg("lse"), py::arg("n"), py::arg("qk_fp8"), py::arg("expcast"),
         py::arg("vsmooth"), py::arg("stream"), py::arg("v_seg_end") = py::none());
   m.def("cta_rows", &vc::attn_mma_cta_rows, "query rows per CTA of this build's attention kernel (128: the wide layout)");
-  m.def("v_f16", &v_f16, "E4M3 codes -> float16 values with keys permuted within each 16 (the V operand of a VC_MMA_V_F16 build)",
+  m.def("v_f16", &v_f16, "V^T codes (B, H, D, n_pad) -> (B, H, n_pad / 64, D, 64) float16: the V operand of a VC_MMA_V_F16 build "
+        "(per 64-key chunk its shared-memory image: keys permuted within each 16, 16-byte units swizzled by row)",
         py::arg("codes"), py::arg("stream"));
   m.def("v_f16_build", &vc::attn_mma_v_f16, "1 if this build takes V^T as float16 (VC_MMA_V_F16), 0: as the E4M3 codes");
   m.def("mean_scaled", &vc::attn_mma_mean_scaled, "1 if this build takes v_mean as float32 mean / v_scale (VC_MMA_MEAN_SCALED)");

@@ -99,10 +99,13 @@ static_assert(kWideStages >= 2 && kWideStages <= 4, "VC_MMA_STAGES must be 2, 3 
 #define VC_MMA_PV_DIRECT 0
 #endif
 #ifndef VC_MMA_V_F16
-// 1 (builds with VC_MMA_E4M3_VIA_F16=1 and fp32 PV only): the kernel takes V^T as float16 values of the E4M3 codes
-// (backend_mma.v_f16_operand: one pass over v_t), its keys permuted within each 16 so that ldmatrix hands every thread
-// the f16 B fragments the via-f16 MMA would have unpacked (position 2t + j of a 16-key group holds key 4t + j, position
-// 8 + 2t + j key 4t + 2 + j, j = 0, 1: v_f16_key_of). The via-f16 build converts each V fragment in every warp and
+// 1 (builds with VC_MMA_E4M3_VIA_F16=1 and fp32 PV only): the kernel takes V as float16 values of the E4M3 codes
+// (backend_mma.v_f16_operand: one pass over v_t, kernels/mma_v_f16.py) in the image of its shared-memory tile: per
+// 64-key chunk a contiguous (D, 64) block of V^T rows whose 16-byte units sit at unit ^ (row & 7) (swizzled<128>), the
+// keys permuted within each 16 so that ldmatrix hands every thread the f16 B fragments the via-f16 MMA would have
+// unpacked (position 2t + j of a 16-key group holds key 4t + j, position 8 + 2t + j key 4t + 2 + j, j = 0, 1). The
+// chunk's copy is then a flat one (one pointer plus immediates per thread: with rows n_pad apart, the eight 64-bit
+// addresses per thread at head dim 128 cost registers). The via-f16 build converts each V fragment in every warp and
 // chunk (64 of the 129 F2FP of a head-dim-64 warp chunk, 128 at 128; docs/kernel-notes.md 47): here nothing, for
 // twice V's shared memory and L2 bytes. The same HMMAs on the same f16 values in the same order: bit-identical output
 #define VC_MMA_V_F16 0
@@ -278,8 +281,7 @@ struct AttnMmaWide {
     for (int tid = 0; tid < kAttnThreads; ++tid) {  // load_rows_async's coalesced form, Q / K / V^T tiles
       if (((tid * 16) ^ (swizzle_mix<D>(tid / (D / 16)) << 4)) != int(swizzled<D>(tid / (D / 16), tid % (D / 16))) ||
           ((tid * 16) ^ (swizzle_mix<D, true>(tid / (D / 16)) << 4)) != int(swizzled<D, true>(tid / (D / 16), tid % (D / 16))) ||
-          ((tid * 16) ^ (swizzle_mix<kChunkKeys>(tid / 4) << 4)) != int(swizzled<kChunkKeys>(tid / 4, tid % 4)) ||
-          ((tid * 16) ^ (swizzle_mix<2 * kChunkKeys>(tid / 8) << 4)) != int(swizzled<2 * kChunkKeys>(tid / 8, tid % 8)))
+          ((tid * 16) ^ (swizzle_mix<kChunkKeys>(tid / 4) << 4)) != int(swizzled<kChunkKeys>(tid / 4, tid % 4)))
         return false;
     }
     return true;
@@ -324,8 +326,15 @@ struct AttnMmaWide {
     auto load_chunk = [&](int chunk) {
       const int stage = chunk % kWideStages;
       load_rows_async<D, kChunkKeys, true>(sbase + Smem::kOffK + stage * Smem::kK, k_src + int64_t(chunk) * kChunkKeys * D, D);
-      load_rows_async<Smem::kVRow, D>(sbase + Smem::kOffV + stage * Smem::kV, v_src + int64_t(chunk) * Smem::kVRow,
-                                      int64_t(p.n_pad) * kVBytes);
+      if constexpr (kVF16) {  // the tile's image, contiguous: a flat copy
+        constexpr int kCopies = Smem::kV / (16 * kAttnThreads);
+        const uint32_t dst = sbase + Smem::kOffV + stage * Smem::kV + threadIdx.x * 16;
+        const uint8_t* src = v_src + int64_t(chunk) * Smem::kV + threadIdx.x * 16;
+#pragma unroll
+        for (int c = 0; c < kCopies; ++c) cp_async_16(dst + c * 16 * kAttnThreads, src + c * 16 * kAttnThreads);
+      } else {
+        load_rows_async<kChunkKeys, D>(sbase + Smem::kOffV + stage * Smem::kV, v_src + int64_t(chunk) * kChunkKeys, p.n_pad);
+      }
       if constexpr (kVSmooth && !kRestoreMma) {  // (kRestoreMma reads the means from global memory at a flush)
         if (threadIdx.x < Smem::kMean / 16)
           cp_async_16(sbase + Smem::kOffMean + stage * Smem::kMean + threadIdx.x * 16,

@@ -124,7 +124,8 @@ int attn_mma_cta_rows();
 int attn_mma_mean_scaled();
 // 1: the build takes V^T as float16 values of the E4M3 codes, keys permuted within each 16 (VC_MMA_V_F16), 0: the codes.
 int attn_mma_v_f16();
-// codes (n16 groups of 16 E4M3 bytes) -> their f16 values in VC_MMA_V_F16's key order; nullptr or the CUDA error
-const char* launch_v_codes_to_f16(const void* codes, void* out, int64_t n16, void* stream);
+// V^T codes (B, H, head_dim, n_pad), n16 = numel / 16 -> their f16 values as VC_MMA_V_F16 reads them (per 64-key chunk a
+// swizzled (head_dim, 64) block, keys permuted within each 16); nullptr or the CUDA error
+const char* launch_v_codes_to_f16(const void* codes, void* out, int64_t n16, int head_dim, int n_pad, void* stream);
 
 }  // namespace vc
