@@ -25,6 +25,15 @@ def key_of_position(position: int) -> int:
 
 
 KEY_ORDER = tuple(key_of_position(s) for s in range(GROUP))
+# VC_MMA_P_ALU_UNPACK (P unpacked by shifts and masks, bytes paired (0, 2) and (1, 3)): position 2t + j holds key
+# 4t + 2j, position 8 + 2t + j key 4t + 1 + 2j
+PAIRED_FLAG = "-DVC_MMA_P_ALU_UNPACK=1"
+PAIRED_KEY_ORDER = tuple(4 * ((s % 8) // 2) + 2 * (s % 2) + (1 if s >= 8 else 0) for s in range(GROUP))
+
+
+def key_order(variant_flags: tuple[str, ...]) -> tuple[int, ...]:
+    """The key order of a VC_MMA_V_F16 build's V operand."""
+    return PAIRED_KEY_ORDER if PAIRED_FLAG in variant_flags else KEY_ORDER
 
 
 def uses_v_f16(variant_flags: tuple[str, ...]) -> bool:
@@ -35,14 +44,14 @@ CHUNK_KEYS = 64  # keys per block (kChunkKeys)
 UNIT_KEYS = 8  # keys per 16-byte unit of f16
 
 
-def v_f16_reference(codes: torch.Tensor) -> torch.Tensor:
+def v_f16_reference(codes: torch.Tensor, order: tuple[int, ...] = KEY_ORDER) -> torch.Tensor:
     """What the extension's v_f16 makes of V^T codes (B, H, D, n_pad), n_pad a multiple of 64: (B, H, n_pad / 64, D, 64)
-    float16 (torch ops; for tests and the CPU)."""
+    float16 (torch ops; for tests and the CPU). order: the build's key order within 16 (key_order)."""
     if codes.dim() != 4 or codes.shape[-1] % CHUNK_KEYS:
         raise ValueError(f"codes must be (B, H, D, n_pad) with n_pad a multiple of {CHUNK_KEYS}, got {tuple(codes.shape)}")
     b, h, d, n_pad = codes.shape
     values = codes.view(torch.float8_e4m3fn).to(torch.float16)
-    groups = values.reshape(b, h, d, -1, GROUP).index_select(-1, torch.tensor(KEY_ORDER, device=codes.device))
+    groups = values.reshape(b, h, d, -1, GROUP).index_select(-1, torch.tensor(order, device=codes.device))
     blocks = groups.reshape(b, h, d, n_pad // CHUNK_KEYS, CHUNK_KEYS // UNIT_KEYS, UNIT_KEYS).transpose(2, 3)
     # unit u of row r goes to position u ^ (r & 7): position p holds unit p ^ (r & 7)
     units = torch.arange(CHUNK_KEYS // UNIT_KEYS, device=codes.device)

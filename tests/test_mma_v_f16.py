@@ -16,6 +16,24 @@ def test_key_order_is_the_via_f16_unpack_order():
             assert mma_v_f16.KEY_ORDER[8 + 2 * t + j] == 4 * t + 2 + j
 
 
+def test_paired_key_order_is_the_shift_and_mask_unpack_order():
+    # e4m3x4_to_f16x2x2_scaled: even = bytes 0, 2 (keys 4t, 4t + 2) to k-slots 2t, 2t + 1; odd = bytes 1, 3 to 2t + 8, 2t + 9
+    assert sorted(mma_v_f16.PAIRED_KEY_ORDER) == list(range(16))
+    for t in range(4):
+        for j in range(2):
+            assert mma_v_f16.PAIRED_KEY_ORDER[2 * t + j] == 4 * t + 2 * j
+            assert mma_v_f16.PAIRED_KEY_ORDER[8 + 2 * t + j] == 4 * t + 1 + 2 * j
+    assert mma_v_f16.key_order(("-DVC_MMA_V_F16=1", mma_v_f16.PAIRED_FLAG)) == mma_v_f16.PAIRED_KEY_ORDER
+    assert mma_v_f16.key_order(("-DVC_MMA_V_F16=1",)) == mma_v_f16.KEY_ORDER
+
+
+def test_scaled_unpack_is_the_code_value_over_256():
+    # the f16 whose bits are code << 7 is 2^-8 times the E4M3 value, for every non-negative finite code
+    codes = torch.arange(0, 0x7F, dtype=torch.uint8)
+    f16 = (codes.to(torch.int32) << 7).to(torch.int16).view(torch.float16)
+    assert torch.equal(f16.float() * 256, codes.view(torch.float8_e4m3fn).float())
+
+
 def test_reference_map_is_the_kernels_tile_image():
     codes = torch.randint(0, 0x7E, (2, 3, 16, 128), dtype=torch.uint8)
     got = mma_v_f16.v_f16_reference(codes)

@@ -21,7 +21,8 @@ static_assert(!VC_MMA_V_F16 || VC_MMA_WIDE, "VC_MMA_V_F16 is an option of the wi
 int attn_mma_v_f16() { return VC_MMA_V_F16; }
 
 // One thread per 16 keys of one V^T row d: word w of the codes holds keys 4w..4w+3; its f16x2 of keys 4w, 4w+1 goes to
-// position 2w of the 16-key group, of keys 4w+2, 4w+3 to position 8+2w (two 16-byte units of 8 keys). The units land
+// position 2w of the 16-key group, of keys 4w+2, 4w+3 to position 8+2w (two 16-byte units of 8 keys; with
+// VC_MMA_P_ALU_UNPACK keys 4w, 4w+2 and 4w+1, 4w+3). The units land
 // where attn_mma_wide.cuh's f16 V tile has them: chunk (64 keys) after chunk, row d of its (D, 64) block, unit u at
 // u ^ (d & 7) (VC_MMA_V_F16; kernels/mma_v_f16.py is the same map in torch)
 template <int D>
@@ -37,7 +38,10 @@ __global__ void v_codes_to_f16_kernel(const uint4* __restrict__ codes, uint4* __
   const uint32_t w[4] = {c.x, c.y, c.z, c.w};
   uint32_t lo[4], hi[4];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) e4m3x4_to_f16x2x2(w[j], lo[j], hi[j]);
+  for (int j = 0; j < 4; ++j) {
+    // VC_MMA_P_ALU_UNPACK pairs the keys (4w, 4w+2) / (4w+1, 4w+3): bytes reordered 0, 2, 1, 3 first
+    e4m3x4_to_f16x2x2(VC_MMA_P_ALU_UNPACK ? __byte_perm(w[j], 0, 0x3120) : w[j], lo[j], hi[j]);
+  }
   uint4* block_row = out + ((bh * (n_pad / 64) + chunk) * D + d) * 8;  // 8 units of 16 bytes per row of a block
   block_row[u ^ (d & 7)] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
   block_row[(u + 1) ^ (d & 7)] = make_uint4(hi[0], hi[1], hi[2], hi[3]);

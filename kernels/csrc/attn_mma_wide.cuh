@@ -110,6 +110,16 @@ static_assert(kWideStages >= 2 && kWideStages <= 4, "VC_MMA_STAGES must be 2, 3 
 // twice V's shared memory and L2 bytes. The same HMMAs on the same f16 values in the same order: bit-identical output
 #define VC_MMA_V_F16 0
 #endif
+#ifndef VC_MMA_P_ALU_UNPACK
+// 1 (VC_MMA_V_F16 builds): P's E4M3 codes become the PV MMAs' f16 A operand by two shifts and two masks per register
+// (e4m3x4_to_f16x2x2_scaled) instead of two F2FP: the f16 is 2^-8 times the code's value, exactly, and the row sums
+// come from the same operand, so O and l carry the same power of two and O / l, the mean restore (l mu / v_scale) and
+// the output are unchanged (the LSE adds the 8). The byte pairs are (0, 2) and (1, 3), so V's key order in a 16-key
+// group is position 2t + j -> key 4t + 2j, 8 + 2t + j -> 4t + 1 + 2j (kernels/mma_v_f16.py's PAIRED_KEY_ORDER). The
+// F2FP of a head-dim-64 warp chunk go from 65 to 33 (docs/kernel-notes.md 47); the tensor core adds the 16 products
+// of an MMA in another slot order, so the output is not the via-f16 build's bit for bit
+#define VC_MMA_P_ALU_UNPACK 0
+#endif
 #ifndef VC_MMA_RESTORE_MMA
 // 1 (mean-scaled builds; the kernels whose restore runs after the PV loop): the V-Smooth mean restore O += l mu / v_scale
 // as a matrix product on the tensor core, once per 8 restores instead of one FFMA per O element per restore. The rows'
@@ -129,7 +139,9 @@ static_assert(VC_MMA_PV_DIRECT >= 0 && VC_MMA_PV_DIRECT <= 2, "VC_MMA_PV_DIRECT 
 static_assert(VC_MMA_RESTORE_AFTER >= 0 && VC_MMA_RESTORE_AFTER <= 2, "VC_MMA_RESTORE_AFTER must be 0, 1 or 2");
 static_assert(!VC_MMA_V_F16 || (VC_MMA_E4M3_VIA_F16 && VC_MMA_PV_F16 == 0),
               "VC_MMA_V_F16 feeds the via-f16 MMAs' f16 B operand (VC_MMA_E4M3_VIA_F16=1) with fp32 PV");
+static_assert(!VC_MMA_P_ALU_UNPACK || VC_MMA_V_F16, "VC_MMA_P_ALU_UNPACK pairs with VC_MMA_V_F16's key order");
 constexpr bool kVF16 = VC_MMA_V_F16;
+constexpr bool kPScaled = VC_MMA_P_ALU_UNPACK;  // P enters the PV and row-sum MMAs as 2^-8 P
 constexpr int kVBytes = kVF16 ? 2 : 1;  // bytes per element of the V^T tile
 constexpr bool kPvF16 = VC_MMA_PV_F16 != 0;
 constexpr bool kPvF16MmaFold = VC_MMA_PV_F16 == 2;
@@ -595,7 +607,15 @@ struct AttnMmaWide {
     for (int c = 0; c < kWideChains; ++c) {
       l_tile[c][0] = l_tile[c][1] = l_tile[c][2] = l_tile[c][3] = 0.0f;
 #pragma unroll
-      for (int ks = 0; ks < kPSteps; ++ks) mma_e4m3(l_tile[c], p_frag[c][ks], kE4m3OnesX4, kE4m3OnesX4);
+      if constexpr (kVF16) {  // the same unpacked P as the PV MMAs (f16 ones: the same values as the E4M3 ones)
+        constexpr uint32_t kF16Ones = 0x3C003C00u;
+        const uint32_t ones[4] = {kF16Ones, kF16Ones, kF16Ones, kF16Ones};
+#pragma unroll
+        for (int ks = 0; ks < kPSteps; ++ks) mma_e4m3_f16b<kPScaled>(l_tile[c], p_frag[c][ks], ones);
+      } else {
+#pragma unroll
+        for (int ks = 0; ks < kPSteps; ++ks) mma_e4m3(l_tile[c], p_frag[c][ks], kE4m3OnesX4, kE4m3OnesX4);
+      }
       row_sum[c][0] = row_sum[c][0] * alpha[c][0] + l_tile[c][0];
       row_sum[c][1] = row_sum[c][1] * alpha[c][1] + l_tile[c][2];
     }
@@ -658,7 +678,7 @@ struct AttnMmaWide {
             uint32_t b[4];
             ldmatrix_x4(b, (v_addr ^ uint32_t(ks << 6)) + (2 * pair + half) * 8 * Smem::kVRow);
 #pragma unroll
-            for (int c = 0; c < kWideChains; ++c) mma_e4m3_f16b(dst(c, half), p_frag[c][ks], b);
+            for (int c = 0; c < kWideChains; ++c) mma_e4m3_f16b<kPScaled>(dst(c, half), p_frag[c][ks], b);
           }
         return;
       }
@@ -840,7 +860,8 @@ struct AttnMmaWide {
         if (p.lse != nullptr && t == 0) {
           // sum_j 2^s_ij = l * 2^(M - 8) (ExpCast: its own scale, approximately); natural-log units
           const float log2_scale = kExpCast ? vc_p::kExpCastLog2Scale : kPLog2Max;
-          p.lse[int64_t(bh) * p.n + row] = (row_offset[c][half] - log2_scale + log2f(row_sum[c][half])) * kLn2;
+          // (kPScaled: the row sums are 2^-8 of P's)
+          p.lse[int64_t(bh) * p.n + row] = (row_offset[c][half] - log2_scale + (kPScaled ? 8.0f : 0.0f) + log2f(row_sum[c][half])) * kLn2;
         }
       }
   }

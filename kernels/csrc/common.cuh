@@ -177,13 +177,30 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], 
   }
 }
 
-// mma_e4m3 through f16 with B given in f16 already (VC_MMA_V_F16): b[0] / b[1] are the f16x2 of keys 4t, 4t + 1 /
-// 4t + 2, 4t + 3 of the first 16 keys, b[2] / b[3] of the next 16 (what e4m3x4_to_f16x2x2 makes of b0 and b1), so the
-// two HMMAs are mma_e4m3's own
+// Non-negative E4M3 codes (bytes below 0x80) as f16 without a conversion: the f16 whose bits are code << 7 is the
+// code's value times 2^-8 exactly (exponent field e -> 2^(e - 15) instead of 2^(e - 7); a subnormal code's mantissa
+// lands in the f16 subnormal range, m 2^-6 / 8 -> m 2^-14 / 8). Two shifts and two masks for four codes, the bytes
+// paired (0, 2) and (1, 3): even = codes 0 and 2, odd = codes 1 and 3
+__device__ __forceinline__ void e4m3x4_to_f16x2x2_scaled(uint32_t x, uint32_t& even, uint32_t& odd) {
+  even = (x << 7) & 0x3F803F80u;
+  odd = (x >> 1) & 0x3F803F80u;
+}
+
+// mma_e4m3 through f16 with B given in f16 already (VC_MMA_V_F16): b[0] / b[1] are the f16x2 of the k-slots 2t, 2t + 1
+// / 2t + 8, 2t + 9 of the first 16 keys, b[2] / b[3] of the next 16, in the slot order of A's unpack: e4m3x4_to_f16x2x2
+// puts keys 4t, 4t + 1 / 4t + 2, 4t + 3 there (mma_e4m3's own two HMMAs), kScaledA (VC_MMA_P_ALU_UNPACK) the keys
+// 4t, 4t + 2 / 4t + 1, 4t + 3 at 2^-8 times their value (e4m3x4_to_f16x2x2_scaled: A must be non-negative, as P is)
+template <bool kScaledA = false>
 __device__ __forceinline__ void mma_e4m3_f16b(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[4]) {
   uint32_t a_lo[4], a_hi[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) e4m3x4_to_f16x2x2(a[i], a_lo[i], a_hi[i]);
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (kScaledA) {
+      e4m3x4_to_f16x2x2_scaled(a[i], a_lo[i], a_hi[i]);
+    } else {
+      e4m3x4_to_f16x2x2(a[i], a_lo[i], a_hi[i]);
+    }
+  }
   mma_f16_k16_f32(d, a_lo[0], a_lo[1], a_hi[0], a_hi[1], b[0], b[1]);  // keys 0..15
   mma_f16_k16_f32(d, a_lo[2], a_lo[3], a_hi[2], a_hi[3], b[2], b[3]);  // keys 16..31
 }
