@@ -253,19 +253,23 @@ for stage in $stages; do
         --ignore=tests/test_mma_variants_gpu.py --junitxml="$OUT/gpu_tests.xml" tests; fi ;;
     vf16)  # (not in the default list) docs/kernel-notes.md 47: V^T handed to the via-f16 kernel in f16 (VC_MMA_V_F16, no
       # per-warp V conversion) on the default (-d64vs3-), on the unbounded head-dim-64 build and on -d64x3-, and with P's
-      # codes unpacked by shifts and masks (-palu-, VC_MMA_P_ALU_UNPACK), built in
-      # parallel, bit-identity against the builds without it, timed beside them and SageAttention 2.2's portable kernel at
-      # head dim 64, Wan2.1-1.3B and Wan2.2-14B, then ncu (with each pipe's share of its peak) at head dim 64
+      # codes unpacked by shifts and masks (-palu-, VC_MMA_P_ALU_UNPACK), built in parallel, timed beside the builds
+      # without them and SageAttention 2.2's portable kernel at head dim 64 and Wan2.1-1.3B, bit-identity / gates
+      # against those builds, ncu (with each pipe's share of its peak) at head dim 64, then Wan2.2-14B. A step starts
+      # only while $VF16_SECONDS (default 540) leave it room, so a short lease still brings the first ones back
       d=wide-i2fp-meanscaled-restoretile-after64-pvdirect2
       wan="$d-d64vs3-coalesced-viaf16,$d-d64vs3-vf16-coalesced-viaf16,$d-d64vs3-vf16-palu-coalesced-viaf16"
       d64="$wan,$d-vf16-coalesced-viaf16,$d-d64x3-coalesced-viaf16,$d-d64x3-vf16-coalesced-viaf16"
-      step vf16_builds 240 python3 bench/build_mma_variants.py --jobs 12 --only "$d64"
-      step vf16_d64 150 python3 bench/mma_variants.py --reps 5 --out "$OUT/d64" --shapes d64 --variants "$d64"
-      step vf16_wan 200 python3 bench/mma_variants.py --reps 5 --out "$OUT/wan" --shapes wan21-1.3b-480p,wan22-14b-720p --variants "$wan"
+      deadline=$((SECONDS + ${VF16_SECONDS:-540}))
+      room() { [ $((deadline - SECONDS)) -ge "$1" ] || { echo "[$2] skipped: $((deadline - SECONDS)) s left" | tee -a "$OUT/steps.txt"; false; }; }
       workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || true)
-      step vf16_tests 200 python3 -m pytest -q -rf $workers tests/test_mma_v_f16_gpu.py tests/test_mma_variants_gpu.py -k "vf16 or v_f16"
-      step vf16_profile 150 python3 bench/kernel_profile.py --shape d64 --out "$OUT" \
-        --targets "sa-portable,mma:$d-d64vs3-coalesced-viaf16:fidelity,mma:$d-d64vs3-vf16-coalesced-viaf16:fidelity,mma:$d-d64vs3-vf16-palu-coalesced-viaf16:fidelity,mma:$d-d64vs3-coalesced-viaf16:plain8,mma:$d-vf16-coalesced-viaf16:plain8" ;;
+      step vf16_builds 200 python3 bench/build_mma_variants.py --jobs 12 --only "$d64"
+      room 60 vf16_d64 && step vf16_d64 120 python3 bench/mma_variants.py --reps 5 --out "$OUT/d64" --shapes d64 --variants "$d64"
+      room 40 vf16_wan && step vf16_wan 80 python3 bench/mma_variants.py --reps 5 --out "$OUT/wan" --shapes wan21-1.3b-480p --variants "$wan"
+      room 120 vf16_tests && step vf16_tests 200 python3 -m pytest -q -rf $workers tests/test_mma_v_f16_gpu.py tests/test_mma_variants_gpu.py -k "vf16 or v_f16"
+      room 60 vf16_profile && step vf16_profile 100 python3 bench/kernel_profile.py --shape d64 --out "$OUT" \
+        --targets "sa-portable,mma:$d-d64vs3-coalesced-viaf16:fidelity,mma:$d-d64vs3-vf16-coalesced-viaf16:fidelity,mma:$d-d64vs3-vf16-palu-coalesced-viaf16:fidelity,mma:$d-d64vs3-coalesced-viaf16:plain8,mma:$d-vf16-coalesced-viaf16:plain8"
+      room 100 vf16_wan14 && step vf16_wan14 150 python3 bench/mma_variants.py --reps 3 --out "$OUT/wan14" --shapes wan22-14b-720p --variants "$wan" ;;
     spread)  # fidelity's paired-K loop against the unpaired one in rounds, with the GPU's clocks (kernel-notes 35)
       step fidelity_spread 300 python3 bench/fidelity_spread.py --rounds 6 --out "$OUT" ;;
     *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio, restore, adopted, direct, candidates, adopt46, vf16)"; exit 2 ;;
