@@ -269,7 +269,8 @@ for stage in $stages; do
       room 120 vf16_tests && step vf16_tests 200 python3 -m pytest -q -rf $workers tests/test_mma_v_f16_gpu.py tests/test_mma_variants_gpu.py -k "vf16 or v_f16"
       room 60 vf16_profile && step vf16_profile 100 python3 bench/kernel_profile.py --shape d64 --out "$OUT" \
         --targets "sa-portable,mma:$d-d64vs3-coalesced-viaf16:fidelity,mma:$d-d64vs3-vf16-coalesced-viaf16:fidelity,mma:$d-d64vs3-vf16-palu-coalesced-viaf16:fidelity,mma:$d-d64vs3-coalesced-viaf16:plain8,mma:$d-vf16-coalesced-viaf16:plain8"
-      room 100 vf16_wan14 && step vf16_wan14 150 python3 bench/mma_variants.py --reps 3 --out "$OUT/wan14" --shapes wan22-14b-720p --variants "$wan" ;;
+      room 100 vf16_wan14 && step vf16_wan14 150 python3 bench/mma_variants.py --reps 3 --out "$OUT/wan14" --shapes wan22-14b-720p --variants "$wan"
+      no_docs=1 ;;  # (nothing saved: the results file and the rendered docs stay behind, within the 8 files)
     spread)  # fidelity's paired-K loop against the unpaired one in rounds, with the GPU's clocks (kernel-notes 35)
       step fidelity_spread 300 python3 bench/fidelity_spread.py --rounds 6 --out "$OUT" ;;
     *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio, restore, adopted, direct, candidates, adopt46, vf16)"; exit 2 ;;
@@ -278,6 +279,6 @@ done
 tail -n 4 "$OUT"/*.log
 # at most 8 files come back from a device call: the results, the two rendered docs, one log archive
 GPU_RESULTS=$(python3 -c "from vc_attention.commands.bench_results import results_path; import torch; print(results_path(torch.cuda.get_device_name()))")
-cp "$GPU_RESULTS" BENCHMARKS.md README.md "$OUT/" 2>/dev/null
+[ -n "${no_docs:-}" ] || cp "$GPU_RESULTS" BENCHMARKS.md README.md "$OUT/" 2>/dev/null
 (cd "$OUT" && shopt -s nullglob && files=(./*.log ./*.xml ./*.csv env.txt) && tar czf logs.tgz "${files[@]}" && rm -f "${files[@]}")
 cat "$OUT/steps.txt"
