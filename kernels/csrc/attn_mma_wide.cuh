@@ -606,7 +606,6 @@ struct AttnMmaWide {
 #pragma unroll
     for (int c = 0; c < kWideChains; ++c) {
       l_tile[c][0] = l_tile[c][1] = l_tile[c][2] = l_tile[c][3] = 0.0f;
-#pragma unroll
       if constexpr (kVF16) {  // the same unpacked P as the PV MMAs (f16 ones: the same values as the E4M3 ones)
         constexpr uint32_t kF16Ones = 0x3C003C00u;
         const uint32_t ones[4] = {kF16Ones, kF16Ones, kF16Ones, kF16Ones};
