@@ -679,16 +679,16 @@ struct AttnMmaWide {
 #pragma unroll
             for (int c = 0; c < kWideChains; ++c) mma_e4m3_f16b<kPScaled>(dst(c, half), p_frag[c][ks], b);
           }
-        return;
-      }
+      } else {
 #pragma unroll
-      for (int ks = 0; ks < kPSteps; ++ks) {
-        uint32_t b[4];
-        ldmatrix_x4(b, (v_addr ^ uint32_t(ks << 5)) + 16 * pair * kChunkKeys);
+        for (int ks = 0; ks < kPSteps; ++ks) {
+          uint32_t b[4];
+          ldmatrix_x4(b, (v_addr ^ uint32_t(ks << 5)) + 16 * pair * kChunkKeys);
 #pragma unroll
-        for (int c = 0; c < kWideChains; ++c) {
-          mma(dst(c, 0), p_frag[c][ks], b[0], b[1]);
-          mma(dst(c, 1), p_frag[c][ks], b[2], b[3]);
+          for (int c = 0; c < kWideChains; ++c) {
+            mma(dst(c, 0), p_frag[c][ks], b[0], b[1]);
+            mma(dst(c, 1), p_frag[c][ks], b[2], b[3]);
+          }
         }
       }
     };
