@@ -859,8 +859,9 @@ struct AttnMmaWide {
         if (p.lse != nullptr && t == 0) {
           // sum_j 2^s_ij = l * 2^(M - 8) (ExpCast: its own scale, approximately); natural-log units
           const float log2_scale = kExpCast ? vc_p::kExpCastLog2Scale : kPLog2Max;
-          // (kPScaled: the row sums are 2^-8 of P's)
-          p.lse[int64_t(bh) * p.n + row] = (row_offset[c][half] - log2_scale + (kPScaled ? 8.0f : 0.0f) + log2f(row_sum[c][half])) * kLn2;
+          float log2_sum = log2f(row_sum[c][half]);
+          if constexpr (kPScaled) log2_sum += 8.0f;  // the row sums are 2^-8 of P's (a `+ 0.0f` would cost an FADD)
+          p.lse[int64_t(bh) * p.n + row] = (row_offset[c][half] - log2_scale + log2_sum) * kLn2;
         }
       }
   }
