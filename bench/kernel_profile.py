@@ -135,24 +135,24 @@ def parse_ncu_csv(text: str) -> list[dict[str, str]]:
     return [launches[key] for key in sorted(launches, key=int)]
 
 
-def stall_reasons(launch: dict[str, str]) -> dict[str, float]:
-    """One launch's stall reasons (short name -> warp cycles per issued instruction), largest first."""
+def _by_short_name(launch: dict[str, str], pattern: re.Pattern) -> dict[str, float]:
+    """The launch's metrics whose full name `pattern` matches, by its first group, as numbers, largest first."""
     found = {}
     for name, value in launch.items():
-        match = _STALL.fullmatch(name)
+        match = pattern.fullmatch(name)
         if match:
             found[match.group(1)] = float(value.split()[0].replace(",", ""))
     return dict(sorted(found.items(), key=lambda kv: -kv[1]))
+
+
+def stall_reasons(launch: dict[str, str]) -> dict[str, float]:
+    """One launch's stall reasons (short name -> warp cycles per issued instruction), largest first."""
+    return _by_short_name(launch, _STALL)
 
 
 def pipe_use(launch: dict[str, str]) -> dict[str, float]:
     """One launch's pipe utilization (short pipe name -> % of its peak while active), largest first."""
-    found = {}
-    for name, value in launch.items():
-        match = _PIPE.fullmatch(name)
-        if match:
-            found[match.group(1)] = float(value.split()[0].replace(",", ""))
-    return dict(sorted(found.items(), key=lambda kv: -kv[1]))
+    return _by_short_name(launch, _PIPE)
 
 
 def profile(args) -> int:
