@@ -3,7 +3,7 @@ the kernel's static_assert relies on, the shift's rounding, and that the backend
 operands to exactly the builds that need them."""
 import torch
 
-from vc_attention.kernels import backend_mma, mma_pv_f16, mma_variants, reference
+from vc_attention.kernels import backend_mma, mma_pv_f16, mma_v_f16, mma_variants, reference
 from vc_attention.kernels.config import FIDELITY
 from vc_attention.kernels.operands import PreparedOperands
 
@@ -77,9 +77,15 @@ def _ops():
 def test_backend_shifts_v_only_for_fp16_partial_builds(monkeypatch):
     seen = {}
 
+    converted = torch.zeros(1)  # what the f16-V builds' conversion returns (kernels/mma_v_f16.py)
+
     class FakeExtension:
         def attention(self, q_q, q_scale, k_q, k_scale, v_t, v_scale, *rest):
             seen["v_t"], seen["v_scale"] = v_t, v_scale
+
+        def v_f16(self, codes, stream):
+            seen["codes"] = codes
+            return converted
 
     monkeypatch.setattr(backend_mma, "extension", lambda flags=(): FakeExtension())
     monkeypatch.setattr(backend_mma.torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0})())
@@ -91,6 +97,8 @@ def test_backend_shifts_v_only_for_fp16_partial_builds(monkeypatch):
         if "-DVC_MMA_PV_F16=1" in flags or "-DVC_MMA_PV_F16=2" in flags:
             assert torch.equal(seen["v_t"].float(), mma_pv_f16.shift_codes(ops.v_t)), variant
             assert torch.equal(seen["v_scale"], ops.v_scale * 256), variant
+        elif mma_v_f16.uses_v_f16(flags):  # the codes converted to f16, the scale as it is
+            assert seen["codes"] is ops.v_t and seen["v_t"] is converted and seen["v_scale"] is ops.v_scale, variant
         else:
             assert seen["v_t"] is ops.v_t and seen["v_scale"] is ops.v_scale, variant
     assert any(mma_pv_f16.uses_shifted_v(mma_variants.flags(v)) for v in mma_variants.VARIANTS)
