@@ -99,8 +99,8 @@ def mean_operand(ops: PreparedOperands) -> torch.Tensor:
 
 
 def v_f16_operand(v_t: torch.Tensor, variant_flags: tuple[str, ...]) -> torch.Tensor:
-    """V^T as a VC_MMA_V_F16 build reads it: the codes' float16 values, keys permuted within each 16
-    (kernels/mma_v_f16.py), one elementwise launch on the current stream."""
+    """V as a VC_MMA_V_F16 build reads it: the codes' float16 values as the image of the kernel's shared-memory tile,
+    (B, H, n_pad / 64, D, 64) (kernels/mma_v_f16.py), one elementwise launch on the current stream."""
     return extension(variant_flags).v_f16(v_t, torch.cuda.current_stream(v_t.device).cuda_stream)
 
 

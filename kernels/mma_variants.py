@@ -125,7 +125,7 @@ VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-vf16-coalesced-viaf
 VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64x3-vf16-coalesced-viaf16"] = (
     *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64x3-coalesced-viaf16"], "-DVC_MMA_V_F16=1")
 # the same with P's codes unpacked by shifts and masks instead of F2FP (VC_MMA_P_ALU_UNPACK: the MMAs see 2^-8 P, O and
-# the row sums alike; V's keys paired (0, 2), (1, 3)): 65 -> 33 F2FP per head-dim-64 warp chunk, 32 ALU instructions more
+# the row sums alike; V's keys paired (0, 2), (1, 3)): 65 -> 32 F2FP per head-dim-64 warp chunk, ~43 ALU instructions more
 VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-vf16-palu-coalesced-viaf16"] = (
     *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-vf16-coalesced-viaf16"], "-DVC_MMA_P_ALU_UNPACK=1")
 

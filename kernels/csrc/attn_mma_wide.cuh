@@ -116,7 +116,7 @@ static_assert(kWideStages >= 2 && kWideStages <= 4, "VC_MMA_STAGES must be 2, 3 
 // come from the same operand, so O and l carry the same power of two and O / l, the mean restore (l mu / v_scale) and
 // the output are unchanged (the LSE adds the 8). The byte pairs are (0, 2) and (1, 3), so V's key order in a 16-key
 // group is position 2t + j -> key 4t + 2j, 8 + 2t + j -> 4t + 1 + 2j (kernels/mma_v_f16.py's PAIRED_KEY_ORDER). The
-// F2FP of a head-dim-64 warp chunk go from 65 to 33 (docs/kernel-notes.md 47); the tensor core adds the 16 products
+// F2FP of a head-dim-64 warp chunk go from 65 to 32 (docs/kernel-notes.md 47); the tensor core adds the 16 products
 // of an MMA in another slot order, so the output is not the via-f16 build's bit for bit
 #define VC_MMA_P_ALU_UNPACK 0
 #endif
