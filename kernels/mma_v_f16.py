@@ -15,20 +15,22 @@ from __future__ import annotations
 import torch
 
 FLAG = "-DVC_MMA_V_F16=1"
+# VC_MMA_P_ALU_UNPACK (P unpacked by shifts and masks): A's bytes paired (0, 2) and (1, 3), so V's key order follows
+PAIRED_FLAG = "-DVC_MMA_P_ALU_UNPACK=1"
 GROUP = 16  # keys per permuted group (one m16n8k16 MMA's k)
+CHUNK_KEYS = 64  # keys per block (kChunkKeys)
+UNIT_KEYS = 8  # keys per 16-byte unit of f16
 
 
-def key_of_position(position: int) -> int:
-    """The key (within its group of 16) stored at `position` of the f16 V^T row."""
-    t, j = (position % 8) // 2, position % 2
-    return 4 * t + j + (2 if position >= 8 else 0)
+def key_of_position(position: int, paired: bool = False) -> int:
+    """The key (within its group of 16) stored at `position` of the f16 V^T row: thread t's k-slots 2t + j hold the
+    keys 4t + j (paired: 4t + 2j), its slots 8 + 2t + j the keys 4t + 2 + j (paired: 4t + 1 + 2j), j = 0, 1."""
+    t, j, second = (position % 8) // 2, position % 2, position >= 8
+    return 4 * t + (2 * j + int(second) if paired else j + 2 * int(second))
 
 
 KEY_ORDER = tuple(key_of_position(s) for s in range(GROUP))
-# VC_MMA_P_ALU_UNPACK (P unpacked by shifts and masks, bytes paired (0, 2) and (1, 3)): position 2t + j holds key
-# 4t + 2j, position 8 + 2t + j key 4t + 1 + 2j
-PAIRED_FLAG = "-DVC_MMA_P_ALU_UNPACK=1"
-PAIRED_KEY_ORDER = tuple(4 * ((s % 8) // 2) + 2 * (s % 2) + (1 if s >= 8 else 0) for s in range(GROUP))
+PAIRED_KEY_ORDER = tuple(key_of_position(s, paired=True) for s in range(GROUP))
 
 
 def key_order(variant_flags: tuple[str, ...]) -> tuple[int, ...]:
@@ -38,10 +40,6 @@ def key_order(variant_flags: tuple[str, ...]) -> tuple[int, ...]:
 
 def uses_v_f16(variant_flags: tuple[str, ...]) -> bool:
     return FLAG in variant_flags
-
-
-CHUNK_KEYS = 64  # keys per block (kChunkKeys)
-UNIT_KEYS = 8  # keys per 16-byte unit of f16
 
 
 def v_f16_reference(codes: torch.Tensor, order: tuple[int, ...] = KEY_ORDER) -> torch.Tensor:

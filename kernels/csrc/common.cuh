@@ -155,28 +155,6 @@ __device__ __forceinline__ void mma_f16_k16_f32(float (&d)[4], uint32_t a0, uint
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// D = A(16x32 e4m3, row) * B(32x8 e4m3, col) + C, float accumulate
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (VC_MMA_E4M3_VIA_F16) {
-    // The 8-bit fragment gives thread t the keys 4t..4t+3 (+16 in a[2], a[3], b1); the f16 one the
-    // slots 2t, 2t+1 (registers 0, 1) and 2t+8, 2t+9 (2, 3). Keys 4t, 4t+1 go to the first slot pair and
-    // 4t+2, 4t+3 to the second, in A and B alike: every key meets its own B row, so the sum is the same.
-    uint32_t a_lo[4], a_hi[4], b0_lo, b0_hi, b1_lo, b1_hi;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) e4m3x4_to_f16x2x2(a[i], a_lo[i], a_hi[i]);
-    e4m3x4_to_f16x2x2(b0, b0_lo, b0_hi);
-    e4m3x4_to_f16x2x2(b1, b1_lo, b1_hi);
-    mma_f16_k16_f32(d, a_lo[0], a_lo[1], a_hi[0], a_hi[1], b0_lo, b0_hi);  // keys 0..15
-    mma_f16_k16_f32(d, a_lo[2], a_lo[3], a_hi[2], a_hi[3], b1_lo, b1_hi);  // keys 16..31
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
 // Non-negative E4M3 codes (bytes below 0x80) as f16 without a conversion: the f16 whose bits are code << 7 is the
 // code's value times 2^-8 exactly (exponent field e -> 2^(e - 15) instead of 2^(e - 7); a subnormal code's mantissa
 // lands in the f16 subnormal range, m 2^-6 / 8 -> m 2^-14 / 8). Two shifts and two masks for four codes, the bytes
@@ -203,6 +181,25 @@ __device__ __forceinline__ void mma_e4m3_f16b(float (&d)[4], const uint32_t (&a)
   }
   mma_f16_k16_f32(d, a_lo[0], a_lo[1], a_hi[0], a_hi[1], b[0], b[1]);  // keys 0..15
   mma_f16_k16_f32(d, a_lo[2], a_lo[3], a_hi[2], a_hi[3], b[2], b[3]);  // keys 16..31
+}
+
+// D = A(16x32 e4m3, row) * B(32x8 e4m3, col) + C, float accumulate
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (VC_MMA_E4M3_VIA_F16) {
+    // The 8-bit fragment gives thread t the keys 4t..4t+3 (+16 in a[2], a[3], b1); the f16 one the
+    // slots 2t, 2t+1 (registers 0, 1) and 2t+8, 2t+9 (2, 3). Keys 4t, 4t+1 go to the first slot pair and
+    // 4t+2, 4t+3 to the second, in A and B alike: every key meets its own B row, so the sum is the same.
+    uint32_t b[4];
+    e4m3x4_to_f16x2x2(b0, b[0], b[1]);
+    e4m3x4_to_f16x2x2(b1, b[2], b[3]);
+    mma_e4m3_f16b(d, a, b);
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
 }
 
 // D = A(16x32 e4m3, row) * B(32x8 e4m3, col) + C, fp16 accumulate (PTX: sm_89+). d[0] holds row g,
