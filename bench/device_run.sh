@@ -259,13 +259,14 @@ for stage in $stages; do
       # only while $VF16_SECONDS (default 540) leave it room, so a short lease still brings the first ones back
       d=wide-i2fp-meanscaled-restoretile-after64-pvdirect2
       wan="$d-d64vs3-coalesced-viaf16,$d-d64vs3-vf16-coalesced-viaf16,$d-d64vs3-vf16-palu-coalesced-viaf16"
-      d64="$wan,$d-vf16-coalesced-viaf16,$d-d64x3-coalesced-viaf16,$d-d64x3-vf16-coalesced-viaf16"
+      poly="$d-d64vs3-vf16-coalesced-viaf16+-DVC_MMA_EXP2_POLY"  # + n of each k-step's 4 P registers' exp2 on the FMA pipe (kernel-notes 48)
+      d64="$wan,$poly=1,$poly=2,$d-vf16-coalesced-viaf16,$d-d64x3-coalesced-viaf16,$d-d64x3-vf16-coalesced-viaf16"
       deadline=$((SECONDS + ${VF16_SECONDS:-540}))
       room() { [ $((deadline - SECONDS)) -ge "$1" ] || { echo "[$2] skipped: $((deadline - SECONDS)) s left" | tee -a "$OUT/steps.txt"; false; }; }
       workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || true)
       step vf16_builds 200 python3 bench/build_mma_variants.py --jobs 12 --only "$d64"
       room 60 vf16_d64 && step vf16_d64 120 python3 bench/mma_variants.py --reps 5 --out "$OUT/d64" --shapes d64 --variants "$d64"
-      room 40 vf16_wan && step vf16_wan 80 python3 bench/mma_variants.py --reps 5 --out "$OUT/wan" --shapes wan21-1.3b-480p --variants "$wan"
+      room 40 vf16_wan && step vf16_wan 80 python3 bench/mma_variants.py --reps 5 --out "$OUT/wan" --shapes wan21-1.3b-480p --variants "$wan,$poly=1"
       room 120 vf16_tests && step vf16_tests 200 python3 -m pytest -q -rf $workers tests/test_mma_v_f16_gpu.py tests/test_mma_variants_gpu.py -k "vf16 or v_f16"
       room 60 vf16_profile && step vf16_profile 100 python3 bench/kernel_profile.py --shape d64 --out "$OUT" \
         --targets "sa-portable,mma:$d-d64vs3-coalesced-viaf16:fidelity,mma:$d-d64vs3-vf16-coalesced-viaf16:fidelity,mma:$d-d64vs3-vf16-palu-coalesced-viaf16:fidelity,mma:$d-d64vs3-coalesced-viaf16:plain8,mma:$d-vf16-coalesced-viaf16:plain8"

@@ -36,6 +36,13 @@ namespace vc {
 #else
 #define VC_MMA_LAUNCH_BOUNDS __launch_bounds__(kAttnThreads)
 #endif
+// VC_MMA_EXP2_POLY = n (0-4, variants): in exp2 + cast mode (fidelity, plain 8-bit), the last n of each k-step's four
+// P registers take 2^x from vc_p::exp2_poly_e4m3 on the FMA pipe instead of MUFU.EX2 (n / 4 of the chunk's
+// exponentials), to balance the quarter-rate MUFU / conversion pipe against the issue slots (docs/kernel-notes.md 48)
+#ifndef VC_MMA_EXP2_POLY
+#define VC_MMA_EXP2_POLY 0
+#endif
+static_assert(VC_MMA_EXP2_POLY >= 0 && VC_MMA_EXP2_POLY <= 4, "VC_MMA_EXP2_POLY is a count of P registers (0-4)");
 constexpr int kStepKeys = VC_MMA_STEP_KEYS;
 static_assert(kStepKeys == 64 || kStepKeys == 128, "VC_MMA_STEP_KEYS must be 64 or 128");
 
@@ -351,7 +358,7 @@ struct AttnMma {
         float a[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) a[j] = element(i0 + (j >> 1), e0 + (j & 1), reg & 1);
-        p_frag[ks][reg] = pack(a);
+        p_frag[ks][reg] = pack(a, reg);
       }
     }
   }
@@ -365,7 +372,7 @@ struct AttnMma {
           const float raw = kQkFp8 ? float(s[i][e]) : small_int_to_float(int(s[i][e]));
           return (kMask && key_of(i, e) >= valid) ? p_masked_arg() : p_arg(raw, prow[row]);
         },
-        [](const float (&a)[4]) { return encode_p(a); }, p_frag);
+        [](const float (&a)[4], int reg) { return encode_p(a, reg); }, p_frag);
   }
 
 #if VC_EXPCAST_INT
@@ -381,7 +388,7 @@ struct AttnMma {
           if constexpr (!kClamp) return vc_p::expcast_int_float_unclamped(s[i][e], irow[row]);
           return vc_p::expcast_int_float((kMask && key_of(i, e) >= valid) ? INT_MIN : s[i][e], irow[row]);
         },
-        [](const float (&f)[4]) { return vc_p::cast_e4m3x4(f[0], f[1], f[2], f[3]); }, p_frag);
+        [](const float (&f)[4], int) { return vc_p::cast_e4m3x4(f[0], f[1], f[2], f[3]); }, p_frag);
   }
 
   // P in the float-score form (kFloatEnc, FP8 QK) from the rows' constants of the step's float max; a
@@ -393,15 +400,19 @@ struct AttnMma {
         [&](int i, int e, int row) {
           return vc_p::expcast_float_acc((kMask && key_of(i, e) >= valid) ? -INFINITY : s[i][e], frow[row]);
         },
-        [](const float (&f)[4]) { return vc_p::cast_e4m3x4(f[0], f[1], f[2], f[3]); }, p_frag);
+        [](const float (&f)[4], int) { return vc_p::cast_e4m3x4(f[0], f[1], f[2], f[3]); }, p_frag);
   }
 #endif
 
-  // four arguments (p_arg, or p_masked_arg for masked keys) -> four E4M3 bytes, first in the lowest byte
-  static __device__ __forceinline__ uint32_t encode_p(const float (&a)[4]) {
+  // four arguments (p_arg, or p_masked_arg for masked keys) -> four E4M3 bytes, first in the lowest byte; reg: the
+  // fragment register (0-3) they fill, whose last VC_MMA_EXP2_POLY take exp2 on the FMA pipe instead of MUFU
+  static __device__ __forceinline__ uint32_t encode_p(const float (&a)[4], int reg) {
 #if VC_EXPCAST_BYTE_CODES
     if constexpr (kExpCast) return vc_p::expcast_pack4(a[0], a[1], a[2], a[3]);
 #endif
+    if (reg >= 4 - VC_MMA_EXP2_POLY)  // unrolled: reg is a constant, the branch goes at compile time
+      return e4m3x4(vc_p::exp2_poly_e4m3(a[0]), vc_p::exp2_poly_e4m3(a[1]), vc_p::exp2_poly_e4m3(a[2]),
+                    vc_p::exp2_poly_e4m3(a[3]));
     return e4m3x4(fast_exp2(a[0]), fast_exp2(a[1]), fast_exp2(a[2]), fast_exp2(a[3]));
   }
 

@@ -233,6 +233,24 @@ __device__ __forceinline__ float exp2_poly(float a) {
   return __int_as_float(__float_as_int(p) + (__float_as_int(r) << 23));
 }
 
+// 2^a to E4M3 precision on the FMA pipe (VC_MMA_EXP2_POLY, the portable kernel's exp2 + cast path): the Cody-Waite
+// split of exp2_poly with a degree-4 polynomial (relative error 2.6e-6 on [-0.5, 0.5]; fitted for relative error,
+// float32 coefficients), and 2^n joined by one integer multiply-add. Emulated on 8M arguments in [-20, 8]: E4M3
+// codes differ from those of exact exp2 in 8.4e-6 of the cases, by one code (docs/kernel-notes.md 48). Eight
+// FMA-pipe instructions and one IMAD against one MUFU.EX2 (a quarter-rate pipe shared with the conversions).
+// a = -inf (a masked key) and a < -120 give 2^-120, E4M3 zero.
+__device__ __forceinline__ float exp2_poly_e4m3(float a) {
+  a = fmaxf(a, -120.f);
+  const float r = a + 12582912.f;
+  const float f = a - (r - 12582912.f);
+  float p = 9.5700957e-3f;
+  p = fmaf(p, f, 5.5917863e-2f);
+  p = fmaf(p, f, 2.4024743e-1f);
+  p = fmaf(p, f, 6.9312179e-1f);
+  p = fmaf(p, f, 9.9999928e-1f);
+  return __int_as_float(__float_as_int(r) * (1 << 23) + __float_as_int(p));
+}
+
 // The online-softmax rescale alpha = 2^d, d = M_old - M_new <= 0, on the FMA pipe (the speed path's
 // loop keeps zero MUFU.EX2). The running max is exact, so alpha is not a power of two. d = 0 (the max
 // did not move, the common case) gives exactly 1 (the polynomial gives 1 + 1.2e-7 there, which would

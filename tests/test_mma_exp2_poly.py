@@ -1,0 +1,81 @@
+"""CPU emulation of the portable kernel's FMA-pipe exp2 for P (`exp2_poly_e4m3` in csrc/p_encoding.cuh, the
+VC_MMA_EXP2_POLY variants): its coefficients read from the header, evaluated in float32 with single-rounding FMAs,
+the E4M3 codes it yields compared with those of exact exp2 on fidelity-like arguments.
+
+The gate: at most 2e-5 of the codes flip, each by one code (a degree-3 polynomial flips ~3e-4 and fails), and
+masked keys (-inf) and arguments far below the row max give code 0.
+"""
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from vc_attention.kernels import jit
+
+from .test_sm90_exp2_poly import MAGIC, fma32
+
+HEADER = jit.CSRC_DIR / "p_encoding.cuh"
+
+
+def kernel_coefficients() -> list[np.float32]:
+    """Horner coefficients of exp2_poly_e4m3, highest degree first, as written in the header."""
+    body = re.search(r"float exp2_poly_e4m3\(float a\) \{(.*?)\n\}", HEADER.read_text(), flags=re.S)
+    assert body, "exp2_poly_e4m3 not found in p_encoding.cuh"
+    text = body.group(1)
+    # the structure the emulation below assumes: clamp, Cody-Waite split, Horner, exponent joined by a multiply-add
+    assert "a = fmaxf(a, -120.f);" in text and "const float r = a + 12582912.f;" in text
+    assert "return __int_as_float(__float_as_int(r) * (1 << 23) + __float_as_int(p));" in text
+    first = re.search(r"float p = ([0-9.eE+-]+)f;", text)
+    rest = re.findall(r"p = fmaf\(p, f, ([0-9.eE+-]+)f\);", text)
+    assert first and rest, text
+    return [np.float32(first.group(1))] + [np.float32(c) for c in rest]
+
+
+def exp2_poly_e4m3(a: np.ndarray) -> np.ndarray:
+    a = np.maximum(a.astype(np.float32), np.float32(-120.0))
+    r = (a + MAGIC).astype(np.float32)
+    f = (a - (r - MAGIC)).astype(np.float32)
+    coeffs = kernel_coefficients()
+    p = np.full_like(a, coeffs[0])
+    for c in coeffs[1:]:
+        p = fma32(p, f, c)
+    joined = r.view(np.int32).astype(np.int64) * (1 << 23) + p.view(np.int32).astype(np.int64)
+    return ((joined + 2**31) % 2**32 - 2**31).astype(np.int32).view(np.float32)  # int32 wrap-around, as the IMAD
+
+
+def e4m3_codes(x: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(torch.float8_e4m3fn).view(torch.uint8).int()
+
+
+@pytest.fixture(scope="module")
+def arguments() -> np.ndarray:
+    # exp2 + cast arguments are s * scale + 8 - M <= 8: the bulk a few units below the row max, a long tail
+    rng = np.random.default_rng(2)
+    return np.concatenate([rng.uniform(-30.0, 8.0, 2_000_000), 8.0 - rng.exponential(2.0, 2_000_000)]).astype(np.float32)
+
+
+def test_polynomial_is_degree_four():
+    assert len(kernel_coefficients()) == 5
+
+
+def test_codes_match_exact_exp2_but_a_few_in_10_to_the_5(arguments):
+    ours = e4m3_codes(exp2_poly_e4m3(arguments))
+    exact = e4m3_codes(np.exp2(arguments.astype(np.float64)))
+    flipped = ours != exact
+    assert flipped.float().mean().item() < 2e-5
+    assert (ours - exact).abs().max().item() <= 1
+
+
+def test_masked_and_far_arguments_give_code_zero():
+    a = np.array([-np.inf, -1e30, -200.0, -121.0, -20.0], dtype=np.float32)
+    assert e4m3_codes(exp2_poly_e4m3(a)).tolist() == [0, 0, 0, 0, 0]
+    # the largest argument (the row max: 2^8 = 256) stays exact in E4M3
+    assert e4m3_codes(exp2_poly_e4m3(np.array([8.0], dtype=np.float32))).tolist() == e4m3_codes(np.array([256.0])).tolist()
+
+
+def test_the_portable_kernel_routes_only_the_named_registers():
+    """encode_p sends register reg to the polynomial when reg >= 4 - VC_MMA_EXP2_POLY (0: every exponential on MUFU)."""
+    text = (jit.CSRC_DIR / "attn_mma.cuh").read_text()
+    assert "#define VC_MMA_EXP2_POLY 0" in text
+    assert re.search(r"if \(reg >= 4 - VC_MMA_EXP2_POLY\)[^\n]*\n\s*return e4m3x4\(vc_p::exp2_poly_e4m3\(a\[0\]\)", text)
