@@ -261,7 +261,7 @@ for stage in $stages; do
       wan="$d-d64vs3-coalesced-viaf16,$d-d64vs3-vf16-coalesced-viaf16,$d-d64vs3-vf16-palu-coalesced-viaf16"
       poly="$d-d64vs3-vf16-coalesced-viaf16+-DVC_MMA_EXP2_POLY"  # + n of each k-step's 4 P registers' exp2 on the FMA pipe (kernel-notes 48)
       # and the scores' int -> float by IADD + FADD instead of I2FP (Hopper's conversions are slow: off that pipe too)
-      d64="$wan,$poly=1,$poly=2,$d-d64vs3-vf16-coalesced-viaf16+-DVC_MMA_I2FP=0,$d-vf16-coalesced-viaf16,$d-d64x3-coalesced-viaf16,$d-d64x3-vf16-coalesced-viaf16"
+      d64="$wan,$poly=1,$poly=2,$d-d64vs3-vf16-coalesced-viaf16+-DVC_MMA_I2FP=0,$d-d64vs3-vf16-palu-coalesced-viaf16+-DVC_MMA_I2FP=0,$d-vf16-coalesced-viaf16,$d-d64x3-coalesced-viaf16,$d-d64x3-vf16-coalesced-viaf16"
       deadline=$((SECONDS + ${VF16_SECONDS:-540}))
       room() { [ $((deadline - SECONDS)) -ge "$1" ] || { echo "[$2] skipped: $((deadline - SECONDS)) s left" | tee -a "$OUT/steps.txt"; false; }; }
       workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || true)
