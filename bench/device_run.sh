@@ -268,9 +268,9 @@ for stage in $stages; do
       step vf16_builds 200 python3 bench/build_mma_variants.py --jobs 12 --only "$d64"
       room 60 vf16_d64 && step vf16_d64 120 python3 bench/mma_variants.py --reps 5 --out "$OUT/d64" --shapes d64 --variants "$d64"
       room 40 vf16_wan && step vf16_wan 80 python3 bench/mma_variants.py --reps 5 --out "$OUT/wan" --shapes wan21-1.3b-480p --variants "$wan,$poly=1"
-      room 120 vf16_tests && step vf16_tests 200 python3 -m pytest -q -rf $workers tests/test_mma_v_f16_gpu.py tests/test_mma_variants_gpu.py -k "vf16 or v_f16"
       room 60 vf16_profile && step vf16_profile 100 python3 bench/kernel_profile.py --shape d64 --out "$OUT" \
         --targets "sa-portable,mma:$d-d64vs3-coalesced-viaf16:fidelity,mma:$d-d64vs3-vf16-coalesced-viaf16:fidelity,mma:$d-d64vs3-vf16-palu-coalesced-viaf16:fidelity,mma:$d-d64vs3-coalesced-viaf16:plain8,mma:$d-vf16-coalesced-viaf16:plain8"
+      room 120 vf16_tests && step vf16_tests 200 python3 -m pytest -q -rf $workers tests/test_mma_v_f16_gpu.py tests/test_mma_variants_gpu.py -k "vf16 or v_f16"
       room 100 vf16_wan14 && step vf16_wan14 150 python3 bench/mma_variants.py --reps 3 --out "$OUT/wan14" --shapes wan22-14b-720p --variants "$wan"
       no_docs=1 ;;  # (nothing saved: the results file and the rendered docs stay behind, within the 8 files)
     spread)  # fidelity's paired-K loop against the unpaired one in rounds, with the GPU's clocks (kernel-notes 35)
