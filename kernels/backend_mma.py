@@ -157,7 +157,7 @@ def attention_from_operands(ops: PreparedOperands, config: VCConfig, out: torch.
         ops = mma_pv_f16.shifted_v_operands(ops)
     if MEAN_SCALED_FLAG in variant_flags and config.v == "vsmooth":
         ops = dataclasses.replace(ops, v_mean=mean_operand(ops))  # after the shift: its v_scale
-    if mma_v_f16.uses_v_f16(variant_flags):
+    if mma_v_f16.takes_v_f16(variant_flags, ops.v_t.shape[2], config.qk == "fp8", config.v == "vsmooth"):
         ops = dataclasses.replace(ops, v_t=v_f16_operand(ops.v_t, variant_flags))
     extension(variant_flags).attention(
         ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, ops.v_mean,

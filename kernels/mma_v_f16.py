@@ -1,4 +1,5 @@
-"""V operand of the portable kernel's f16-V builds (`-DVC_MMA_V_F16=1`, kernels/csrc/attn_mma_wide.cuh).
+"""V operand of the portable kernel's f16-V builds (`-DVC_MMA_V_F16=1`, or `=2` for the head-dim-128 INT8 V-Smooth
+kernels only; kernels/csrc/attn_mma_wide.cuh).
 
 The via-f16 build (sm_90a / sm_100a, no FP8 mma.sync) unpacks every E4M3 V fragment to f16 in every warp and chunk
 before its HMMAs. A VC_MMA_V_F16 build instead reads V already as the f16 values of the codes (exact: every E4M3 value
@@ -15,6 +16,9 @@ from __future__ import annotations
 import torch
 
 FLAG = "-DVC_MMA_V_F16=1"
+# only the head-dim-128 INT8 V-Smooth kernels (fidelity, speed) take V in f16; the others keep the codes
+# (docs/kernel-notes.md 48: the f16 V was faster there, slower at head dim 64 and in plain 8-bit)
+D128_VSMOOTH_FLAG = "-DVC_MMA_V_F16=2"
 # VC_MMA_P_ALU_UNPACK (P unpacked by shifts and masks): A's bytes paired (0, 2) and (1, 3), so V's key order follows
 PAIRED_FLAG = "-DVC_MMA_P_ALU_UNPACK=1"
 GROUP = 16  # keys per permuted group (one m16n8k16 MMA's k)
@@ -39,7 +43,16 @@ def key_order(variant_flags: tuple[str, ...]) -> tuple[int, ...]:
 
 
 def uses_v_f16(variant_flags: tuple[str, ...]) -> bool:
-    return FLAG in variant_flags
+    """Whether some kernel of the build takes V in f16."""
+    return FLAG in variant_flags or D128_VSMOOTH_FLAG in variant_flags
+
+
+def takes_v_f16(variant_flags: tuple[str, ...], head_dim: int, qk_fp8: bool, vsmooth: bool) -> bool:
+    """Whether the build's kernel for this head dim, QK format and V mode takes V in f16 (csrc v_f16_kernel; the
+    extension's v_f16_kernel answers the same, tests/test_mma_v_f16_gpu.py)."""
+    if FLAG in variant_flags:
+        return True
+    return D128_VSMOOTH_FLAG in variant_flags and head_dim == 128 and vsmooth and not qk_fp8
 
 
 def v_f16_reference(codes: torch.Tensor, order: tuple[int, ...] = KEY_ORDER) -> torch.Tensor:

@@ -129,9 +129,15 @@ VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64x3-vf16-coalesce
 VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-vf16-palu-coalesced-viaf16"] = (
     *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-vf16-coalesced-viaf16"], "-DVC_MMA_P_ALU_UNPACK=1")
 
+# the f16 V only in the head-dim-128 INT8 V-Smooth kernels (VC_MMA_V_F16=2): -vf16- timed faster there and slower at head
+# dim 64 and in plain 8-bit (H100, docs/kernel-notes.md 48: Wan2.1-1.3B fidelity 16.62 -> 16.17 ms, speed 15.53 -> 15.10,
+# plain 8-bit 14.76 -> 16.25; head dim 64 fidelity 24.76 -> 25.16); every other kernel is the -d64vs3- build's
+VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-coalesced-viaf16"] = (
+    *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-coalesced-viaf16"], "-DVC_MMA_V_F16=2")
+
 # variants under measurement for adoption: CI compiles them for every arch of their kind, as the defaults (the others
 # only for sm_90a, where they were timed: tests/test_cuda_compile.py)
-CANDIDATES: tuple[str, ...] = ("wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-vf16-coalesced-viaf16",)
+CANDIDATES: tuple[str, ...] = ()
 
 # the targets without FP8 mma.sync (ptxas lowers it to two f16 HMMAs plus FADDs): the H200 and the B200
 VIA_F16_ARCHS = ("9.0a", "10.0a")
@@ -168,15 +174,22 @@ def default_variant(arch: str, pv_accum: str = "fp32") -> str:
     23.85 (0.98x / 1.04x -> 1.03x / 1.07x SageAttention 2.2's portable kernel); plain 8-bit measured slower bounded
     and the GeForce build slower in every mode, so neither takes it.
 
+    Its head-dim-128 INT8 V-Smooth kernels (fidelity, speed) read V as the codes' f16 values, made once per call
+    (VC_MMA_V_F16=2, the `-v128f16-` name, kernels/mma_v_f16.py; docs/kernel-notes.md 48): no per-warp V unpack for
+    twice V's shared memory; the same output bit for bit. H100, against SageAttention 2.2's portable kernel in the same
+    run (its kernels timed as the `-vf16-` build's, machine code for machine code): Wan2.1-1.3B fidelity 1.10x -> 1.13x,
+    speed 1.18x -> 1.21x; Wan2.2-14B fidelity 1.07x -> 1.10x. Every other kernel keeps the codes: the f16 V timed
+    slower there (head dim 64 +0.4 to +3%, plain 8-bit at head dim 128 +10%).
+
     pv_accum "fp32+fp16" (default_pv_accum: GeForce parts): each 64-key PV partial accumulates in fp16 and the
     ALU folds it into the fp32 O (VC_MMA_PV_F16=1, on V codes shifted by 2^-8: kernels/mma_pv_f16.py)."""
     if pv_accum not in PV_ACCUMS:
         raise ValueError(f"pv_accum must be one of {', '.join(PV_ACCUMS)}, got {pv_accum!r}.")
     pv = "-pvf16" if pv_accum == "fp32+fp16" else ""
     if arch in VIA_F16_ARCHS:
-        # fp32 PV: straight into O (VC_MMA_PV_DIRECT, docs/kernel-notes.md section 45) and the head-dim-64 V-Smooth
-        # kernels at three CTAs per SM (section 46)
-        return f"wide-i2fp-meanscaled{pv}-restoretile-after64{'' if pv else '-pvdirect2-d64vs3'}-coalesced-viaf16"
+        # fp32 PV: straight into O (VC_MMA_PV_DIRECT, docs/kernel-notes.md section 45), the head-dim-64 V-Smooth
+        # kernels at three CTAs per SM (section 46), V in f16 for the head-dim-128 INT8 V-Smooth kernels (section 48)
+        return f"wide-i2fp-meanscaled{pv}-restoretile-after64{'' if pv else '-pvdirect2-d64vs3-v128f16'}-coalesced-viaf16"
     return f"wide-i2fp-meanscaled{pv}-restoretile-after-coalesced"
 
 

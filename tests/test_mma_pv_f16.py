@@ -97,7 +97,8 @@ def test_backend_shifts_v_only_for_fp16_partial_builds(monkeypatch):
         if "-DVC_MMA_PV_F16=1" in flags or "-DVC_MMA_PV_F16=2" in flags:
             assert torch.equal(seen["v_t"].float(), mma_pv_f16.shift_codes(ops.v_t)), variant
             assert torch.equal(seen["v_scale"], ops.v_scale * 256), variant
-        elif mma_v_f16.uses_v_f16(flags):  # the codes converted to f16, the scale as it is
+        elif mma_v_f16.takes_v_f16(flags, ops.v_t.shape[2], FIDELITY.qk == "fp8", FIDELITY.v == "vsmooth"):
+            # the codes converted to f16 where this kernel takes them so, the scale as it is
             assert seen["codes"] is ops.v_t and seen["v_t"] is converted and seen["v_scale"] is ops.v_scale, variant
         else:
             assert seen["v_t"] is ops.v_t and seen["v_scale"] is ops.v_scale, variant

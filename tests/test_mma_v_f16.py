@@ -61,3 +61,14 @@ def test_every_f16_v_build_goes_through_f16_with_fp32_pv():
     for name in names:
         flags = mma_variants.flags(name)
         assert "-DVC_MMA_E4M3_VIA_F16=1" in flags and not any(f.startswith("-DVC_MMA_PV_F16=") for f in flags)
+
+
+def test_the_head_dim_128_flag_converts_only_for_int8_v_smooth_at_128():
+    flags = ("-DVC_MMA_E4M3_VIA_F16=1", mma_v_f16.D128_VSMOOTH_FLAG)
+    taking = [(d, fp8, vs) for d in (64, 128) for fp8 in (False, True) for vs in (False, True)
+              if mma_v_f16.takes_v_f16(flags, d, fp8, vs)]
+    assert taking == [(128, False, True)]
+    assert mma_v_f16.uses_v_f16(flags)
+    everywhere = ("-DVC_MMA_E4M3_VIA_F16=1", mma_v_f16.FLAG)
+    assert all(mma_v_f16.takes_v_f16(everywhere, d, fp8, vs) for d in (64, 128) for fp8 in (False, True) for vs in (False, True))
+    assert not mma_v_f16.takes_v_f16(("-DVC_MMA_E4M3_VIA_F16=1",), 128, False, True)

@@ -30,8 +30,26 @@ CONFIGS = {"fidelity": FIDELITY.without_refinements(), "speed": SPEED, "plain8":
 
 def _base(flags):
     """The build a V_F16 variant is compared with: without VC_MMA_V_F16 (EXACT), or without the ALU unpack (PAIRED)."""
-    drop = mma_v_f16.PAIRED_FLAG if mma_v_f16.PAIRED_FLAG in flags else mma_v_f16.FLAG
-    return tuple(f for f in flags if f != drop)
+    if mma_v_f16.PAIRED_FLAG in flags:
+        return tuple(f for f in flags if f != mma_v_f16.PAIRED_FLAG)
+    return tuple(f for f in flags if f not in (mma_v_f16.FLAG, mma_v_f16.D128_VSMOOTH_FLAG))
+
+
+def _without_f16_v(flags):
+    return tuple(f for f in flags if f not in (mma_v_f16.FLAG, mma_v_f16.D128_VSMOOTH_FLAG, mma_v_f16.PAIRED_FLAG))
+
+
+def _config_taking_f16(flags):
+    """A head dim and config whose kernel takes V in f16 in this build (every kernel, or head dim 128 INT8 V-Smooth)."""
+    return (64, PLAIN_8BIT) if mma_v_f16.FLAG in flags else (128, FIDELITY.without_refinements())
+
+
+def _call(flags, ops, config, v_t, out):
+    """The extension's attention on prepared operands, V as given (no conversion), the mean in the build's form."""
+    v_mean = backend_mma.mean_operand(ops) if config.v == "vsmooth" else ops.v_mean
+    backend_mma.extension(flags).attention(ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, v_t, ops.v_scale, v_mean, out, None,
+                                           ops.n_tokens, config.qk == "fp8", config.p == "expcast", config.v == "vsmooth",
+                                           torch.cuda.current_stream().cuda_stream)
 
 
 @pytest.mark.parametrize("variant", V_F16)
@@ -52,19 +70,30 @@ def test_the_conversion_is_the_torch_map(variant):
 
 
 @pytest.mark.parametrize("variant", V_F16)
-def test_each_build_takes_only_its_v_form(variant):
+def test_each_kernel_takes_only_its_v_form(variant):
     flags = mma_variants.flags(variant)
-    assert backend_mma.extension(flags).v_f16_build() == 1
-    # the build with neither flag (a PAIRED variant's _base is the f16-V build it extends)
-    without = tuple(f for f in flags if f not in (mma_v_f16.FLAG, mma_v_f16.PAIRED_FLAG))
-    assert backend_mma.extension(without).v_f16_build() == 0
-    q = torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.float16)
-    ops = prepare_cuda(q, q, q, None, PLAIN_8BIT, "bhnd")
-    out = torch.empty_like(q)
-    args = (ops.q_q, ops.q_scale, ops.k_q, ops.k_scale)
+    assert backend_mma.extension(flags).v_f16_build() == (2 if mma_v_f16.D128_VSMOOTH_FLAG in flags else 1)
+    assert backend_mma.extension(_without_f16_v(flags)).v_f16_build() == 0
+    d, config = _config_taking_f16(flags)
+    q = torch.randn(1, 2, 256, d, device="cuda", dtype=torch.float16)
+    ops = prepare_cuda(q, q, q, None, config, "bhnd")
     with pytest.raises(ValueError, match="float16 values of the E4M3 codes"):
-        backend_mma.extension(flags).attention(*args, ops.v_t, ops.v_scale, ops.v_mean, out, None, 256, False, False,
-                                               False, torch.cuda.current_stream().cuda_stream)
+        _call(flags, ops, config, ops.v_t, torch.empty_like(q))
+    if mma_v_f16.D128_VSMOOTH_FLAG in flags:  # a kernel that keeps the codes refuses the f16 operand
+        q64 = torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.float16)
+        ops64 = prepare_cuda(q64, q64, q64, None, PLAIN_8BIT, "bhnd")
+        with pytest.raises(ValueError, match="the E4M3 codes"):
+            _call(flags, ops64, PLAIN_8BIT, backend_mma.v_f16_operand(ops64.v_t, flags), torch.empty_like(q64))
+
+
+@pytest.mark.parametrize("variant", V_F16)
+def test_the_backend_and_the_build_agree_on_which_kernels_take_f16(variant):
+    flags = mma_variants.flags(variant)
+    ext = backend_mma.extension(flags)
+    for head_dim in (64, 128):
+        for qk_fp8 in (False, True):
+            for vsmooth in (False, True):
+                assert ext.v_f16_kernel(head_dim, qk_fp8, vsmooth) == mma_v_f16.takes_v_f16(flags, head_dim, qk_fp8, vsmooth)
 
 
 def _outputs_and_lse(ops, config, q, flag_sets):

@@ -19,6 +19,7 @@ int attn_mma_mean_scaled() { return VC_MMA_MEAN_SCALED; }
 
 static_assert(!VC_MMA_V_F16 || VC_MMA_WIDE, "VC_MMA_V_F16 is an option of the wide layout only");
 int attn_mma_v_f16() { return VC_MMA_V_F16; }
+bool attn_mma_v_f16_kernel(int head_dim, bool qk_fp8, bool vsmooth) { return v_f16_kernel(head_dim, qk_fp8, vsmooth); }
 
 // One thread per 16 keys of one V^T row d: word w of the codes holds keys 4w..4w+3; its f16x2 of keys 4w, 4w+1 goes to
 // position 2w of the 16-key group, of keys 4w+2, 4w+3 to position 8+2w (two 16-byte units of 8 keys; with

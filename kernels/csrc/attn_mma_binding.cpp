@@ -36,8 +36,8 @@ void attention(const torch::Tensor& q_q, const torch::Tensor& q_scale, const tor
   TORCH_CHECK_VALUE(!vsmooth || v_mean.scalar_type() == (mean_scaled ? torch::kFloat32 : torch::kHalf),
                     vc::text("v_mean must be ", mean_scaled ? "float32 mean / v_scale (backend_mma.mean_operand)" : "the float16 mean",
                     " for this build, got ", v_mean.scalar_type(), "."));
-  // V's form is the build's too (backend_mma.v_f16_operand converts the codes for VC_MMA_V_F16)
-  const bool v_f16 = vc::attn_mma_v_f16() != 0;
+  // V's form is the kernel's (backend_mma.v_f16_operand converts the codes where VC_MMA_V_F16 asks for f16)
+  const bool v_f16 = vc::attn_mma_v_f16_kernel(int(head_dim), qk_fp8, vsmooth);
   TORCH_CHECK_VALUE(v_f16 ? v_t.scalar_type() == torch::kHalf : v_t.element_size() == 1,
                     vc::text("v_t must be ", v_f16 ? "float16 values of the E4M3 codes (backend_mma.v_f16_operand)" : "the E4M3 codes",
                     " for this build, got ", v_t.scalar_type(), "."));
@@ -111,6 +111,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("v_f16", &v_f16, "V^T codes (B, H, D, n_pad) -> (B, H, n_pad / 64, D, 64) float16: the V operand of a VC_MMA_V_F16 build "
         "(per 64-key chunk its shared-memory image: keys permuted within each 16, 16-byte units swizzled by row)",
         py::arg("codes"), py::arg("stream"));
-  m.def("v_f16_build", &vc::attn_mma_v_f16, "1 if this build takes V^T as float16 (VC_MMA_V_F16), 0: as the E4M3 codes");
+  m.def("v_f16_build", &vc::attn_mma_v_f16, "VC_MMA_V_F16: 0 V^T as the E4M3 codes, 1 as float16 in every kernel, 2 in the "
+        "head-dim-128 INT8 V-Smooth kernels");
+  m.def("v_f16_kernel", &vc::attn_mma_v_f16_kernel, "whether the kernel of this head dim, QK format and V mode takes V^T as "
+        "float16", py::arg("head_dim"), py::arg("qk_fp8"), py::arg("vsmooth"));
   m.def("mean_scaled", &vc::attn_mma_mean_scaled, "1 if this build takes v_mean as float32 mean / v_scale (VC_MMA_MEAN_SCALED)");
 }

@@ -107,7 +107,9 @@ static_assert(kWideStages >= 2 && kWideStages <= 4, "VC_MMA_STAGES must be 2, 3 
 // chunk's copy is then a flat one (one pointer plus immediates per thread: with rows n_pad apart, the eight 64-bit
 // addresses per thread at head dim 128 cost registers). The via-f16 build converts each V fragment in every warp and
 // chunk (64 of the 129 F2FP of a head-dim-64 warp chunk, 128 at 128; docs/kernel-notes.md 47): here nothing, for
-// twice V's shared memory and L2 bytes. The same HMMAs on the same f16 values in the same order: bit-identical output
+// twice V's shared memory and L2 bytes. The same HMMAs on the same f16 values in the same order: bit-identical output.
+// 2: only the head-dim-128 INT8 V-Smooth kernels (fidelity, speed) take V in f16, every other kernel the codes
+// (v_f16_kernel below): measured faster there and slower elsewhere (docs/kernel-notes.md 48)
 #define VC_MMA_V_F16 0
 #endif
 #ifndef VC_MMA_P_ALU_UNPACK
@@ -139,10 +141,13 @@ static_assert(VC_MMA_PV_DIRECT >= 0 && VC_MMA_PV_DIRECT <= 2, "VC_MMA_PV_DIRECT 
 static_assert(VC_MMA_RESTORE_AFTER >= 0 && VC_MMA_RESTORE_AFTER <= 2, "VC_MMA_RESTORE_AFTER must be 0, 1 or 2");
 static_assert(!VC_MMA_V_F16 || (VC_MMA_E4M3_VIA_F16 && VC_MMA_PV_F16 == 0),
               "VC_MMA_V_F16 feeds the via-f16 MMAs' f16 B operand (VC_MMA_E4M3_VIA_F16=1) with fp32 PV");
-static_assert(!VC_MMA_P_ALU_UNPACK || VC_MMA_V_F16, "VC_MMA_P_ALU_UNPACK pairs with VC_MMA_V_F16's key order");
-constexpr bool kVF16 = VC_MMA_V_F16;
-constexpr bool kPScaled = VC_MMA_P_ALU_UNPACK;  // P enters the PV and row-sum MMAs as 2^-8 P
-constexpr int kVBytes = kVF16 ? 2 : 1;  // bytes per element of the V^T tile
+static_assert(VC_MMA_V_F16 >= 0 && VC_MMA_V_F16 <= 2, "VC_MMA_V_F16 must be 0, 1 or 2");
+static_assert(!VC_MMA_P_ALU_UNPACK || VC_MMA_V_F16 == 1, "VC_MMA_P_ALU_UNPACK pairs with VC_MMA_V_F16=1's key order");
+// Whether the kernel of head dim d, QK format and V mode takes V^T as f16 (VC_MMA_V_F16); attn_mma_v_f16_kernel gives
+// the binding the same answer, kernels/mma_v_f16.takes_v_f16 the backend
+__host__ __device__ constexpr bool v_f16_kernel(int d, bool qk_fp8, bool vsmooth) {
+  return VC_MMA_V_F16 == 1 || (VC_MMA_V_F16 == 2 && d == 128 && vsmooth && !qk_fp8);
+}
 constexpr bool kPvF16 = VC_MMA_PV_F16 != 0;
 constexpr bool kPvF16MmaFold = VC_MMA_PV_F16 == 2;
 constexpr bool kRestorePerTile = VC_MMA_RESTORE_PER_TILE;
@@ -162,11 +167,12 @@ constexpr float kPvF16CodeMax = 1.75f;
 static_assert(kChunkKeys * kE4m3Max * kPvF16CodeMax + 32.0f < 65504.0f, "the fp16 PV partial could overflow");
 
 // 50 KB for D=128 with 2 stages: two CTAs fit the 100 KB of an Ada / consumer-Blackwell SM.
-template <int D>
+// kVF16: V^T in f16 (v_f16_kernel), two bytes per element
+template <int D, bool kVF16 = false>
 struct WideSmem {
   static constexpr int kQ = kWideRows * D;    // Q tile, bytes
   static constexpr int kK = kChunkKeys * D;   // one K chunk
-  static constexpr int kVRow = kChunkKeys * kVBytes;  // bytes of one V^T row (a head-dim column's 64 keys)
+  static constexpr int kVRow = kChunkKeys * (kVF16 ? 2 : 1);  // bytes of one V^T row (a head-dim column's 64 keys)
   static constexpr int kV = D * kVRow;                  // one transposed V chunk
   static constexpr int kMean = D * (kMeanScaled ? 4 : 2);  // the chunk's tile mean: fp16, or fp32 mean / v_scale
   static constexpr int kOffK = kQ;
@@ -239,7 +245,10 @@ struct AttnMmaWide {
   // VC_MMA_RESTORE_MMA: the restores gathered 8 at a time and added by TF32 MMAs (flush_restores)
   static constexpr bool kRestoreMma = VC_MMA_RESTORE_MMA && kVSmooth && kRestoreAfter;
   static constexpr int kRestoreSlots = 8;  // the TF32 MMA's k
-  using Smem = WideSmem<D>;
+  static constexpr bool kVF16 = v_f16_kernel(D, kQkFp8, kVSmooth);  // V^T in f16 (VC_MMA_V_F16)
+  static constexpr bool kPScaled = VC_MMA_P_ALU_UNPACK && kVF16;     // P enters the PV and row-sum MMAs as 2^-8 P
+  static constexpr int kVBytes = kVF16 ? 2 : 1;                       // bytes per element of the V^T tile
+  using Smem = WideSmem<D, kVF16>;
   using SAcc = std::conditional_t<kQkFp8, float, int>;
   using Encoder = AttnMma<D, kQkFp8, kExpCast, kVSmooth>;
 

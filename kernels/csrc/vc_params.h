@@ -122,8 +122,11 @@ const char* launch_attn_mma(const AttnParams& p, void* stream, bool k_lanes = fa
 int attn_mma_cta_rows();
 // 1: the build takes v_mean as float32 mean / v_scale (VC_MMA_MEAN_SCALED), 0: as the fp16 mean.
 int attn_mma_mean_scaled();
-// 1: the build takes V^T as float16 values of the E4M3 codes, keys permuted within each 16 (VC_MMA_V_F16), 0: the codes.
+// VC_MMA_V_F16: 0 every kernel takes V^T as the E4M3 codes; 1 every kernel as float16 values of the codes, keys
+// permuted within each 16; 2 the head-dim-128 INT8 V-Smooth kernels in f16, the others the codes.
 int attn_mma_v_f16();
+// Whether the kernel for this head dim, QK format and V mode takes V^T in float16 (attn_mma_wide.cuh v_f16_kernel).
+bool attn_mma_v_f16_kernel(int head_dim, bool qk_fp8, bool vsmooth);
 // V^T codes (B, H, head_dim, n_pad), n16 = numel / 16 -> their f16 values as VC_MMA_V_F16 reads them (per 64-key chunk a
 // swizzled (head_dim, 64) block, keys permuted within each 16); nullptr or the CUDA error
 const char* launch_v_codes_to_f16(const void* codes, void* out, int64_t n16, int head_dim, int n_pad, void* stream);
