@@ -273,9 +273,20 @@ for stage in $stages; do
       room 120 vf16_tests && step vf16_tests 200 python3 -m pytest -q -rf $workers tests/test_mma_v_f16_gpu.py tests/test_mma_variants_gpu.py -k "vf16 or v_f16"
       room 100 vf16_wan14 && step vf16_wan14 150 python3 bench/mma_variants.py --reps 3 --out "$OUT/wan14" --shapes wan22-14b-720p --variants "$wan"
       no_docs=1 ;;  # (nothing saved: the results file and the rendered docs stay behind, within the 8 files)
+    v128)  # (not in the default list) docs/kernel-notes.md 48: the adopted via-f16 default (-v128f16-: V in f16 for the
+      # head-dim-128 INT8 V-Smooth kernels only) timed as itself beside the build before it and SageAttention 2.2's
+      # portable kernel at Wan2.1-1.3B, head dim 64 and Wan2.2-14B, and its f16-V GPU tests
+      d=wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3
+      both="$d-coalesced-viaf16,$d-v128f16-coalesced-viaf16"
+      step v128_builds 150 python3 bench/build_mma_variants.py --jobs 12 --only "$both"
+      step v128_tests 120 python3 -m pytest -q -rf tests/test_mma_v_f16_gpu.py -k v128f16
+      step v128_wan 80 python3 bench/mma_variants.py --reps 5 --out "$OUT/wan" --shapes wan21-1.3b-480p --variants "$both"
+      step v128_d64 80 python3 bench/mma_variants.py --reps 5 --out "$OUT/d64" --shapes d64 --variants "$both"
+      step v128_wan14 150 python3 bench/mma_variants.py --reps 3 --out "$OUT/wan14" --shapes wan22-14b-720p --variants "$both"
+      no_docs=1 ;;
     spread)  # fidelity's paired-K loop against the unpaired one in rounds, with the GPU's clocks (kernel-notes 35)
       step fidelity_spread 300 python3 bench/fidelity_spread.py --rounds 6 --out "$OUT" ;;
-    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio, restore, adopted, direct, candidates, adopt46, vf16)"; exit 2 ;;
+    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio, restore, adopted, direct, candidates, adopt46, vf16, v128)"; exit 2 ;;
   esac
 done
 tail -n 4 "$OUT"/*.log
