@@ -177,9 +177,10 @@ def default_variant(arch: str, pv_accum: str = "fp32") -> str:
     Its head-dim-128 INT8 V-Smooth kernels (fidelity, speed) read V as the codes' f16 values, made once per call
     (VC_MMA_V_F16=2, the `-v128f16-` name, kernels/mma_v_f16.py; docs/kernel-notes.md 48): no per-warp V unpack for
     twice V's shared memory; the same output bit for bit. H100, against SageAttention 2.2's portable kernel in the same
-    run (its kernels timed as the `-vf16-` build's, machine code for machine code): Wan2.1-1.3B fidelity 1.10x -> 1.13x,
-    speed 1.18x -> 1.21x; Wan2.2-14B fidelity 1.07x -> 1.10x. Every other kernel keeps the codes: the f16 V timed
-    slower there (head dim 64 +0.4 to +3%, plain 8-bit at head dim 128 +10%).
+    run (bench/results/nvidia-h100-mma-v128f16-*.json): Wan2.1-1.3B fidelity 1.10x -> 1.15x, speed 1.17x -> 1.21x;
+    Wan2.2-14B fidelity 1.08x -> 1.10x, speed 1.14x -> 1.15x; plain 8-bit and head dim 64 the same kernels. Every other
+    kernel keeps the codes: the f16 V timed slower there (the `-vf16-` build: head dim 64 +0.4 to +3%, plain 8-bit at
+    head dim 128 +10%).
 
     pv_accum "fp32+fp16" (default_pv_accum: GeForce parts): each 64-key PV partial accumulates in fp16 and the
     ALU folds it into the fp32 O (VC_MMA_PV_F16=1, on V codes shifted by 2^-8: kernels/mma_pv_f16.py)."""

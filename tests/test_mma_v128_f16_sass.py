@@ -3,8 +3,8 @@
 
 Compile-only (nvcc + nvdisasm, no GPU), sm_90a: its head-dim-128 INT8 V-Smooth kernels (fidelity and speed, with and
 without K scales per lane) are those of the `-vf16-` build (every kernel on f16 V), every other kernel at both head dims
-that of the `-d64vs3-` build it extends, machine code for machine code. Their times (H100, same run):
-bench/results/nvidia-h100-mma-vf16-*.json.
+that of the `-d64vs3-` build it extends, machine code for machine code. Their times (H100): the two builds it combines
+in one run, bench/results/nvidia-h100-mma-vf16-*.json, and itself beside `-d64vs3-`, -mma-v128f16-*.json.
 """
 import re
 from concurrent.futures import ThreadPoolExecutor
