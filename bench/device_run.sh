@@ -284,9 +284,24 @@ for stage in $stages; do
       step v128_d64 80 python3 bench/mma_variants.py --reps 5 --out "$OUT/d64" --shapes d64 --variants "$both"
       step v128_wan14 150 python3 bench/mma_variants.py --reps 3 --out "$OUT/wan14" --shapes wan22-14b-720p --variants "$both"
       no_docs=1 ;;
+    stages)  # (not in the default list) docs/kernel-notes.md 48: the via-f16 default with a 3-stage cp.async ring (-s3-,
+      # mma_variants.CANDIDATES) and with 4 stages, beside it and SageAttention 2.2's portable kernel at head dim 64,
+      # Wan2.1-1.3B and Wan2.2-14B, then the -s3- build's variant tier (against the emulation). $STAGES_SECONDS (default
+      # 480) bounds the steps after the builds
+      d=wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16
+      three="$d-coalesced-viaf16,$d-s3-coalesced-viaf16,$d-coalesced-viaf16+-DVC_MMA_STAGES=4"
+      deadline=$((SECONDS + ${STAGES_SECONDS:-480}))
+      room() { [ $((deadline - SECONDS)) -ge "$1" ] || { echo "[$2] skipped: $((deadline - SECONDS)) s left" | tee -a "$OUT/steps.txt"; false; }; }
+      workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || true)
+      step stages_builds 150 python3 bench/build_mma_variants.py --jobs 12 --only "$three"
+      room 40 stages_d64 && step stages_d64 80 python3 bench/mma_variants.py --reps 5 --out "$OUT/d64" --shapes d64 --variants "$three"
+      room 40 stages_wan && step stages_wan 80 python3 bench/mma_variants.py --reps 5 --out "$OUT/wan" --shapes wan21-1.3b-480p --variants "$three"
+      room 80 stages_wan14 && step stages_wan14 150 python3 bench/mma_variants.py --reps 3 --out "$OUT/wan14" --shapes wan22-14b-720p --variants "$three"
+      room 100 stages_tests && step stages_tests 200 python3 -m pytest -q -rf $workers tests/test_mma_variants_gpu.py -k "v128f16-s3"
+      no_docs=1 ;;
     spread)  # fidelity's paired-K loop against the unpaired one in rounds, with the GPU's clocks (kernel-notes 35)
       step fidelity_spread 300 python3 bench/fidelity_spread.py --rounds 6 --out "$OUT" ;;
-    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio, restore, adopted, direct, candidates, adopt46, vf16, v128)"; exit 2 ;;
+    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio, restore, adopted, direct, candidates, adopt46, vf16, v128, stages)"; exit 2 ;;
   esac
 done
 tail -n 4 "$OUT"/*.log
