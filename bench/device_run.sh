@@ -98,6 +98,10 @@ step() {  # step NAME SECONDS COMMAND...: each step has its own limit so one slo
   timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
   echo "[$name] rc=$? in $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
 }
+deadline=$((SECONDS + 600))  # a stage that budgets its steps sets its own
+room() {  # room SECONDS NAME: whether the stage's $deadline leaves SECONDS for step NAME (else it is logged as skipped)
+  [ $((deadline - SECONDS)) -ge "$1" ] || { echo "[$2] skipped: $((deadline - SECONDS)) s left" | tee -a "$OUT/steps.txt"; false; }
+}
 stages=${*:-build tests bench grouping e2e comfyui}
 # the Hopper fidelity variants of the mixed and lo stages (bench/sm90_variants.sh names; docs/kernel-notes.md 36)
 FIDELITY_VARIANTS="split split_ch4 split_ch6 split_ch8 split_lo16 split_lo32 split_ch4_lo32 split_ch8_lo32"
@@ -263,7 +267,6 @@ for stage in $stages; do
       # and the scores' int -> float by IADD + FADD instead of I2FP (Hopper's conversions are slow: off that pipe too)
       d64="$wan,$poly=1,$poly=2,$d-d64vs3-vf16-coalesced-viaf16+-DVC_MMA_I2FP=0,$d-d64vs3-vf16-palu-coalesced-viaf16+-DVC_MMA_I2FP=0,$d-vf16-coalesced-viaf16,$d-d64x3-coalesced-viaf16,$d-d64x3-vf16-coalesced-viaf16"
       deadline=$((SECONDS + ${VF16_SECONDS:-540}))
-      room() { [ $((deadline - SECONDS)) -ge "$1" ] || { echo "[$2] skipped: $((deadline - SECONDS)) s left" | tee -a "$OUT/steps.txt"; false; }; }
       workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || true)
       step vf16_builds 200 python3 bench/build_mma_variants.py --jobs 12 --only "$d64"
       room 60 vf16_d64 && step vf16_d64 120 python3 bench/mma_variants.py --reps 5 --out "$OUT/d64" --shapes d64 --variants "$d64"
@@ -291,7 +294,6 @@ for stage in $stages; do
       d=wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16
       three="$d-coalesced-viaf16,$d-s3-coalesced-viaf16,$d-coalesced-viaf16+-DVC_MMA_STAGES=4"
       deadline=$((SECONDS + ${STAGES_SECONDS:-480}))
-      room() { [ $((deadline - SECONDS)) -ge "$1" ] || { echo "[$2] skipped: $((deadline - SECONDS)) s left" | tee -a "$OUT/steps.txt"; false; }; }
       workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || true)
       step stages_builds 150 python3 bench/build_mma_variants.py --jobs 12 --only "$three"
       room 40 stages_d64 && step stages_d64 80 python3 bench/mma_variants.py --reps 5 --out "$OUT/d64" --shapes d64 --variants "$three"

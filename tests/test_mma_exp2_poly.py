@@ -8,28 +8,21 @@ masked keys (-inf) and arguments far below the row max give code 0.
 import re
 
 import numpy as np
-import pytest
 import torch
 
 from vc_attention.kernels import jit
 
-from .test_sm90_exp2_poly import MAGIC, fma32
-
-HEADER = jit.CSRC_DIR / "p_encoding.cuh"
+from .test_sm90_exp2_poly import MAGIC, arguments, fma32, function_body  # noqa: F401  (arguments: the fixture)
+from .test_sm90_exp2_poly import kernel_coefficients as coefficients_of
 
 
 def kernel_coefficients() -> list[np.float32]:
     """Horner coefficients of exp2_poly_e4m3, highest degree first, as written in the header."""
-    body = re.search(r"float exp2_poly_e4m3\(float a\) \{(.*?)\n\}", HEADER.read_text(), flags=re.S)
-    assert body, "exp2_poly_e4m3 not found in p_encoding.cuh"
-    text = body.group(1)
+    text = function_body("exp2_poly_e4m3")
     # the structure the emulation below assumes: clamp, Cody-Waite split, Horner, exponent joined by a multiply-add
     assert "a = fmaxf(a, -120.f);" in text and "const float r = a + 12582912.f;" in text
     assert "return __int_as_float(__float_as_int(r) * (1 << 23) + __float_as_int(p));" in text
-    first = re.search(r"float p = ([0-9.eE+-]+)f;", text)
-    rest = re.findall(r"p = fmaf\(p, f, ([0-9.eE+-]+)f\);", text)
-    assert first and rest, text
-    return [np.float32(first.group(1))] + [np.float32(c) for c in rest]
+    return coefficients_of("exp2_poly_e4m3")
 
 
 def exp2_poly_e4m3(a: np.ndarray) -> np.ndarray:
@@ -46,13 +39,6 @@ def exp2_poly_e4m3(a: np.ndarray) -> np.ndarray:
 
 def e4m3_codes(x: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(torch.float8_e4m3fn).view(torch.uint8).int()
-
-
-@pytest.fixture(scope="module")
-def arguments() -> np.ndarray:
-    # exp2 + cast arguments are s * scale + 8 - M <= 8: the bulk a few units below the row max, a long tail
-    rng = np.random.default_rng(2)
-    return np.concatenate([rng.uniform(-30.0, 8.0, 2_000_000), 8.0 - rng.exponential(2.0, 2_000_000)]).astype(np.float32)
 
 
 def test_polynomial_is_degree_four():

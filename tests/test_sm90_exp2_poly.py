@@ -17,13 +17,20 @@ HEADER = jit.CSRC_DIR / "p_encoding.cuh"
 MAGIC = np.float32(12582912.0)  # 1.5 * 2^23
 
 
-def kernel_coefficients() -> list[np.float32]:
-    """Horner coefficients of exp2_poly, highest degree first, as written in the header."""
-    body = re.search(r"float exp2_poly\(float a\) \{(.*?)\n\}", HEADER.read_text(), flags=re.S)
-    assert body, "exp2_poly not found in p_encoding.cuh"
-    first = re.search(r"float p = ([0-9.eE+-]+)f;", body.group(1))
-    rest = re.findall(r"p = fmaf\(p, f, ([0-9.eE+-]+)f\);", body.group(1))
-    assert first and rest, body.group(1)
+def function_body(function: str = "exp2_poly") -> str:
+    """The body of `float function(float a)` in the header."""
+    body = re.search(r"float " + function + r"\(float a\) \{(.*?)\n\}", HEADER.read_text(), flags=re.S)
+    assert body, f"{function} not found in p_encoding.cuh"
+    return body.group(1)
+
+
+def kernel_coefficients(function: str = "exp2_poly") -> list[np.float32]:
+    """Horner coefficients of `function` (exp2_poly, or another polynomial written the same way), highest degree
+    first, as written in the header."""
+    body = function_body(function)
+    first = re.search(r"float p = ([0-9.eE+-]+)f;", body)
+    rest = re.findall(r"p = fmaf\(p, f, ([0-9.eE+-]+)f\);", body)
+    assert first and rest, body
     return [np.float32(first.group(1))] + [np.float32(c) for c in rest]
 
 
