@@ -39,11 +39,13 @@ def fma32(a: np.ndarray, b: np.ndarray, c) -> np.ndarray:
     return (a.astype(np.float64) * b.astype(np.float64) + np.float64(c)).astype(np.float32)
 
 
-def exp2_poly(a: np.ndarray) -> np.ndarray:
+def exp2_poly(a: np.ndarray, function: str = "exp2_poly") -> np.ndarray:
+    """`function` (exp2_poly, or one written the same way) emulated: clamp, Cody-Waite split, Horner, 2^n added into
+    the exponent field (int32 wrap-around, as the kernel's integer add or multiply-add)."""
     a = np.maximum(a.astype(np.float32), np.float32(-120.0))
     r = (a + MAGIC).astype(np.float32)
     f = (a - (r - MAGIC)).astype(np.float32)
-    coeffs = kernel_coefficients()
+    coeffs = kernel_coefficients(function)
     p = np.full_like(a, coeffs[0])
     for c in coeffs[1:]:
         p = fma32(p, f, c)
