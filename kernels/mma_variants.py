@@ -141,6 +141,11 @@ VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-coal
 VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-s3-coalesced-viaf16"] = (
     *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-coalesced-viaf16"], "-DVC_MMA_STAGES=3")
 
+# the 3-stage ring in the head-dim-64 kernels only (VC_MMA_D64_STAGES=3): its head-dim-64 kernels are -s3-'s, the others
+# the default's; for an adoption by head dim if -s3- wins at 64 only
+VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-d64s3-coalesced-viaf16"] = (
+    *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-coalesced-viaf16"], "-DVC_MMA_D64_STAGES=3")
+
 # variants under measurement for adoption: CI compiles them for every arch of their kind, as the defaults (the others
 # only for sm_90a, where they were timed: tests/test_cuda_compile.py)
 CANDIDATES: tuple[str, ...] = ("wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-s3-coalesced-viaf16",)

@@ -46,6 +46,15 @@ namespace vc {
 #endif
 constexpr int kWideStages = VC_MMA_STAGES;
 static_assert(kWideStages >= 2 && kWideStages <= 4, "VC_MMA_STAGES must be 2, 3 or 4");
+#ifndef VC_MMA_D64_STAGES
+#define VC_MMA_D64_STAGES 0  // 2-4: the head-dim-64 kernels' ring depth (every other kernel keeps VC_MMA_STAGES)
+#endif
+static_assert(VC_MMA_D64_STAGES == 0 || (VC_MMA_D64_STAGES >= 2 && VC_MMA_D64_STAGES <= 4), "VC_MMA_D64_STAGES must be 0, 2, 3 or 4");
+// the ring depth of head dim D's kernels (WideSmem and AttnMmaWide shadow kWideStages with it)
+template <int D>
+__host__ __device__ constexpr int wide_stages() {
+  return (D == 64 && VC_MMA_D64_STAGES != 0) ? VC_MMA_D64_STAGES : VC_MMA_STAGES;
+}
 
 #ifndef VC_MMA_PV_F16
 #define VC_MMA_PV_F16 0
@@ -170,6 +179,7 @@ static_assert(kChunkKeys * kE4m3Max * kPvF16CodeMax + 32.0f < 65504.0f, "the fp1
 // kVF16: V^T in f16 (v_f16_kernel), two bytes per element
 template <int D, bool kVF16 = false>
 struct WideSmem {
+  static constexpr int kWideStages = wide_stages<D>();
   static constexpr int kQ = kWideRows * D;    // Q tile, bytes
   static constexpr int kK = kChunkKeys * D;   // one K chunk
   static constexpr int kVRow = kChunkKeys * (kVF16 ? 2 : 1);  // bytes of one V^T row (a head-dim column's 64 keys)
@@ -245,6 +255,7 @@ struct AttnMmaWide {
   // VC_MMA_RESTORE_MMA: the restores gathered 8 at a time and added by TF32 MMAs (flush_restores)
   static constexpr bool kRestoreMma = VC_MMA_RESTORE_MMA && kVSmooth && kRestoreAfter;
   static constexpr int kRestoreSlots = 8;  // the TF32 MMA's k
+  static constexpr int kWideStages = wide_stages<D>();                 // the cp.async ring's depth
   static constexpr bool kVF16 = v_f16_kernel(D, kQkFp8, kVSmooth);  // V^T in f16 (VC_MMA_V_F16)
   static constexpr bool kPScaled = VC_MMA_P_ALU_UNPACK && kVF16;     // P enters the PV and row-sum MMAs as 2^-8 P
   static constexpr int kVBytes = kVF16 ? 2 : 1;                       // bytes per element of the V^T tile
