@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from vc_attention.kernels import jit, mma_variants
+from vc_attention.kernels import jit, mma_v_f16, mma_variants
 
 from .test_cuda_compile import per_kernel
 
@@ -32,6 +32,15 @@ def report(tmp_path, source: str, arch: str, extra=()) -> str:
     return result.stderr
 
 
+def spill_bound(kernel: str, arch: str) -> int:
+    """Spill bytes a speed kernel of the default build may store: 160, or 256 for a kernel that reads V in f16 (the
+    via-f16 default's head-dim-128 V-Smooth ones since docs/kernel-notes.md 48: 224-228 B, timed faster than the
+    build before it with its 60 B, Wan2.1-1.3B speed 15.72 -> 15.29 ms on an H100)."""
+    d, vsmooth = int(re.search(r"ILi(\d+)E", kernel).group(1)), re.search(r"ILi\d+ELb0ELb1ELb1E", kernel) is not None
+    f16_v = mma_v_f16.takes_v_f16(mma_variants.flags(mma_variants.default_variant(arch)), d, False, vsmooth)
+    return 256 if f16_v else 160
+
+
 @pytest.mark.parametrize("source,arch", [("attn_mma_d64.cu", "8.9"), ("attn_mma_d128.cu", "8.9"),
                                          ("attn_mma_d128.cu", "9.0a")])
 def test_the_bound_build_compiles_the_same_kernels_cleanly(tmp_path, source, arch):
@@ -43,5 +52,5 @@ def test_the_bound_build_compiles_the_same_kernels_cleanly(tmp_path, source, arc
     assert set(spills) == set(plain) and len(spills) == (10 if lanes else 8)
     # <D, FP8 QK, ExpCast, V-Smooth, K lanes>: only the INT8 speed kernels change; theirs stay within a few words
     speed = [k for k in spills if re.search(r"ILi\d+ELb0ELb1ELb[01]ELb[01]E", k)]
-    assert len(speed) == (3 if lanes else 2) and all(spills[k] <= 160 for k in speed), {k: spills[k] for k in speed}
+    assert len(speed) == (3 if lanes else 2) and all(spills[k] <= spill_bound(k, arch) for k in speed), {k: spills[k] for k in speed}
     assert all(spills[k] == plain[k] for k in spills if k not in speed)
