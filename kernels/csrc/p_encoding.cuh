@@ -237,8 +237,8 @@ __device__ __forceinline__ float exp2_poly(float a) {
 // split of exp2_poly with a degree-4 polynomial (relative error 2.6e-6 on [-0.5, 0.5]; fitted for relative error,
 // float32 coefficients), and 2^n joined by one integer multiply-add. Emulated on 8M arguments in [-20, 8]: E4M3
 // codes differ from those of exact exp2 in 8.4e-6 of the cases, by one code (docs/kernel-notes.md 48). Eight
-// FMA-pipe instructions and one IMAD against one MUFU.EX2 (a quarter-rate pipe shared with the conversions).
-// a = -inf (a masked key) and a < -120 give 2^-120, E4M3 zero.
+// FMA-pipe instructions and one IMAD against one MUFU.EX2 (a quarter-rate pipe): slower where MUFU is not the limit
+// (the portable kernel on an H100, kernel-notes 48). a = -inf (a masked key) and a < -120 give 2^-120, E4M3 zero.
 __device__ __forceinline__ float exp2_poly_e4m3(float a) {
   a = fmaxf(a, -120.f);
   const float r = a + 12582912.f;
