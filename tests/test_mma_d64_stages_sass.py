@@ -5,13 +5,10 @@ Compile-only (nvcc + nvdisasm, no GPU), sm_90a: its head-dim-64 kernels are thos
 a 3-stage ring), its head-dim-128 kernels those of the default it extends, machine code for machine code; so the times
 of `bash bench/device_run.sh build stages` (the default and `-s3-`) are its times at each head dim.
 """
-from concurrent.futures import ThreadPoolExecutor
-
 from vc_attention.kernels import mma_variants
 
 from .test_clamp_bound_sass import nvdisasm, pytestmark, sass_loop_mix  # noqa: F401  (pytestmark: nvcc + nvdisasm)
-from .test_mma_restore_after_sass import build as compile_sass
-from .test_mma_v128_f16_sass import _code
+from .test_mma_v128_f16_sass import compiled_kernels
 
 DEFAULT = "wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-coalesced-viaf16"
 EVERY = "wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-s3-coalesced-viaf16"
@@ -26,15 +23,7 @@ def test_the_flags():
 def test_each_kernel_is_one_of_the_timed_ones(tmp_path):
     jobs = [("attn_mma_d64.cu", D64_ONLY), ("attn_mma_d64.cu", EVERY), ("attn_mma_d64.cu", DEFAULT),
             ("attn_mma_d128.cu", D64_ONLY), ("attn_mma_d128.cu", DEFAULT)]
-
-    def one(job):
-        source, name = job
-        folder = tmp_path / f"{name}-{source}"
-        folder.mkdir()
-        return job, _code(compile_sass(folder, source, "9.0a", mma_variants.flags(name))[0])
-
-    with ThreadPoolExecutor(2) as pool:
-        code = dict(pool.map(one, jobs))
+    code = compiled_kernels(tmp_path, jobs)
     d64 = code[("attn_mma_d64.cu", D64_ONLY)]
     assert len(d64) == 8
     assert d64 == code[("attn_mma_d64.cu", EVERY)]

@@ -33,10 +33,8 @@ def _code(kernels: dict) -> dict:
             for name, rows in kernels.items()}
 
 
-def test_each_kernel_is_one_of_the_timed_ones(tmp_path):
-    jobs = [(source, name) for source in ("attn_mma_d64.cu", "attn_mma_d128.cu") for name in (D128_ONLY, BASE)]
-    jobs.append(("attn_mma_d128.cu", EVERY))
-
+def compiled_kernels(tmp_path, jobs) -> dict:
+    """(source, variant) -> _code of its sm_90a kernels, two compiles at a time."""
     def one(job):
         source, name = job
         folder = tmp_path / f"{name}-{source}"
@@ -44,7 +42,13 @@ def test_each_kernel_is_one_of_the_timed_ones(tmp_path):
         return job, _code(compile_sass(folder, source, "9.0a", mma_variants.flags(name))[0])
 
     with ThreadPoolExecutor(2) as pool:
-        code = dict(pool.map(one, jobs))
+        return dict(pool.map(one, jobs))
+
+
+def test_each_kernel_is_one_of_the_timed_ones(tmp_path):
+    jobs = [(source, name) for source in ("attn_mma_d64.cu", "attn_mma_d128.cu") for name in (D128_ONLY, BASE)]
+    jobs.append(("attn_mma_d128.cu", EVERY))
+    code = compiled_kernels(tmp_path, jobs)
     f16_kernels = []
     for source in ("attn_mma_d64.cu", "attn_mma_d128.cu"):
         ours = code[(source, D128_ONLY)]
