@@ -102,7 +102,7 @@ deadline=$((SECONDS + 600))  # a stage that budgets its steps sets its own
 room() {  # room SECONDS NAME: whether the stage's $deadline leaves SECONDS for step NAME (else it is logged as skipped)
   [ $((deadline - SECONDS)) -ge "$1" ] || { echo "[$2] skipped: $((deadline - SECONDS)) s left" | tee -a "$OUT/steps.txt"; false; }
 }
-stages=${*:-build tests bench grouping e2e comfyui}
+stages=${*:-build tests variant_tests bench grouping e2e comfyui}
 # the Hopper fidelity variants of the mixed and lo stages (bench/sm90_variants.sh names; docs/kernel-notes.md 36)
 FIDELITY_VARIANTS="split split_ch4 split_ch6 split_ch8 split_lo16 split_lo32 split_ch4_lo32 split_ch8_lo32"
 # the `merged` stage's builds: the chord alone, the second term on 32 / 16 channels beside the PV MMA and inside it
@@ -112,13 +112,18 @@ ADOPT_VARIANTS=${ADOPT_VARIANTS:-"split split_ch8 split_lo32 split_ch4_lo32 spli
 for stage in $stages; do
   case $stage in
     build) step build 240 python3 -m vc_attention.cli build ;;
-    tests)
-      step mma_variant_builds 240 python3 bench/build_mma_variants.py
+    tests)  # the GPU tier without the portable variant matrix (variant_tests: together they outgrew one 600 s call)
       # four workers on the one GPU (pytest-xdist is in the image): the tier ran in 128 s instead of ~420 s on the
       # H200 (session 20), and a test that ends its process fails alone instead of ending the run
       workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || true)
-      step gpu_tests 420 python3 -m pytest -q -m gpu $workers --junitxml="$OUT/gpu_tests.xml" tests
+      step gpu_tests 420 python3 -m pytest -q -rf -m gpu $workers --ignore=tests/test_mma_variants_gpu.py \
+        --junitxml="$OUT/gpu_tests.xml" tests
       if [ -n "${COMFYUI_PATH:-}" ]; then VC_PYAV_PLACEHOLDER=1 step host_tests 240 python3 -m pytest -q -rfE -m comfyui tests; fi ;;
+    variant_tests)  # the portable variant matrix: every registered build against the emulation (~170 s of builds)
+      step mma_variant_builds 240 python3 bench/build_mma_variants.py
+      workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || true)
+      step variant_tests 340 python3 -m pytest -q -rf -m gpu $workers --junitxml="$OUT/variant_tests.xml" \
+        tests/test_mma_variants_gpu.py ;;
     bench) step bench 300 python3 -m vc_attention.cli bench --save ;;
     grouping) step grouping 150 python3 bench/grouping_bench.py ;;
     e2e) step e2e 300 python3 -m vc_attention.cli bench --e2e --save ;;
@@ -287,23 +292,25 @@ for stage in $stages; do
       step v128_d64 80 python3 bench/mma_variants.py --reps 5 --out "$OUT/d64" --shapes d64 --variants "$both"
       step v128_wan14 150 python3 bench/mma_variants.py --reps 3 --out "$OUT/wan14" --shapes wan22-14b-720p --variants "$both"
       no_docs=1 ;;
-    stages)  # (not in the default list) docs/kernel-notes.md 48: the via-f16 default with a 3-stage cp.async ring (-s3-,
-      # mma_variants.CANDIDATES) and with 4 stages, beside it and SageAttention 2.2's portable kernel at head dim 64,
-      # Wan2.1-1.3B and Wan2.2-14B, then the -s3- build's variant tier (against the emulation). $STAGES_SECONDS (default
-      # 480) bounds the steps after the builds
+    stages)  # (not in the default list) docs/kernel-notes.md 49: the per-kernel ring depths (mma_variants.CANDIDATES: 3
+      # stages in the ExpCast kernels, -xs3-, and also 4 in the head-dim-64 fidelity ones, -xs3-d64vss4-) beside the
+      # default and SageAttention 2.2's portable kernel at head dim 64, Wan2.1-1.3B and Wan2.2-14B, then their variant
+      # tier (against the emulation) and the mma binding's flag refusals. $STAGES_SECONDS (default 480) bounds the steps
+      # after the builds
       d=wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16
-      three="$d-coalesced-viaf16,$d-s3-coalesced-viaf16,$d-coalesced-viaf16+-DVC_MMA_STAGES=4"
+      three="$d-coalesced-viaf16,$d-xs3-coalesced-viaf16,$d-xs3-d64vss4-coalesced-viaf16"
       deadline=$((SECONDS + ${STAGES_SECONDS:-480}))
       workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || true)
       step stages_builds 150 python3 bench/build_mma_variants.py --jobs 12 --only "$three"
       room 40 stages_d64 && step stages_d64 80 python3 bench/mma_variants.py --reps 5 --out "$OUT/d64" --shapes d64 --variants "$three"
       room 40 stages_wan && step stages_wan 80 python3 bench/mma_variants.py --reps 5 --out "$OUT/wan" --shapes wan21-1.3b-480p --variants "$three"
       room 80 stages_wan14 && step stages_wan14 150 python3 bench/mma_variants.py --reps 3 --out "$OUT/wan14" --shapes wan22-14b-720p --variants "$three"
-      room 100 stages_tests && step stages_tests 200 python3 -m pytest -q -rf $workers tests/test_mma_variants_gpu.py -k "v128f16-s3"
+      room 100 stages_tests && step stages_tests 200 python3 -m pytest -q -rf $workers tests/test_mma_variants_gpu.py \
+        tests/test_vsmooth_segments_gpu.py -k "xs3 or refuses_flags"
       no_docs=1 ;;
     spread)  # fidelity's paired-K loop against the unpaired one in rounds, with the GPU's clocks (kernel-notes 35)
       step fidelity_spread 300 python3 bench/fidelity_spread.py --rounds 6 --out "$OUT" ;;
-    *) echo "unknown stage $stage (build, tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio, restore, adopted, direct, candidates, adopt46, vf16, v128, stages)"; exit 2 ;;
+    *) echo "unknown stage $stage (build, tests, variant_tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio, restore, adopted, direct, candidates, adopt46, vf16, v128, stages)"; exit 2 ;;
   esac
 done
 tail -n 4 "$OUT"/*.log

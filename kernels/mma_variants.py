@@ -146,9 +146,21 @@ VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-s3-c
 VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-d64s3-coalesced-viaf16"] = (
     *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-coalesced-viaf16"], "-DVC_MMA_D64_STAGES=3")
 
+# the 3-stage ring in the ExpCast (speed-mode) kernels only (VC_MMA_EXPCAST_STAGES=3): -s3- timed speed mode 1-5%
+# faster at head dim 128 and fidelity / plain 8-bit 2-3% slower (H100, docs/kernel-notes.md 49); its ExpCast kernels
+# are -s3-'s, the others the default's
+VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-xs3-coalesced-viaf16"] = (
+    *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-coalesced-viaf16"], "-DVC_MMA_EXPCAST_STAGES=3")
+# and a 4-stage ring in the head-dim-64 fidelity kernels (VC_MMA_D64_VSMOOTH_STAGES=4; the ExpCast rule comes first):
+# 4 stages timed head-dim-64 fidelity 2.6% faster, plain 8-bit 10% slower
+VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-xs3-d64vss4-coalesced-viaf16"] = (
+    *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-xs3-coalesced-viaf16"],
+    "-DVC_MMA_D64_VSMOOTH_STAGES=4")
+
 # variants under measurement for adoption: CI compiles them for every arch of their kind, as the defaults (the others
 # only for sm_90a, where they were timed: tests/test_cuda_compile.py)
-CANDIDATES: tuple[str, ...] = ("wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-s3-coalesced-viaf16",)
+CANDIDATES: tuple[str, ...] = ("wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-xs3-coalesced-viaf16",
+                                "wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-xs3-d64vss4-coalesced-viaf16")
 
 # the targets without FP8 mma.sync (ptxas lowers it to two f16 HMMAs plus FADDs): the H200 and the B200
 VIA_F16_ARCHS = ("9.0a", "10.0a")

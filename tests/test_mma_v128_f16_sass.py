@@ -9,6 +9,7 @@ in one run, bench/results/nvidia-h100-mma-vf16-*.json, and itself beside `-d64vs
 import re
 from concurrent.futures import ThreadPoolExecutor
 
+from vc_attention.bench.mma_variants import variant_flags
 from vc_attention.kernels import mma_v_f16, mma_variants
 
 from .test_clamp_bound_sass import nvdisasm, pytestmark, sass_loop_mix  # noqa: F401  (pytestmark: nvcc + nvdisasm)
@@ -34,12 +35,13 @@ def _code(kernels: dict) -> dict:
 
 
 def compiled_kernels(tmp_path, jobs) -> dict:
-    """(source, variant) -> _code of its sm_90a kernels, two compiles at a time."""
+    """(source, variant) -> _code of its sm_90a kernels, two compiles at a time (a variant may add flags:
+    `NAME+-DFLAG=V`, bench/mma_variants.variant_flags)."""
     def one(job):
         source, name = job
         folder = tmp_path / f"{name}-{source}"
         folder.mkdir()
-        return job, _code(compile_sass(folder, source, "9.0a", mma_variants.flags(name))[0])
+        return job, _code(compile_sass(folder, source, "9.0a", variant_flags(name))[0])
 
     with ThreadPoolExecutor(2) as pool:
         return dict(pool.map(one, jobs))

@@ -205,7 +205,7 @@ def test_mma_segment_restore_matches_its_emulation_and_reads_the_flags(n, dtype)
 
 def test_mma_binding_refuses_flags_it_cannot_use():
     """v_seg_end only with V-Smooth operands, uint8, (B, H, n_pad / 128): a clear ValueError, no launch."""
-    from vc_attention.kernels import backend_mma
+    from vc_attention.kernels import backend_mma, mma_v_f16
 
     _mma_or_skip()
     q, k, v = _clustered_qkv(1100, 128, torch.float16, seed=2)
@@ -215,7 +215,12 @@ def test_mma_binding_refuses_flags_it_cannot_use():
     out = torch.empty_like(q)
 
     def call(seg_end, vsmooth=True):
-        backend_mma.extension().attention(ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, ops.v_t, ops.v_scale, mean, out, None,
+        # V in the form the default build's kernel for these flags reads (f16 codes in the via-f16 default's
+        # head-dim-128 V-Smooth kernels), so only the seg_end check can refuse
+        flags = backend_mma.default_flags()
+        f16 = mma_v_f16.takes_v_f16(flags, ops.v_t.shape[2], False, vsmooth)
+        v_t = backend_mma.v_f16_operand(ops.v_t, flags) if f16 else ops.v_t
+        backend_mma.extension().attention(ops.q_q, ops.q_scale, ops.k_q, ops.k_scale, v_t, ops.v_scale, mean, out, None,
                                           ops.n_tokens, False, True, vsmooth, torch.cuda.current_stream().cuda_stream, seg_end)
 
     call(ops.v_seg_end)  # the operands' own flags are accepted

@@ -49,11 +49,25 @@ static_assert(kWideStages >= 2 && kWideStages <= 4, "VC_MMA_STAGES must be 2, 3 
 #ifndef VC_MMA_D64_STAGES
 #define VC_MMA_D64_STAGES 0  // 2-4: the head-dim-64 kernels' ring depth (every other kernel keeps VC_MMA_STAGES)
 #endif
+#ifndef VC_MMA_D64_VSMOOTH_STAGES
+#define VC_MMA_D64_VSMOOTH_STAGES 0  // 2-4: the head-dim-64 V-Smooth kernels' ring depth (before VC_MMA_D64_STAGES)
+#endif
+#ifndef VC_MMA_EXPCAST_STAGES
+#define VC_MMA_EXPCAST_STAGES 0  // 2-4: the ExpCast kernels' ring depth, every head dim (before the two above)
+#endif
 static_assert(VC_MMA_D64_STAGES == 0 || (VC_MMA_D64_STAGES >= 2 && VC_MMA_D64_STAGES <= 4), "VC_MMA_D64_STAGES must be 0, 2, 3 or 4");
-// the ring depth of head dim D's kernels (WideSmem and AttnMmaWide shadow kWideStages with it)
-template <int D>
-__host__ __device__ constexpr int wide_stages() {
-  return (D == 64 && VC_MMA_D64_STAGES != 0) ? VC_MMA_D64_STAGES : VC_MMA_STAGES;
+static_assert(VC_MMA_D64_VSMOOTH_STAGES == 0 || (VC_MMA_D64_VSMOOTH_STAGES >= 2 && VC_MMA_D64_VSMOOTH_STAGES <= 4),
+              "VC_MMA_D64_VSMOOTH_STAGES must be 0, 2, 3 or 4");
+static_assert(VC_MMA_EXPCAST_STAGES == 0 || (VC_MMA_EXPCAST_STAGES >= 2 && VC_MMA_EXPCAST_STAGES <= 4),
+              "VC_MMA_EXPCAST_STAGES must be 0, 2, 3 or 4");
+// The ring depth of one kernel (WideSmem and AttnMmaWide shadow kWideStages with it). Per kernel because the
+// measured best differs by kernel (docs/kernel-notes.md 49: a third stage took the ExpCast kernels at head dim 128
+// 1-5% faster and the others 2-3% slower), the first rule that is set wins.
+__host__ __device__ constexpr int wide_stages(int d, bool expcast, bool vsmooth) {
+  return (expcast && VC_MMA_EXPCAST_STAGES != 0)                  ? VC_MMA_EXPCAST_STAGES
+         : (d == 64 && vsmooth && VC_MMA_D64_VSMOOTH_STAGES != 0) ? VC_MMA_D64_VSMOOTH_STAGES
+         : (d == 64 && VC_MMA_D64_STAGES != 0)                    ? VC_MMA_D64_STAGES
+                                                                  : VC_MMA_STAGES;
 }
 
 #ifndef VC_MMA_PV_F16
@@ -176,10 +190,10 @@ constexpr float kPvF16CodeMax = 1.75f;
 static_assert(kChunkKeys * kE4m3Max * kPvF16CodeMax + 32.0f < 65504.0f, "the fp16 PV partial could overflow");
 
 // 50 KB for D=128 with 2 stages: two CTAs fit the 100 KB of an Ada / consumer-Blackwell SM.
-// kVF16: V^T in f16 (v_f16_kernel), two bytes per element
-template <int D, bool kVF16 = false>
+// kVF16: V^T in f16 (v_f16_kernel), two bytes per element; kStages: the kernel's ring depth (wide_stages)
+template <int D, bool kVF16, int kStages>
 struct WideSmem {
-  static constexpr int kWideStages = wide_stages<D>();
+  static constexpr int kWideStages = kStages;
   static constexpr int kQ = kWideRows * D;    // Q tile, bytes
   static constexpr int kK = kChunkKeys * D;   // one K chunk
   static constexpr int kVRow = kChunkKeys * (kVF16 ? 2 : 1);  // bytes of one V^T row (a head-dim column's 64 keys)
@@ -255,11 +269,11 @@ struct AttnMmaWide {
   // VC_MMA_RESTORE_MMA: the restores gathered 8 at a time and added by TF32 MMAs (flush_restores)
   static constexpr bool kRestoreMma = VC_MMA_RESTORE_MMA && kVSmooth && kRestoreAfter;
   static constexpr int kRestoreSlots = 8;  // the TF32 MMA's k
-  static constexpr int kWideStages = wide_stages<D>();                 // the cp.async ring's depth
+  static constexpr int kWideStages = wide_stages(D, kExpCast, kVSmooth);  // the cp.async ring's depth
   static constexpr bool kVF16 = v_f16_kernel(D, kQkFp8, kVSmooth);  // V^T in f16 (VC_MMA_V_F16)
   static constexpr bool kPScaled = VC_MMA_P_ALU_UNPACK && kVF16;     // P enters the PV and row-sum MMAs as 2^-8 P
   static constexpr int kVBytes = kVF16 ? 2 : 1;                       // bytes per element of the V^T tile
-  using Smem = WideSmem<D, kVF16>;
+  using Smem = WideSmem<D, kVF16, kWideStages>;
   using SAcc = std::conditional_t<kQkFp8, float, int>;
   using Encoder = AttnMma<D, kQkFp8, kExpCast, kVSmooth>;
 
