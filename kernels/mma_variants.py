@@ -137,12 +137,14 @@ VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-coal
 
 # the default with a 3-stage cp.async ring (VC_MMA_STAGES=3): section 10 timed plain 8-bit 9-17% faster with it on the
 # H200 in the first wide layout, left out then because two head-dim-128 CTAs of it do not fit an Ada SM's 100 KB; the
-# via-f16 build runs only on Hopper / datacenter Blackwell (228 KB). Unmeasured on today's kernels (kernel-notes 48)
+# via-f16 build runs only on Hopper / datacenter Blackwell (228 KB). Timed on today's kernels (H100, kernel-notes 49):
+# speed mode 1-5% faster, fidelity and plain 8-bit 2-10% slower, hence the per-kernel depths below
 VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-s3-coalesced-viaf16"] = (
     *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-coalesced-viaf16"], "-DVC_MMA_STAGES=3")
 
 # the 3-stage ring in the head-dim-64 kernels only (VC_MMA_D64_STAGES=3): its head-dim-64 kernels are -s3-'s, the others
-# the default's; for an adoption by head dim if -s3- wins at 64 only
+# the default's (-s3- lost plain 8-bit at 64 by 10%, kernel-notes 49: no candidate; tests/test_mma_stages_per_kernel_sass.py
+# keeps it as the head-dim-64 rule's check)
 VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-d64s3-coalesced-viaf16"] = (
     *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-coalesced-viaf16"], "-DVC_MMA_D64_STAGES=3")
 
