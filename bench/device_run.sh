@@ -308,9 +308,18 @@ for stage in $stages; do
       room 100 stages_tests && step stages_tests 200 python3 -m pytest -q -rf $workers tests/test_mma_variants_gpu.py \
         tests/test_vsmooth_segments_gpu.py -k "xs3 or refuses_flags"
       no_docs=1 ;;
+    sites)  # (not in the default list) docs/kernel-notes.md 49: where the head-dim-64 warps wait, per SASS instruction
+      # (ncu PC sampling, bench/stall_sites.py): SageAttention 2.2's portable kernel beside our default's plain 8-bit
+      # and fidelity kernels, then the same at Wan2.1-1.3B (plain 8-bit and fidelity)
+      d=wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-coalesced-viaf16
+      step sites_d64 200 python3 bench/stall_sites.py --shape d64 --out "$OUT/sites_d64" \
+        --targets "sa-portable,mma:$d:plain8,mma:$d:fidelity"
+      step sites_wan 200 python3 bench/stall_sites.py --shape wan21-1.3b-480p --out "$OUT/sites_wan" \
+        --targets "sa-portable,mma:$d:plain8,mma:$d:fidelity"
+      no_docs=1 ;;
     spread)  # fidelity's paired-K loop against the unpaired one in rounds, with the GPU's clocks (kernel-notes 35)
       step fidelity_spread 300 python3 bench/fidelity_spread.py --rounds 6 --out "$OUT" ;;
-    *) echo "unknown stage $stage (build, tests, variant_tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio, restore, adopted, direct, candidates, adopt46, vf16, v128, stages)"; exit 2 ;;
+    *) echo "unknown stage $stage (build, tests, variant_tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio, restore, adopted, direct, candidates, adopt46, vf16, v128, stages, sites)"; exit 2 ;;
   esac
 done
 tail -n 4 "$OUT"/*.log
