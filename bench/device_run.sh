@@ -2,8 +2,10 @@
 # The GPU run that produces every published number and runs every GPU test:
 #   bash bench/device_run.sh [STAGE ...]      (default: every stage, in this order)
 # stages: build   JIT-build every extension (first use prints progress)
-#         tests   the portable kernel's variant builds (four at once), the whole `gpu` pytest tier (4 workers), then
-#                 the real-host tier when a ComfyUI checkout is there
+#         tests   the whole `gpu` pytest tier but the portable variant matrix (4 workers, junit XML), then the real-host
+#                 tier when a ComfyUI checkout is there
+#         variant_tests the portable kernel's variant builds (twelve at once) and their matrix against the emulation
+#                 (tests/test_mma_variants_gpu.py; with `tests` they outgrew one 600 s call)
 #         bench   `vc-attention bench --save`: attention kernels + grouping at every shape
 #         e2e     `vc-attention bench --e2e --save`: the Wan 14B forward (diffusers), SDPA / SageAttention / the node's three presets
 #         grouping bench/grouping_bench.py: the torch k-means path vs the fused kernels, share of a speed call
@@ -79,8 +81,12 @@ mkdir -p "$OUT"
 # fit beside them: the tests stage sets VC_PYAV_PLACEHOLDER=1 (tests/comfyui_pyav.py). A call carries at
 # most 64 MiB: carry .whl .whl-host .whl-front .comfy for tests and .whl .whl-peers .comfy for the bench
 # stages.
+# VC_DEVICE_DRY_RUN=1: every step prints its command to $OUT/steps.txt instead of running it, and nothing is installed
+# or measured (tests/test_device_run_names.py checks each stage's variant, target and test names that way, on the CPU,
+# before a scarce device call finds a typo)
+dry=${VC_DEVICE_DRY_RUN:-0}
 for dir in .whl .whl-peers .whl-front .whl-host; do
-  if compgen -G "$dir/*.whl" > /dev/null; then
+  if [ "$dry" = 0 ] && compgen -G "$dir/*.whl" > /dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$dir"/*.whl
   fi
 done
@@ -89,11 +95,14 @@ mkdir -p /tmp/pkgs && ln -sfn "$PWD" /tmp/pkgs/vc_attention
 export PYTHONPATH=/tmp/pkgs:/tmp/site:$PWD/.whl/site
 if [ -z "${COMFYUI_PATH:-}" ] && [ -d .comfy/comfy ]; then export COMFYUI_PATH=$PWD/.comfy; fi
 
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/env.txt"
-python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())" | tee -a "$OUT/env.txt"
+if [ "$dry" = 0 ]; then
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/env.txt"
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())" | tee -a "$OUT/env.txt"
+fi
 
 step() {  # step NAME SECONDS COMMAND...: each step has its own limit so one slow step cannot starve the rest
   local name=$1 secs=$2; shift 2
+  if [ "$dry" != 0 ]; then printf '[%s] DRY' "$name" >> "$OUT/steps.txt"; printf ' %q' "$@" >> "$OUT/steps.txt"; echo >> "$OUT/steps.txt"; return 0; fi
   local t0=$SECONDS
   timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
   echo "[$name] rc=$? in $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
@@ -240,8 +249,9 @@ for stage in $stages; do
       # build) and Wan2.1-1.3B (the restore's builds: -d64x3- leaves head dim 128 as it is), gated against the emulation,
       # then ncu on the via-f16 plain 8-bit / fidelity kernels at head dim 64 beside SageAttention's
       v=wide-i2fp-meanscaled; d=$v-restoretile-after64-pvdirect2; n=$v-restoretile-after; g=$v-pvf16-restoretile-after
-      wan="$d-coalesced-viaf16,$d-restoremma-coalesced-viaf16,$n-coalesced,$n-restoremma-coalesced,$g-coalesced,$g-restoremma-coalesced"
-      d64="$wan,$d-d64x3-coalesced-viaf16,$d-d64x3-restoremma-coalesced-viaf16,$n-d64x3-coalesced,$g-d64x3-coalesced"
+      # (the restore-by-MMA builds of the GeForce and -d64x3- kinds were dropped after section 46's measurement)
+      wan="$d-coalesced-viaf16,$d-restoremma-coalesced-viaf16,$n-coalesced,$n-restoremma-coalesced,$g-coalesced"
+      d64="$wan,$d-d64x3-coalesced-viaf16,$n-d64x3-coalesced,$g-d64x3-coalesced"
       d64="$d64,$v-restoretile-after64-pvdirect-coalesced-viaf16+-DVC_MMA_D64_MIN_BLOCKS=3"
       step candidate_builds 240 python3 bench/build_mma_variants.py --jobs 12 --only "$d64"
       step candidates_d64 200 python3 bench/mma_variants.py --reps 5 --out "$OUT/d64" --shapes d64 --variants "$d64"
@@ -322,6 +332,7 @@ for stage in $stages; do
     *) echo "unknown stage $stage (build, tests, variant_tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio, restore, adopted, direct, candidates, adopt46, vf16, v128, stages, sites)"; exit 2 ;;
   esac
 done
+if [ "$dry" != 0 ]; then cat "$OUT/steps.txt"; exit 0; fi
 tail -n 4 "$OUT"/*.log
 # at most 8 files come back from a device call: the results, the two rendered docs, one log archive
 GPU_RESULTS=$(python3 -c "from vc_attention.commands.bench_results import results_path; import torch; print(results_path(torch.cuda.get_device_name()))")
