@@ -155,12 +155,18 @@ def pipe_use(launch: dict[str, str]) -> dict[str, float]:
     return _by_short_name(launch, _PIPE)
 
 
-def profile(args) -> int:
+def ncu_and_out_dir(out: str) -> tuple[str, Path]:
+    """ncu's path (a clear exit where it is not on PATH) and the output folder, created."""
     ncu = shutil.which("ncu")
     if ncu is None:
         raise SystemExit("ncu (Nsight Compute) is not on PATH")
-    out_dir = Path(args.out)
+    out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    return ncu, out_dir
+
+
+def profile(args) -> int:
+    ncu, out_dir = ncu_and_out_dir(args.out)
     # application-only: the JIT builds in the profiled process start nvcc and ninja, which ncu need not follow
     cmd = [ncu, "--csv", "--page", "details", "--target-processes", "application-only", "--kernel-name", KERNELS,
            "--launch-count", str(len(args.targets)),

@@ -22,7 +22,6 @@ import gzip
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -119,11 +118,7 @@ def summarize(block: dict, top: int) -> dict:
 
 
 def profile(args) -> int:
-    ncu = shutil.which("ncu")
-    if ncu is None:
-        raise SystemExit("ncu (Nsight Compute) is not on PATH")
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    ncu, out_dir = kernel_profile.ncu_and_out_dir(args.out)
     # the report (large) stays on the machine, outside --out; the JSON comes back, and the raw CSV / ncu's log only
     # where something failed (a device call returns at most 8 files)
     report = Path(tempfile.mkdtemp(prefix="vc_stall_sites_")) / "stall_sites"
