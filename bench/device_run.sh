@@ -128,8 +128,8 @@ for stage in $stages; do
       step gpu_tests 420 python3 -m pytest -q -rf -m gpu $workers --ignore=tests/test_mma_variants_gpu.py \
         --junitxml="$OUT/gpu_tests.xml" tests
       if [ -n "${COMFYUI_PATH:-}" ]; then VC_PYAV_PLACEHOLDER=1 step host_tests 240 python3 -m pytest -q -rfE -m comfyui tests; fi ;;
-    variant_tests)  # the portable variant matrix: every registered build against the emulation (~170 s of builds)
-      step mma_variant_builds 240 python3 bench/build_mma_variants.py
+    variant_tests)  # the portable variant matrix: every registered build against the emulation (172 s of builds at 4 jobs)
+      step mma_variant_builds 240 python3 bench/build_mma_variants.py --jobs 12
       workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || true)
       step variant_tests 340 python3 -m pytest -q -rf -m gpu $workers --junitxml="$OUT/variant_tests.xml" \
         tests/test_mma_variants_gpu.py ;;
