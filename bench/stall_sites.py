@@ -2,10 +2,10 @@
 
 kernel_profile.py says how much a kernel stalls and on what (the `wait` stall leads our head-dim-64 portable kernel,
 docs/kernel-notes.md 48); this says at which instructions, which is what a latency fix has to move. It profiles one
-attention launch per target (kernel_profile.py's targets and launcher) with ncu's SourceCounters section, exports the
-source page as SASS, and keeps per target: the samples by stall reason, by opcode, and the instructions holding the
-most samples with their top reasons (`--top`), each with the instructions just before it (the producers a fixed-latency
-`wait` points at are usually there).
+attention launch per target (kernel_profile.py's targets and launcher; one ncu run per target) with ncu's
+SourceCounters section, exports the source page as SASS, and keeps per target: the samples by stall reason, by opcode,
+and the instructions holding the most samples with their top reasons (`--top`), each with the instructions just before
+it (the producers a fixed-latency `wait` points at are usually there).
 
   python3 bench/stall_sites.py --shape d64 --targets sa-portable,mma:<variant>:plain8,mma:<variant>:fidelity
 
@@ -22,6 +22,7 @@ import gzip
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -117,30 +118,37 @@ def summarize(block: dict, top: int) -> dict:
             "by_reason": dict(reasons.most_common()), "by_opcode": dict(opcodes.most_common(20)), "top": sites}
 
 
-def profile(args) -> int:
-    ncu, out_dir = kernel_profile.ncu_and_out_dir(args.out)
-    # the report (large) stays on the machine, outside --out; the JSON comes back, and the raw CSV / ncu's log only
-    # where something failed (a device call returns at most 8 files)
-    report = Path(tempfile.mkdtemp(prefix="vc_stall_sites_")) / "stall_sites"
+def sample_one(ncu: str, out_dir: Path, shape: str, target: str, keep_csv: bool) -> dict:
+    """One target in its own ncu run (one kernel per report, so no block of the source page can land under another
+    target's name): its source block, parsed. The report (large) stays on the machine, outside out_dir; the raw CSV
+    (gzipped) and ncu's log come back only under keep_csv or where something failed (a device call returns at most
+    8 files)."""
+    tag = re.sub(r"[^\w.-]+", "_", target)[-80:]
+    report = Path(tempfile.mkdtemp(prefix="vc_stall_sites_")) / "report"
     cmd = [ncu, "-f", "-o", str(report), "--target-processes", "application-only", "--kernel-name", kernel_profile.KERNELS,
-           "--launch-count", str(len(args.targets)), "--section", "SourceCounters", "--section", "WarpStateStats",
-           "--import-source", "no", sys.executable, kernel_profile.__file__, "--launch", "--shape", args.shape,
-           "--targets", ",".join(args.targets)]
+           "--launch-count", "1", "--section", "SourceCounters", "--section", "WarpStateStats", "--import-source", "no",
+           sys.executable, kernel_profile.__file__, "--launch", "--shape", shape, "--targets", target]
     done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ), check=False)
     if done.returncode != 0:
-        (out_dir / "stall_sites_ncu.log").write_text(done.stdout + done.stderr)
+        (out_dir / f"stall_sites_ncu_{tag}.log").write_text(done.stdout + done.stderr)
         print(done.stderr[-3000:])
-        raise SystemExit(f"ncu exit {done.returncode} (log in {out_dir})")
+        raise SystemExit(f"ncu exit {done.returncode} on {target} (log in {out_dir})")
     source = subprocess.run([ncu, "--import", f"{report}.ncu-rep", "--page", "source", "--csv", "--print-source", "sass"],
                             capture_output=True, text=True, check=False)
-    blocks = parse_source_csv(source.stdout)
-    if args.keep_csv or source.returncode != 0 or len(blocks) != len(args.targets):
-        with gzip.open(out_dir / "stall_sites_source.csv.gz", "wt") as raw:
+    blocks = [b for b in parse_source_csv(source.stdout) if b["rows"]]
+    if keep_csv or source.returncode != 0 or len(blocks) != 1:
+        with gzip.open(out_dir / f"stall_sites_source_{tag}.csv.gz", "wt") as raw:
             raw.write(source.stdout)
-    if source.returncode != 0 or len(blocks) != len(args.targets):
+    if source.returncode != 0 or len(blocks) != 1:
         print(source.stderr[-3000:])
-        raise SystemExit(f"ncu --import exit {source.returncode}: {len(blocks)} source blocks for {len(args.targets)} "
-                         f"targets (raw CSV in {out_dir})")
+        raise SystemExit(f"ncu --import exit {source.returncode}: {len(blocks)} source blocks for {target}, expected one "
+                         f"(raw CSV in {out_dir})")
+    return blocks[0]
+
+
+def profile(args) -> int:
+    ncu, out_dir = kernel_profile.ncu_and_out_dir(args.out)
+    blocks = [sample_one(ncu, out_dir, args.shape, t, args.keep_csv) for t in args.targets]
     result = dict(shape=args.shape, dims=SHAPES[args.shape], command=" ".join(sys.argv),
                   targets={t: summarize(b, args.top) for t, b in zip(args.targets, blocks)})
     (out_dir / "stall_sites.json").write_text(json.dumps(result, indent=1))
@@ -159,7 +167,7 @@ def main(argv=None) -> int:
     parser.add_argument("--targets", required=True, help="comma-separated, as bench/kernel_profile.py's")
     parser.add_argument("--top", type=int, default=40, help="instructions kept per target, most samples first")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
-    parser.add_argument("--keep-csv", action="store_true", help="also write ncu's source page (stall_sites_source.csv.gz)")
+    parser.add_argument("--keep-csv", action="store_true", help="also write ncu's source pages (stall_sites_source_*.csv.gz)")
     args = parser.parse_args(argv)
     args.targets = [t for t in args.targets.split(",") if t]
     for target in args.targets:
