@@ -37,8 +37,8 @@ inline void (*attn_kernel_of_build())(const AttnParams) {
 template <int D, bool kQkFp8, bool kExpCast, bool kVSmooth, bool kLanes = false>
 cudaError_t launch_attn_mma_variant(const AttnParams& p, cudaStream_t stream) {
   auto* kernel = attn_kernel_of_build<D, kQkFp8, kExpCast, kVSmooth, kLanes>();
-  constexpr int kSmem = VC_MMA_WIDE ? WideSmem<D, v_f16_kernel(D, kQkFp8, kVSmooth), wide_stages(D, kExpCast, kVSmooth)>::kBytes
-                                   : AttnSmem<D>::kBytes;
+  // the wide kernel's own shared-memory layout (its V form and ring depth are per kernel)
+  constexpr int kSmem = VC_MMA_WIDE ? AttnMmaWide<D, kQkFp8, kExpCast, kVSmooth, kLanes>::Smem::kBytes : AttnSmem<D>::kBytes;
   constexpr int kRows = VC_MMA_WIDE ? kWideRows : kQBlock;
   const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
