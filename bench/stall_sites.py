@@ -61,6 +61,12 @@ def parse_source_csv(text: str) -> list[dict]:
             header = row
             blocks.append({"kernel": " ".join(context).strip(), "rows": []})
             context = []
+            # the header's columns, once per block
+            sample_col = next((h for h in header if h.startswith("Warp Stall Sampling (All")), None) or next(
+                h for h in header if "Samples" in h)
+            executed_col = "Instructions Executed" if "Instructions Executed" in header else None
+            name_col = "Kernel Name" if "Kernel Name" in header else None
+            reason_cols = [h for h in header if h.startswith("stall_")]
             continue
         if not header or len(row) != len(header):
             context.append(" ".join(cell for cell in row if cell.strip()))  # a kernel's title line before its header
@@ -68,10 +74,6 @@ def parse_source_csv(text: str) -> list[dict]:
                 context = context[-3:]
             continue
         cells = dict(zip(header, row))
-        sample_col = next((h for h in header if h.startswith("Warp Stall Sampling (All")), None) or next(
-            h for h in header if "Samples" in h)
-        executed_col = next((h for h in header if h == "Instructions Executed"), None)
-        name_col = next((h for h in header if h == "Kernel Name"), None)
         if name_col and blocks[-1]["rows"] and cells[name_col] != blocks[-1]["rows"][-1]["kernel"]:
             blocks.append({"kernel": cells[name_col], "rows": []})  # one table for all kernels: split where it changes
         elif name_col and not blocks[-1]["rows"]:
@@ -82,7 +84,7 @@ def parse_source_csv(text: str) -> list[dict]:
             "sass": cells["Source"].strip(),
             "samples": _number(cells[sample_col]),
             "executed": _number(cells[executed_col]) if executed_col else 0.0,
-            "stalls": {h[len("stall_"):]: _number(cells[h]) for h in header if h.startswith("stall_") and _number(cells[h])},
+            "stalls": {h[len("stall_"):]: _number(cells[h]) for h in reason_cols if _number(cells[h])},
         })
     return blocks
 
