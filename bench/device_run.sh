@@ -318,6 +318,18 @@ for stage in $stages; do
       room 100 stages_tests && step stages_tests 200 python3 -m pytest -q -rf $workers tests/test_mma_variants_gpu.py \
         tests/test_vsmooth_segments_gpu.py -k "xs3 or refuses_flags"
       no_docs=1 ;;
+    latecopy)  # (not in the default list) docs/kernel-notes.md 50: the next chunk's copy after the QK MMAs (-latecopy-),
+      # the K scale a chunk ahead (-kahead-) and both, beside the default and SageAttention 2.2's portable kernel at
+      # head dim 64, Wan2.1-1.3B and Wan2.2-14B, then their variant tier against the emulation
+      d=wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-xs3-d64vss4
+      four="$d-coalesced-viaf16,$d-latecopy-coalesced-viaf16,$d-kahead-coalesced-viaf16,$d-latecopy-kahead-coalesced-viaf16"
+      workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || true)
+      step late_builds 150 python3 bench/build_mma_variants.py --jobs 12 --only "$four"
+      room 40 late_d64 && step late_d64 80 python3 bench/mma_variants.py --reps 5 --out "$OUT/late_d64" --shapes d64 --variants "$four"
+      room 40 late_wan && step late_wan 80 python3 bench/mma_variants.py --reps 5 --out "$OUT/late_wan" --shapes wan21-1.3b-480p --variants "$four"
+      room 80 late_wan14 && step late_wan14 150 python3 bench/mma_variants.py --reps 3 --out "$OUT/late_wan14" --shapes wan22-14b-720p --variants "$four"
+      room 60 late_tests && step late_tests 150 python3 -m pytest -q -rf $workers tests/test_mma_variants_gpu.py -k "latecopy or kahead"
+      no_docs=1 ;;
     tiles)  # (not in the default list) docs/kernel-notes.md 50: one barrier per 128-key tile at head dim 64 (plain 8-bit
       # kernels, -tb64-; every head-dim-64 kernel, -tb64all-) beside the default and SageAttention 2.2's portable kernel,
       # then their variant tier against the emulation (tail chunks in either half of a tile)
@@ -330,8 +342,9 @@ for stage in $stages; do
       no_docs=1 ;;
     sites)  # (not in the default list) docs/kernel-notes.md 49: where the head-dim-64 warps wait, per SASS instruction
       # (ncu PC sampling, bench/stall_sites.py): SageAttention 2.2's portable kernel beside our default's plain 8-bit
-      # and fidelity kernels, then the same at Wan2.1-1.3B (plain 8-bit and fidelity)
-      d=wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-coalesced-viaf16
+      # and fidelity kernels, then the same at Wan2.1-1.3B (plain 8-bit and fidelity); session 40's run
+      # (bench/results/nvidia-h100-stall-sites-*.json) profiled the two-stage build before -xs3-d64vss4- was adopted
+      d=wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-xs3-d64vss4-coalesced-viaf16
       step sites_d64 200 python3 bench/stall_sites.py --shape d64 --out "$OUT/sites_d64" \
         --targets "sa-portable,mma:$d:plain8,mma:$d:fidelity"
       step sites_wan 200 python3 bench/stall_sites.py --shape wan21-1.3b-480p --out "$OUT/sites_wan" \

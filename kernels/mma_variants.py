@@ -165,10 +165,17 @@ VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-tb64
 VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-tb64all-coalesced-viaf16"] = (
     *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-coalesced-viaf16"], "-DVC_MMA_TILE_BARRIER=2")
 
+# the next chunk's copy issued after the QK MMAs (VC_MMA_LATE_COPY, -latecopy-), the K scale loaded a chunk ahead
+# (VC_MMA_K_SCALE_AHEAD, -kahead-), and both, on the via-f16 default: the loop top's stall samples at head dim 64
+# (docs/kernel-notes.md 50); every kernel, the same output bit for bit
+_XS = "wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-xs3-d64vss4"
+VARIANTS[f"{_XS}-latecopy-coalesced-viaf16"] = (*VARIANTS[f"{_XS}-coalesced-viaf16"], "-DVC_MMA_LATE_COPY=1")
+VARIANTS[f"{_XS}-kahead-coalesced-viaf16"] = (*VARIANTS[f"{_XS}-coalesced-viaf16"], "-DVC_MMA_K_SCALE_AHEAD=1")
+VARIANTS[f"{_XS}-latecopy-kahead-coalesced-viaf16"] = (*VARIANTS[f"{_XS}-latecopy-coalesced-viaf16"], "-DVC_MMA_K_SCALE_AHEAD=1")
+
 # variants under measurement for adoption: CI compiles them for every arch of their kind, as the defaults (the others
 # only for sm_90a, where they were timed: tests/test_cuda_compile.py)
-CANDIDATES: tuple[str, ...] = ("wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-xs3-coalesced-viaf16",
-                                "wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-xs3-d64vss4-coalesced-viaf16")
+CANDIDATES: tuple[str, ...] = (f"{_XS}-latecopy-kahead-coalesced-viaf16",)
 
 # the targets without FP8 mma.sync (ptxas lowers it to two f16 HMMAs plus FADDs): the H200 and the B200
 VIA_F16_ARCHS = ("9.0a", "10.0a")
@@ -213,6 +220,15 @@ def default_variant(arch: str, pv_accum: str = "fp32") -> str:
     kernel keeps the codes: the f16 V timed slower there (the `-vf16-` build: head dim 64 +0.4 to +3%, plain 8-bit at
     head dim 128 +10%).
 
+    Its ring depth is per kernel (attn_mma_wide.cuh's wide_stages; the `-xs3-d64vss4-` name, docs/kernel-notes.md 49-50):
+    three chunk stages in the ExpCast (speed) kernels (VC_MMA_EXPCAST_STAGES=3), four in the head-dim-64 V-Smooth
+    (fidelity) kernels (VC_MMA_D64_VSMOOTH_STAGES=4), two elsewhere. H100, against SageAttention 2.2's portable kernel in
+    the same run (bench/results/nvidia-h100-mma-xs3-*.json): speed Wan2.2-14B 1.149x -> 1.170x, Wan2.1-1.3B 1.203x ->
+    1.218x, head dim 64 1.080x -> 1.090x; head-dim-64 fidelity 1.031x -> 1.047x; plain 8-bit and fidelity at head dim
+    128 the same machine code (tests/test_mma_stages_per_kernel_sass.py). Session 39's run of the same builds agreed
+    (bench/results/nvidia-h100-mma-stages-*.json: a third stage slower for fidelity and plain 8-bit, a fourth faster
+    for head-dim-64 fidelity only).
+
     pv_accum "fp32+fp16" (default_pv_accum: GeForce parts): each 64-key PV partial accumulates in fp16 and the
     ALU folds it into the fp32 O (VC_MMA_PV_F16=1, on V codes shifted by 2^-8: kernels/mma_pv_f16.py)."""
     if pv_accum not in PV_ACCUMS:
@@ -220,8 +236,9 @@ def default_variant(arch: str, pv_accum: str = "fp32") -> str:
     pv = "-pvf16" if pv_accum == "fp32+fp16" else ""
     if arch in VIA_F16_ARCHS:
         # fp32 PV: straight into O (VC_MMA_PV_DIRECT, docs/kernel-notes.md section 45), the head-dim-64 V-Smooth
-        # kernels at three CTAs per SM (section 46), V in f16 for the head-dim-128 INT8 V-Smooth kernels (section 48)
-        return f"wide-i2fp-meanscaled{pv}-restoretile-after64{'' if pv else '-pvdirect2-d64vs3-v128f16'}-coalesced-viaf16"
+        # kernels at three CTAs per SM (section 46), V in f16 for the head-dim-128 INT8 V-Smooth kernels (section 48),
+        # a 3-stage ring in the ExpCast kernels and a 4-stage one in the head-dim-64 fidelity kernels (sections 49-50)
+        return f"wide-i2fp-meanscaled{pv}-restoretile-after64{'' if pv else '-pvdirect2-d64vs3-v128f16-xs3-d64vss4'}-coalesced-viaf16"
     return f"wide-i2fp-meanscaled{pv}-restoretile-after-coalesced"
 
 

@@ -19,11 +19,13 @@ ALL_BOUND = "wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64x3-coalesced-
 BASE = "wide-i2fp-meanscaled-restoretile-after64-pvdirect2-coalesced-viaf16"
 
 
-def test_it_is_the_via_f16_fp32_default_but_for_the_f16_v():
+def test_it_is_the_via_f16_fp32_default_but_for_the_f16_v_and_the_ring_depths():
     # (since docs/kernel-notes.md 48 the default also hands its head-dim-128 INT8 V-Smooth kernels V in f16, which
-    # leaves every head-dim-64 kernel as it is: tests/test_mma_v128_f16_sass.py)
+    # leaves every head-dim-64 kernel as it is: tests/test_mma_v128_f16_sass.py; since 50 its ExpCast kernels run a
+    # 3-stage ring and its head-dim-64 V-Smooth kernels a 4-stage one: tests/test_mma_stages_per_kernel_sass.py)
     for arch in mma_variants.VIA_F16_ARCHS:
-        assert mma_variants.flags(mma_variants.default_variant(arch)) == (*mma_variants.flags(DEFAULT), "-DVC_MMA_V_F16=2")
+        assert mma_variants.flags(mma_variants.default_variant(arch)) == (
+            *mma_variants.flags(DEFAULT), "-DVC_MMA_V_F16=2", "-DVC_MMA_EXPCAST_STAGES=3", "-DVC_MMA_D64_VSMOOTH_STAGES=4")
     assert mma_variants.flags(DEFAULT) == (*mma_variants.flags(BASE), "-DVC_MMA_D64_VSMOOTH_MIN_BLOCKS=3")
 
 

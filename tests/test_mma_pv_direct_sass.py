@@ -50,8 +50,9 @@ def test_the_via_f16_fp32_builds_take_it_and_no_other():
     for arch in ("9.0a", "10.0a"):  # no FP8 mma.sync: the f16 MMAs' fp32 accumulator
         # (since docs/kernel-notes.md 46 with the head-dim-64 V-Smooth kernels bounded: tests/test_mma_d64_bound_sass.py)
         # (and since 48 with V in f16 for the head-dim-128 INT8 V-Smooth kernels: tests/test_mma_v128_f16_sass.py)
-        assert mma_variants.flags(DIRECT2) + ("-DVC_MMA_D64_VSMOOTH_MIN_BLOCKS=3", "-DVC_MMA_V_F16=2") == mma_variants.flags(
-            mma_variants.default_variant(arch))
+        # (and since 50 with its ring depth per kernel: tests/test_mma_stages_per_kernel_sass.py)
+        assert mma_variants.flags(DIRECT2) + ("-DVC_MMA_D64_VSMOOTH_MIN_BLOCKS=3", "-DVC_MMA_V_F16=2", "-DVC_MMA_EXPCAST_STAGES=3",
+                                              "-DVC_MMA_D64_VSMOOTH_STAGES=4") == mma_variants.flags(mma_variants.default_variant(arch))
         flags = mma_variants.flags(mma_variants.default_variant(arch, "fp32+fp16"))  # the fp16 partial stays
         assert not any(f.startswith("-DVC_MMA_PV_DIRECT=") for f in flags)
     for arch in ("8.9", "12.0a"):  # native FP8 mma.sync

@@ -79,8 +79,9 @@ def test_the_default_builds_restore_after_the_pv_loop():
             flags = mma_variants.flags(mma_variants.default_variant(arch, pv_accum))
             # (the via-f16 fp32 build since section 45 also sends PV straight into O and since section 46 bounds its
             # head-dim-64 V-Smooth kernels)
-            # (and since 48 hands its head-dim-128 INT8 V-Smooth kernels V in f16)
-            later = tuple(f for f in flags if f.startswith((PV_DIRECT, "-DVC_MMA_D64_VSMOOTH_MIN_BLOCKS=", "-DVC_MMA_V_F16=")))
+            # (and since 48 hands its head-dim-128 INT8 V-Smooth kernels V in f16, since 50 sets its ring depth per kernel)
+            later = tuple(f for f in flags if f.startswith((PV_DIRECT, "-DVC_MMA_D64_VSMOOTH_MIN_BLOCKS=", "-DVC_MMA_V_F16=",
+                                                              "-DVC_MMA_EXPCAST_STAGES=", "-DVC_MMA_D64_VSMOOTH_STAGES=")))
             before = without_restore_after(tuple(f for f in flags if f not in later))
             assert before in mma_variants.VARIANTS.values() and len(flags) == len(before) + 1 + len(later)
 

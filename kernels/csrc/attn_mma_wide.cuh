@@ -60,6 +60,21 @@ static_assert(VC_MMA_D64_VSMOOTH_STAGES == 0 || (VC_MMA_D64_VSMOOTH_STAGES >= 2 
               "VC_MMA_D64_VSMOOTH_STAGES must be 0, 2, 3 or 4");
 static_assert(VC_MMA_EXPCAST_STAGES == 0 || (VC_MMA_EXPCAST_STAGES >= 2 && VC_MMA_EXPCAST_STAGES <= 4),
               "VC_MMA_EXPCAST_STAGES must be 0, 2, 3 or 4");
+#ifndef VC_MMA_LATE_COPY
+// 1: a chunk issues the next chunk's cp.async copies (and commits their group) after its QK MMAs instead of right
+// after the barrier. Out of registers, ptxas recomputes the copies' addresses every chunk from the kernel parameters
+// (S2R blockIdx, LDC, 64-bit IMADs: ~60 instructions in the head-dim-64 plain 8-bit kernel), and at the loop top
+// every warp of the CTA runs that dependent chain at once behind the barrier before its first MMA: PC sampling put
+// ~10% of that kernel's stall samples there (docs/kernel-notes.md 50). After the QK MMAs the chain issues in their
+// shadow. The copy still lands a chunk ahead; the same data, the same output bit for bit. 0 (default): at the top
+#define VC_MMA_LATE_COPY 0
+#endif
+#ifndef VC_MMA_K_SCALE_AHEAD
+// 1: the K scale of the next chunk is loaded one chunk ahead (one register), so the scores' scale does not wait on a
+// global load after the barrier (the head-dim-64 kernels' FMUL of q_scale * k_scale stalled the warp in order on it:
+// long-scoreboard samples, docs/kernel-notes.md 50). The same values: bit-identical. 0 (default): loaded where used
+#define VC_MMA_K_SCALE_AHEAD 0
+#endif
 #ifndef VC_MMA_TILE_BARRIER
 // 1: one barrier per 128-key tile instead of per 64-key chunk in the head-dim-64 kernels without V-Smooth (plain 8-bit;
 // AttnMmaWide::kTileBarrier): a loop trip is a tile's two chunks in one basic block, so ptxas may issue the second
@@ -459,6 +474,12 @@ struct AttnMmaWide {
       }
     }
 
+    // VC_MMA_K_SCALE_AHEAD: this thread's K scale of chunk c (its tile's; per quad lane with kLanes)
+    auto k_scale_of = [&](int c) {
+      const int64_t tile_index = int64_t(bh) * n_tiles + c / kChunksPerTile;
+      return kLanes ? p.k_scale[tile_index * kKLanes + (lane & 3)] : p.k_scale[tile_index];
+    };
+    float k_scale_ahead = VC_MMA_K_SCALE_AHEAD ? k_scale_of(0) : 0.0f;
     if constexpr (kTileBarrier) {
       run_tiles(p, sbase, smem, n_chunks, n_tiles, q_scale, warp_row0, lane, mean_bh, load_chunk);
     } else
@@ -467,13 +488,25 @@ struct AttnMmaWide {
       // chunk's data visible to all warps, and every warp is done with the stage refilled below
       __syncthreads();
       const int next = chunk + kWideStages - 1;
-      if (next < n_chunks) load_chunk(next);
-      cp_async_commit();
+      auto issue_copy = [&] {
+        if (next < n_chunks) load_chunk(next);
+        cp_async_commit();
+      };
+      if constexpr (!VC_MMA_LATE_COPY) issue_copy();
+      auto after_qk = [&] {
+        if constexpr (VC_MMA_LATE_COPY) issue_copy();
+      };
       if constexpr (kQInRegs) {
         if (chunk == 0) load_q_fragments(sbase, warp_row0, lane);
       }
       const int64_t tile_index = int64_t(bh) * n_tiles + chunk / kChunksPerTile;
-      const float k_scale = kLanes ? p.k_scale[tile_index * kKLanes + (lane & 3)] : p.k_scale[tile_index];
+      float k_scale;
+      if constexpr (VC_MMA_K_SCALE_AHEAD) {
+        k_scale = k_scale_ahead;
+        if (chunk + 1 < n_chunks) k_scale_ahead = k_scale_of(chunk + 1);
+      } else {
+        k_scale = k_scale_of(chunk);
+      }
       float scale[kWideChains][2];
 #pragma unroll
       for (int c = 0; c < kWideChains; ++c) {
@@ -490,9 +523,10 @@ struct AttnMmaWide {
                            (tile_end && (!kSegments || p.v_seg_end == nullptr || p.v_seg_end[tile_index] != 0));
       const int tile = chunk / kChunksPerTile;
       if (valid < kChunkKeys) {
-        process_chunk<true>(sbase, chunk % kWideStages, scale, valid, warp_row0, lane, smem, true, tile, mean_bh);
+        process_chunk<true>(sbase, chunk % kWideStages, scale, valid, warp_row0, lane, smem, true, tile, mean_bh, after_qk);
       } else {
-        process_chunk<false>(sbase, chunk % kWideStages, scale, kChunkKeys, warp_row0, lane, smem, restore, tile, mean_bh);
+        process_chunk<false>(sbase, chunk % kWideStages, scale, kChunkKeys, warp_row0, lane, smem, restore, tile, mean_bh,
+                             after_qk);
       }
     }
     if constexpr (kRestoreMma) {
@@ -535,16 +569,18 @@ struct AttnMmaWide {
       const bool restore_end = !kDeferRestore || chunk + 2 >= n_chunks ||
                                !kSegments || p.v_seg_end == nullptr || p.v_seg_end[tile_index] != 0;
       if (valid >= kKBlock) {
-        process_chunk<false>(sbase, chunk % kWideStages, scale, kChunkKeys, warp_row0, lane, smem, !kDeferRestore, tile, mean_bh);
-        process_chunk<false>(sbase, (chunk + 1) % kWideStages, scale, kChunkKeys, warp_row0, lane, smem, restore_end, tile, mean_bh);
+        process_chunk<false>(sbase, chunk % kWideStages, scale, kChunkKeys, warp_row0, lane, smem, !kDeferRestore, tile, mean_bh,
+                             [] {});
+        process_chunk<false>(sbase, (chunk + 1) % kWideStages, scale, kChunkKeys, warp_row0, lane, smem, restore_end, tile,
+                             mean_bh, [] {});
       } else {  // the last tile, some keys past n (and with at most 64 real, no second chunk)
         for (int c = chunk; c < n_chunks && c < chunk + kChunksPerTile; ++c) {
           const int v = p.n - c * kChunkKeys;
           if (v < kChunkKeys) {
-            process_chunk<true>(sbase, c % kWideStages, scale, v, warp_row0, lane, smem, true, tile, mean_bh);
+            process_chunk<true>(sbase, c % kWideStages, scale, v, warp_row0, lane, smem, true, tile, mean_bh, [] {});
           } else {
             process_chunk<false>(sbase, c % kWideStages, scale, kChunkKeys, warp_row0, lane, smem,
-                                 !kDeferRestore || c + 1 == n_chunks, tile, mean_bh);
+                                 !kDeferRestore || c + 1 == n_chunks, tile, mean_bh, [] {});
           }
         }
       }
@@ -567,10 +603,11 @@ struct AttnMmaWide {
   // one 64-key chunk in ring stage `stage`; its first `valid` keys are real; `restore`: add the
   // V-Smooth mean term of the rows' pending sums (always true unless kDeferRestore). A runtime,
   // warp-uniform flag: a third inlined chunk body (template flag) spilled 328 B on sm_89.
-  template <bool kMask>
+  // after_qk(): runs once the QK MMAs are issued (VC_MMA_LATE_COPY: the next chunk's copy)
+  template <bool kMask, typename AfterQk>
   __device__ __forceinline__ void process_chunk(uint32_t sbase, int stage, const float (&scale)[kWideChains][2], int valid,
                                                 int warp_row0, int lane, uint8_t* smem, bool restore, int tile,
-                                                const float* mean_bh) {
+                                                const float* mean_bh, AfterQk&& after_qk) {
     const int t = lane & 3;
     // ---- S = Q K^T for both chains; k-step outer so consecutive MMAs are independent
     SAcc s[kWideChains][kKeyTiles][4];
@@ -609,6 +646,7 @@ struct AttnMmaWide {
         }
       }
     }
+    after_qk();
     // key index (within the chunk) of accumulator element e of n-tile i for this thread
     auto key_of = [&](int i, int e) { return 16 * (i >> 1) + 4 * t + 2 * (i & 1) + (e & 1); };
 
