@@ -330,6 +330,18 @@ for stage in $stages; do
       room 80 late_wan14 && step late_wan14 150 python3 bench/mma_variants.py --reps 3 --out "$OUT/late_wan14" --shapes wan22-14b-720p --variants "$four"
       room 60 late_tests && step late_tests 150 python3 -m pytest -q -rf $workers tests/test_mma_variants_gpu.py -k "latecopy or kahead"
       no_docs=1 ;;
+    mbar)  # (not in the default list) docs/kernel-notes.md 50: per-stage mbarriers instead of the per-chunk barrier in
+      # the kernels with 3+ stages (-mbar-) and with every kernel on 3+ stages (-mbar3-), beside the default and
+      # SageAttention 2.2's portable kernel at the three shapes, then their variant tier against the emulation
+      d=wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-xs3-d64vss4
+      three="$d-coalesced-viaf16,$d-mbar-coalesced-viaf16,$d-mbar3-coalesced-viaf16"
+      workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || true)
+      step mbar_builds 150 python3 bench/build_mma_variants.py --jobs 12 --only "$three"
+      room 40 mbar_d64 && step mbar_d64 80 python3 bench/mma_variants.py --reps 5 --out "$OUT/mbar_d64" --shapes d64 --variants "$three"
+      room 40 mbar_wan && step mbar_wan 80 python3 bench/mma_variants.py --reps 5 --out "$OUT/mbar_wan" --shapes wan21-1.3b-480p --variants "$three"
+      room 80 mbar_wan14 && step mbar_wan14 150 python3 bench/mma_variants.py --reps 3 --out "$OUT/mbar_wan14" --shapes wan22-14b-720p --variants "$three"
+      room 60 mbar_tests && step mbar_tests 150 python3 -m pytest -q -rf $workers tests/test_mma_variants_gpu.py -k mbar
+      no_docs=1 ;;
     tiles)  # (not in the default list) docs/kernel-notes.md 50: one barrier per 128-key tile at head dim 64 (plain 8-bit
       # kernels, -tb64-; every head-dim-64 kernel, -tb64all-) beside the default and SageAttention 2.2's portable kernel,
       # then their variant tier against the emulation (tail chunks in either half of a tile)

@@ -172,6 +172,10 @@ _XS = "wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-xs3-d64
 VARIANTS[f"{_XS}-latecopy-coalesced-viaf16"] = (*VARIANTS[f"{_XS}-coalesced-viaf16"], "-DVC_MMA_LATE_COPY=1")
 VARIANTS[f"{_XS}-kahead-coalesced-viaf16"] = (*VARIANTS[f"{_XS}-coalesced-viaf16"], "-DVC_MMA_K_SCALE_AHEAD=1")
 VARIANTS[f"{_XS}-latecopy-kahead-coalesced-viaf16"] = (*VARIANTS[f"{_XS}-latecopy-coalesced-viaf16"], "-DVC_MMA_K_SCALE_AHEAD=1")
+# per-stage mbarriers instead of the per-chunk barrier in the kernels with 3+ stages (VC_MMA_MBAR_RING, -mbar-: the
+# ExpCast and head-dim-64 fidelity kernels of the default), and with every other kernel on a 3-stage ring for it (-mbar3-)
+VARIANTS[f"{_XS}-mbar-coalesced-viaf16"] = (*VARIANTS[f"{_XS}-coalesced-viaf16"], "-DVC_MMA_MBAR_RING=1")
+VARIANTS[f"{_XS}-mbar3-coalesced-viaf16"] = (*VARIANTS[f"{_XS}-mbar-coalesced-viaf16"], "-DVC_MMA_STAGES=3")
 
 # variants under measurement for adoption: CI compiles them for every arch of their kind, as the defaults (the others
 # only for sm_90a, where they were timed: tests/test_cuda_compile.py)

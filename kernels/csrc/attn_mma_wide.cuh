@@ -75,6 +75,17 @@ static_assert(VC_MMA_EXPCAST_STAGES == 0 || (VC_MMA_EXPCAST_STAGES >= 2 && VC_MM
 // long-scoreboard samples, docs/kernel-notes.md 50). The same values: bit-identical. 0 (default): loaded where used
 #define VC_MMA_K_SCALE_AHEAD 0
 #endif
+#ifndef VC_MMA_MBAR_RING
+// 1: the kernels with a ring of 3 or more stages (AttnMmaWide::kMbarRing) replace the per-chunk __syncthreads by
+// per-stage mbarriers: a stage's "full" barrier completes when every thread's copies into it have landed
+// (cp.async.mbarrier.arrive.noinc), its "empty" barrier when every thread has read it; a warp waits for the chunk it
+// processes and, before refilling a stage, for the chunk that stage held two chunks back. The copies run one chunk
+// ahead of the one processed as with the 2-stage ring (prefetch distance kWideStages - 2) and a CTA's warps may drift a
+// chunk apart instead of meeting every chunk: PC sampling put 6-7% of the samples on the per-chunk barrier in the
+// head-dim-64 fidelity and the head-dim-128 plain 8-bit kernels (docs/kernel-notes.md 50). The same data, the same
+// output bit for bit. 0 (default): cp.async groups and a barrier per chunk
+#define VC_MMA_MBAR_RING 0
+#endif
 #ifndef VC_MMA_TILE_BARRIER
 // 1: one barrier per 128-key tile instead of per 64-key chunk in the head-dim-64 kernels without V-Smooth (plain 8-bit;
 // AttnMmaWide::kTileBarrier): a loop trip is a tile's two chunks in one basic block, so ptxas may issue the second
@@ -235,8 +246,36 @@ struct WideSmem {
   static constexpr int kOffV = kOffK + kWideStages * kK;
   static constexpr int kOffMean = kOffV + kWideStages * kV;
   static constexpr int kOffInvScale = kOffMean + kWideStages * kMean;  // 1 / v_scale per column (fp16 mean only)
-  static constexpr int kBytes = kOffInvScale + (kMeanScaled ? 0 : D * 4);
+  // VC_MMA_MBAR_RING: the stages' full and empty mbarriers, 8 bytes each, after the rest (only in builds with the flag)
+  static constexpr int kOffBars = (kOffInvScale + (kMeanScaled ? 0 : D * 4) + 7) / 8 * 8;
+  static constexpr int kBytes = VC_MMA_MBAR_RING ? kOffBars + 2 * kWideStages * 8 : kOffInvScale + (kMeanScaled ? 0 : D * 4);
 };
+
+// VC_MMA_MBAR_RING's mbarriers (shared-memory addresses), in forms every portable arch has (sm_80+: test_wait, and the
+// arrive with a state register rather than the sm_90 sink)
+__device__ __forceinline__ void ring_bar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void ring_bar_arrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// arrives once this thread's cp.async copies issued so far have landed (counted in the barrier's expected arrivals)
+__device__ __forceinline__ void ring_bar_arrive_copies(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void ring_bar_wait(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n.reg .pred done;\nRING_WAIT_%=:\nmbarrier.try_wait.parity.shared.b64 done, [%0], %1;\n@!done bra RING_WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#else
+  asm volatile(
+      "{\n.reg .pred done;\nRING_WAIT_%=:\nmbarrier.test_wait.parity.shared.b64 done, [%0], %1;\n@!done bra RING_WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#endif
+}
 
 // Copies a [kRows x kRowBytes] tile (global rows `src_stride` bytes apart) into swizzled shared
 // memory. Each thread copies a run of consecutive 16-byte chunks of ONE row, so its addresses are
@@ -303,6 +342,11 @@ struct AttnMmaWide {
   static constexpr int kRestoreSlots = 8;  // the TF32 MMA's k
   static constexpr int kWideStages = wide_stages(D, kExpCast, kVSmooth);  // the cp.async ring's depth
   static constexpr bool kTileBarrier = tile_barrier_kernel(D, kVSmooth);  // one barrier per tile (VC_MMA_TILE_BARRIER)
+  // per-stage mbarriers instead of the per-chunk barrier (VC_MMA_MBAR_RING; a stage of slack needs 3 or more)
+  static constexpr bool kMbarRing = VC_MMA_MBAR_RING && !kTileBarrier && kWideStages >= 3;
+  // chunks copied ahead of the one processed: the ring less the stage being read (and with mbarriers, less the stage
+  // the slowest warp may still read)
+  static constexpr int kAhead = kMbarRing ? kWideStages - 2 : kWideStages - 1;
   // commit groups the prologue issues: one per chunk of the ring but the one being refilled, or one tile
   static constexpr int kPrologueGroups = kTileBarrier ? 1 : kWideStages - 1;
   static constexpr bool kVF16 = v_f16_kernel(D, kQkFp8, kVSmooth);  // V^T in f16 (VC_MMA_V_F16)
@@ -421,12 +465,27 @@ struct AttnMmaWide {
           cp_async_16(sbase + Smem::kOffMean + stage * Smem::kMean + threadIdx.x * 16,
                       mean_src + int64_t(chunk / kChunksPerTile) * Smem::kMean + threadIdx.x * 16);
       }
+      if constexpr (kMbarRing) ring_bar_arrive_copies(full_bar(sbase, stage));  // (with Q's copies before chunk 0's)
     };
+    if constexpr (kMbarRing) {  // every thread arrives once per fill and once per read of each stage
+      if (threadIdx.x == 0) {
+        for (int st = 0; st < kWideStages; ++st) {
+          ring_bar_init(full_bar(sbase, st), kAttnThreads);
+          ring_bar_init(empty_bar(sbase, st), kAttnThreads);
+        }
+      }
+      __syncthreads();
+    }
 
     // prologue: Q and the first kWideStages-1 chunks, one commit group per chunk (Q rides in the first); with a
     // barrier per tile the first tile's two chunks, one group
     load_rows_async<D, kWideRows>(sbase, q_src, D);
-    if constexpr (kTileBarrier) {
+    if constexpr (kMbarRing) {
+#pragma unroll
+      for (int c = 0; c < kAhead; ++c)
+        if (c < n_chunks) load_chunk(c);
+      cp_async_commit();
+    } else if constexpr (kTileBarrier) {
       if (0 < n_chunks) load_chunk(0);
       if (1 < n_chunks) load_chunk(1);
       cp_async_commit();
@@ -439,6 +498,7 @@ struct AttnMmaWide {
     }
     if constexpr (kVSmooth && !kMeanScaled) {
       for (int c = threadIdx.x; c < D; c += kAttnThreads) inv_scale[c] = 1.0f / p.v_scale[int64_t(bh) * D + c];
+      if constexpr (kMbarRing) __syncthreads();  // (the per-chunk barrier published the table before)
     }
 #pragma unroll
     for (int c = 0; c < kWideChains; ++c) {
@@ -464,8 +524,12 @@ struct AttnMmaWide {
     if constexpr (kClampBound) {
       // the Q tile (rows of D bytes, 16-byte chunks swizzled within a row) rides in the first commit group: wait
       // for it once here (the loop's first wait then finds it done) and bound this thread's rows' scores
-      cp_async_wait<kPrologueGroups - 1>();
-      __syncthreads();
+      if constexpr (kMbarRing) {
+        ring_bar_wait(full_bar(sbase, 0), 0);
+      } else {
+        cp_async_wait<kPrologueGroups - 1>();
+        __syncthreads();
+      }
       const int g = lane >> 2, t = lane & 3;
 #pragma unroll
       for (int c = 0; c < kWideChains; ++c) {
@@ -484,13 +548,26 @@ struct AttnMmaWide {
       run_tiles(p, sbase, smem, n_chunks, n_tiles, q_scale, warp_row0, lane, mean_bh, load_chunk);
     } else
     for (int chunk = 0; chunk < n_chunks; ++chunk) {
-      cp_async_wait<kWideStages - 2>();
-      // chunk's data visible to all warps, and every warp is done with the stage refilled below
-      __syncthreads();
-      const int next = chunk + kWideStages - 1;
+      if constexpr (kMbarRing) {  // this chunk's copies by every thread have landed
+        ring_bar_wait(full_bar(sbase, chunk % kWideStages), (chunk / kWideStages) & 1);
+      } else {
+        cp_async_wait<kWideStages - 2>();
+        // chunk's data visible to all warps, and every warp is done with the stage refilled below
+        __syncthreads();
+      }
+      const int next = chunk + kAhead;
       auto issue_copy = [&] {
-        if (next < n_chunks) load_chunk(next);
-        cp_async_commit();
+        if constexpr (kMbarRing) {
+          if (next < n_chunks) {
+            // the stage's previous chunk (next - kWideStages, two before this one) read by every thread
+            if (next >= kWideStages) ring_bar_wait(empty_bar(sbase, next % kWideStages), ((next - kWideStages) / kWideStages) & 1);
+            load_chunk(next);
+            cp_async_commit();  // (no group is waited on; the copies' arrival is the mbarrier's)
+          }
+        } else {
+          if (next < n_chunks) load_chunk(next);
+          cp_async_commit();
+        }
       };
       if constexpr (!VC_MMA_LATE_COPY) issue_copy();
       auto after_qk = [&] {
@@ -528,6 +605,7 @@ struct AttnMmaWide {
         process_chunk<false>(sbase, chunk % kWideStages, scale, kChunkKeys, warp_row0, lane, smem, restore, tile, mean_bh,
                              after_qk);
       }
+      if constexpr (kMbarRing) ring_bar_arrive(empty_bar(sbase, chunk % kWideStages));  // done reading the stage
     }
     if constexpr (kRestoreMma) {
       if (n_restored % kRestoreSlots != 0) flush_restores(mean_bh, lane);  // the last group (the last chunk restores)
@@ -585,6 +663,12 @@ struct AttnMmaWide {
         }
       }
     }
+  }
+
+  // VC_MMA_MBAR_RING: the shared-memory addresses of stage st's full and empty mbarriers
+  static __device__ __forceinline__ uint32_t full_bar(uint32_t sbase, int st) { return sbase + Smem::kOffBars + 8 * st; }
+  static __device__ __forceinline__ uint32_t empty_bar(uint32_t sbase, int st) {
+    return sbase + Smem::kOffBars + 8 * (kWideStages + st);
   }
 
   // q_addr: this thread's Q address at k-step 0 of chain 0 (sbase + warp_row0 * D + VC_WIDE_Q_LANE)
