@@ -111,6 +111,18 @@ deadline=$((SECONDS + 600))  # a stage that budgets its steps sets its own
 room() {  # room SECONDS NAME: whether the stage's $deadline leaves SECONDS for step NAME (else it is logged as skipped)
   [ $((deadline - SECONDS)) -ge "$1" ] || { echo "[$2] skipped: $((deadline - SECONDS)) s left" | tee -a "$OUT/steps.txt"; false; }
 }
+# variant_rows PREFIX VARIANTS K: portable builds VARIANTS (comma-separated) built, timed beside SageAttention 2.2's
+# portable kernel at head dim 64, Wan2.1-1.3B and Wan2.2-14B ($OUT/PREFIX_d64, _wan, _wan14), then their slice of the
+# variant tier (pytest -k K); the later steps only while the stage's $deadline leaves room
+variant_rows() {
+  local prefix=$1 variants=$2 k=$3 workers
+  workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || true)
+  step "${prefix}_builds" 150 python3 bench/build_mma_variants.py --jobs 12 --only "$variants"
+  room 40 "${prefix}_d64" && step "${prefix}_d64" 80 python3 bench/mma_variants.py --reps 5 --out "$OUT/${prefix}_d64" --shapes d64 --variants "$variants"
+  room 40 "${prefix}_wan" && step "${prefix}_wan" 80 python3 bench/mma_variants.py --reps 5 --out "$OUT/${prefix}_wan" --shapes wan21-1.3b-480p --variants "$variants"
+  room 80 "${prefix}_wan14" && step "${prefix}_wan14" 150 python3 bench/mma_variants.py --reps 3 --out "$OUT/${prefix}_wan14" --shapes wan22-14b-720p --variants "$variants"
+  room 60 "${prefix}_tests" && step "${prefix}_tests" 150 python3 -m pytest -q -rf $workers tests/test_mma_variants_gpu.py -k "$k"
+}
 stages=${*:-build tests variant_tests bench grouping e2e comfyui}
 # the Hopper fidelity variants of the mixed and lo stages (bench/sm90_variants.sh names; docs/kernel-notes.md 36)
 FIDELITY_VARIANTS="split split_ch4 split_ch6 split_ch8 split_lo16 split_lo32 split_ch4_lo32 split_ch8_lo32"
@@ -322,25 +334,16 @@ for stage in $stages; do
       # the K scale a chunk ahead (-kahead-) and both, beside the default and SageAttention 2.2's portable kernel at
       # head dim 64, Wan2.1-1.3B and Wan2.2-14B, then their variant tier against the emulation
       d=wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-xs3-d64vss4
-      four="$d-coalesced-viaf16,$d-latecopy-coalesced-viaf16,$d-kahead-coalesced-viaf16,$d-latecopy-kahead-coalesced-viaf16"
-      workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || true)
-      step late_builds 150 python3 bench/build_mma_variants.py --jobs 12 --only "$four"
-      room 40 late_d64 && step late_d64 80 python3 bench/mma_variants.py --reps 5 --out "$OUT/late_d64" --shapes d64 --variants "$four"
-      room 40 late_wan && step late_wan 80 python3 bench/mma_variants.py --reps 5 --out "$OUT/late_wan" --shapes wan21-1.3b-480p --variants "$four"
-      room 80 late_wan14 && step late_wan14 150 python3 bench/mma_variants.py --reps 3 --out "$OUT/late_wan14" --shapes wan22-14b-720p --variants "$four"
-      room 60 late_tests && step late_tests 150 python3 -m pytest -q -rf $workers tests/test_mma_variants_gpu.py -k "latecopy or kahead"
+      deadline=$((SECONDS + 480))
+      variant_rows late "$d-coalesced-viaf16,$d-latecopy-coalesced-viaf16,$d-kahead-coalesced-viaf16,$d-latecopy-kahead-coalesced-viaf16" \
+        "latecopy or kahead"
       no_docs=1 ;;
     mbar)  # (not in the default list) docs/kernel-notes.md 50: per-stage mbarriers instead of the per-chunk barrier in
       # the kernels with 3+ stages (-mbar-) and with every kernel on 3+ stages (-mbar3-), beside the default and
       # SageAttention 2.2's portable kernel at the three shapes, then their variant tier against the emulation
       d=wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-xs3-d64vss4
-      three="$d-coalesced-viaf16,$d-mbar-coalesced-viaf16,$d-mbar3-coalesced-viaf16"
-      workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || true)
-      step mbar_builds 150 python3 bench/build_mma_variants.py --jobs 12 --only "$three"
-      room 40 mbar_d64 && step mbar_d64 80 python3 bench/mma_variants.py --reps 5 --out "$OUT/mbar_d64" --shapes d64 --variants "$three"
-      room 40 mbar_wan && step mbar_wan 80 python3 bench/mma_variants.py --reps 5 --out "$OUT/mbar_wan" --shapes wan21-1.3b-480p --variants "$three"
-      room 80 mbar_wan14 && step mbar_wan14 150 python3 bench/mma_variants.py --reps 3 --out "$OUT/mbar_wan14" --shapes wan22-14b-720p --variants "$three"
-      room 60 mbar_tests && step mbar_tests 150 python3 -m pytest -q -rf $workers tests/test_mma_variants_gpu.py -k mbar
+      deadline=$((SECONDS + 480))
+      variant_rows mbar "$d-coalesced-viaf16,$d-mbar-coalesced-viaf16,$d-mbar3-coalesced-viaf16" mbar
       no_docs=1 ;;
     tiles)  # (not in the default list) docs/kernel-notes.md 50: one barrier per 128-key tile at head dim 64 (plain 8-bit
       # kernels, -tb64-; every head-dim-64 kernel, -tb64all-) beside the default and SageAttention 2.2's portable kernel,

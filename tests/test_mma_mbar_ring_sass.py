@@ -14,7 +14,7 @@ import pytest
 from vc_attention.kernels import mma_variants
 
 from .test_clamp_bound_sass import nvdisasm, pytestmark, sass_loop_mix  # noqa: F401  (pytestmark: nvcc + nvdisasm)
-from .test_mma_stages_per_kernel_sass import ring_depth
+from .test_mma_stages_per_kernel_sass import kernel_depths
 from .test_mma_v128_f16_sass import compiled_kernels
 
 BASE = "wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-xs3-d64vss4"
@@ -41,10 +41,7 @@ def test_the_mbarriers_reach_the_deep_rings_only(tmp_path, source):
         flags = mma_variants.flags(name)
         ours = code[(source, name)]
         assert len(ours) >= 8, name
-        for key, rows in ours.items():
-            d = int(re.search(r"ILi(\d+)", key).group(1))
-            bits = re.findall(r"Lb([01])", key)  # FP8 QK, ExpCast, V-Smooth[, K lanes]
-            depth = ring_depth(flags, d, bits[1] == "1", bits[2] == "1")
+        for key, rows, depth in kernel_depths(flags, ours):
             depths[(name, key)] = depth
             if depth >= 3:
                 assert count(rows, r"\bBAR\.SYNC\b") == 1, (name, key)

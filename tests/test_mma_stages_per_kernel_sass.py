@@ -39,6 +39,15 @@ def ring_depth(flags, d: int, expcast: bool, vsmooth: bool) -> int:
     return _flag(flags, "VC_MMA_STAGES") or 2
 
 
+def kernel_depths(flags, kernels: dict):
+    """(key, SASS rows, ring depth) of each kernel of a build with these -D flags (keys as compiled_kernels gives them:
+    <D, FP8 QK, ExpCast, V-Smooth[, K lanes]>)."""
+    for key, rows in kernels.items():
+        d = int(re.search(r"ILi(\d+)", key).group(1))
+        bits = re.findall(r"Lb([01])", key)  # FP8 QK, ExpCast, V-Smooth[, K lanes]
+        yield key, rows, ring_depth(flags, d, bits[1] == "1", bits[2] == "1")
+
+
 def test_the_via_f16_fp32_default_is_the_timed_per_kernel_build():
     # adopted in docs/kernel-notes.md 50 (bench/results/nvidia-h100-mma-xs3-*.json)
     for arch in mma_variants.VIA_F16_ARCHS:
@@ -64,10 +73,7 @@ def test_each_kernel_is_the_uniform_build_of_its_depth(tmp_path, source, builds,
         flags = mma_variants.flags(name)
         ours = code[(source, name)]
         assert len(ours) >= 8, name
-        for key, rows in ours.items():
-            d = int(re.search(r"ILi(\d+)", key).group(1))
-            bits = re.findall(r"Lb([01])", key)  # FP8 QK, ExpCast, V-Smooth[, K lanes]
-            depth = ring_depth(flags, d, bits[1] == "1", bits[2] == "1")
+        for key, rows, depth in kernel_depths(flags, ours):
             assert rows == code[(source, UNIFORM[depth])][key], (name, key, depth)
             seen.add((name, key, depth))
     # the rules reached kernels at more than one depth in each source, and the depths tell apart (the check can fail)
