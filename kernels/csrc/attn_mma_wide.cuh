@@ -651,7 +651,7 @@ struct AttnMmaWide {
                              [] {});
         process_chunk<false>(sbase, (chunk + 1) % kWideStages, scale, kChunkKeys, warp_row0, lane, smem, restore_end, tile,
                              mean_bh, [] {});
-      } else {  // the last tile, some keys past n (and with at most 64 real, no second chunk)
+      } else {  // the last tile, some keys past n: each chunk on its own, a partial one masked, one past n skipped
         for (int c = chunk; c < n_chunks && c < chunk + kChunksPerTile; ++c) {
           const int v = p.n - c * kChunkKeys;
           if (v < kChunkKeys) {
