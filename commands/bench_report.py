@@ -77,6 +77,22 @@ def stale_presets(env: dict) -> list[str]:
             "(docs/kernel-notes.md), measured in this table by the next `vc-attention bench --save`." for m in changed]
 
 
+def stale_portable_build(env: dict) -> list[str]:
+    """A sentence when the `mma` build this section measured (env["mma_build"], recorded since session 40; sections
+    without it say nothing) is no longer the default for its arch and PV accumulation: its portable rows are that build's."""
+    from ..kernels import mma_variants
+
+    measured = env.get("mma_build")
+    if not measured:
+        return []
+    today = mma_variants.default_variant(measured["arch"], measured["pv_accum"])
+    if today == measured["variant"]:
+        return []
+    return ["", f"The `mma` rows measured the portable build of that run (`{measured['variant']}`); today's default for "
+            f"sm_{measured['arch'].replace('.', '')} is `{today}` (kernels/mma_variants.py, docs/kernel-notes.md), "
+            "measured in this table by the next `vc-attention bench --save`."]
+
+
 def _stale_lines(env: dict) -> list[str]:
     """stale_presets' sentences as report lines, each after a blank line (none when no preset changed)."""
     return [line for note in stale_presets(env) for line in ("", note)]
@@ -201,6 +217,7 @@ def render_benchmarks(docs: dict[str, dict]) -> str:
                 lines += ["", f"## Portable kernels (the RTX 40/50 path), measured on {gpu} as a proxy",
                           "", "Our `mma` backend and SageAttention 2.2's sm89 kernel, both built for this GPU."]
                 lines += _attention_tables(rows, portable=True)
+                lines += stale_portable_build(sections["attention"]["env"])
         if "grouping" in sections:
             lines += ["", f"## Grouping (V-Smooth k-means + ordering + permutation) on {gpu}", ""] + _grouping_table(sections["grouping"]["rows"])
         if "e2e" in sections:

@@ -67,7 +67,26 @@ def environment(command: str) -> dict:
         "command": command,
         "date": datetime.date.today().isoformat(),
         "presets": preset_tags(),
+        "mma_build": portable_build(),
     }
+
+
+def portable_build() -> dict | None:
+    """The `mma` backend's build on this GPU: its arch, PV accumulation and variant (kernels/mma_variants.default_variant),
+    so the report can say when the default build has changed since (commands/bench_report.stale_portable_build). None
+    without a GPU, or on one the portable kernels do not run on (no FP8 tensor cores: jit.JitError)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    from ..kernels import backend_mma, jit, mma_variants
+
+    try:
+        arch = jit.target_arch()
+    except jit.JitError:
+        return None
+    pv = backend_mma.pv_accum(arch)
+    return {"arch": arch, "pv_accum": pv, "variant": mma_variants.default_variant(arch, pv)}
 
 
 def preset_tags() -> dict[str, str]:

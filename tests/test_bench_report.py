@@ -112,6 +112,43 @@ def test_headline_prefers_a_run_of_todays_presets_over_a_stale_one_of_the_same_d
     assert "**Measured on one NVIDIA H200**" in bench_report.render_headline(docs)
 
 
+def test_the_portable_rows_say_when_the_default_build_changed():
+    from vc_attention.kernels import mma_variants
+
+    doc = _doc()
+    env = doc["sections"]["attention"]["env"]
+    today = mma_variants.default_variant("9.0a", "fp32")
+    env["mma_build"] = {"arch": "9.0a", "pv_accum": "fp32", "variant": today}
+    assert bench_report.stale_portable_build(env) == []
+    assert "The `mma` rows measured" not in bench_report.render_benchmarks({"nvidia-h200.json": doc})
+    env["mma_build"] = dict(env["mma_build"], variant="wide-i2fp-meanscaled-restoretile-after64-coalesced-viaf16")
+    note = bench_report.render_benchmarks({"nvidia-h200.json": doc})
+    assert f"today's default for sm_90a is `{today}`" in note
+    # after the portable tables, not the main ones
+    assert note.index("The `mma` rows measured") > note.index("## Portable kernels")
+    del env["mma_build"]  # sections before session 40 recorded no build: nothing to say
+    assert bench_report.stale_portable_build(env) == []
+
+
+def test_a_saved_section_records_the_portable_build(monkeypatch):
+    import torch
+
+    from vc_attention.kernels import backend_mma, jit, mma_variants
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench_results.portable_build() is None  # no GPU: nothing was built
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(jit, "target_arch", lambda: "9.0a")
+    monkeypatch.setattr(backend_mma, "pv_accum", lambda arch=None: "fp32")
+    assert bench_results.portable_build() == {"arch": "9.0a", "pv_accum": "fp32",
+                                              "variant": mma_variants.default_variant("9.0a", "fp32")}
+
+    def no_fp8(*_):
+        raise jit.JitError("this GPU is sm_80, which has no FP8 tensor cores")
+    monkeypatch.setattr(jit, "target_arch", no_fp8)
+    assert bench_results.portable_build() is None  # the portable kernels do not run there
+
+
 def test_results_round_trip_and_sections_merge(tmp_path):
     path = tmp_path / "gpu.json"
     doc = bench_results.load(path)
