@@ -545,7 +545,7 @@ struct AttnMmaWide {
     };
     float k_scale_ahead = VC_MMA_K_SCALE_AHEAD ? k_scale_of(0) : 0.0f;
     if constexpr (kTileBarrier) {
-      run_tiles(p, sbase, smem, n_chunks, n_tiles, q_scale, warp_row0, lane, mean_bh, load_chunk);
+      run_tiles(p, sbase, smem, n_chunks, n_tiles, q_scale, warp_row0, lane, mean_bh, load_chunk, k_scale_of);
     } else
     for (int chunk = 0; chunk < n_chunks; ++chunk) {
       if constexpr (kMbarRing) {  // this chunk's copies by every thread have landed
@@ -616,10 +616,10 @@ struct AttnMmaWide {
   // VC_MMA_TILE_BARRIER's loop: a trip is one 128-key tile, its two chunks after one wait and one barrier; the next
   // tile's two chunks are copied meanwhile (one commit group). The chunks' restore flags and tail masks are the
   // per-chunk loop's; a trip whose two chunks are both full runs them in one basic block (no branch between them)
-  template <typename LoadChunk>
+  template <typename LoadChunk, typename KScaleOf>
   __device__ __forceinline__ void run_tiles(const AttnParams& p, uint32_t sbase, uint8_t* smem, int n_chunks, int n_tiles,
                                             const float (&q_scale)[kWideChains][2], int warp_row0, int lane,
-                                            const float* mean_bh, LoadChunk&& load_chunk) {
+                                            const float* mean_bh, LoadChunk&& load_chunk, KScaleOf&& k_scale_of) {
     const int bh = blockIdx.y;
     for (int tile = 0; tile < n_tiles; ++tile) {
       const int chunk = tile * kChunksPerTile;
@@ -634,7 +634,7 @@ struct AttnMmaWide {
         if (tile == 0) load_q_fragments(sbase, warp_row0, lane);
       }
       const int64_t tile_index = int64_t(bh) * n_tiles + tile;
-      const float k_scale = kLanes ? p.k_scale[tile_index * kKLanes + (lane & 3)] : p.k_scale[tile_index];
+      const float k_scale = k_scale_of(chunk);
       float scale[kWideChains][2];
 #pragma unroll
       for (int c = 0; c < kWideChains; ++c) {
