@@ -345,6 +345,13 @@ for stage in $stages; do
       deadline=$((SECONDS + 480))
       variant_rows mbar "$d-coalesced-viaf16,$d-mbar-coalesced-viaf16,$d-mbar3-coalesced-viaf16" mbar
       no_docs=1 ;;
+    latembar)  # (not in the default list) docs/kernel-notes.md 51: the latecopy and mbar stages' five candidates in one
+      # call (one SageAttention row per shape for all of them; device starts were scarce), then both variant slices
+      d=wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-xs3-d64vss4
+      deadline=$((SECONDS + 500))
+      variant_rows lm "$d-coalesced-viaf16,$d-latecopy-coalesced-viaf16,$d-kahead-coalesced-viaf16,$d-latecopy-kahead-coalesced-viaf16,$d-mbar-coalesced-viaf16,$d-mbar3-coalesced-viaf16" \
+        "latecopy or kahead or mbar"
+      no_docs=1 ;;
     tiles)  # (not in the default list) docs/kernel-notes.md 50: one barrier per 128-key tile at head dim 64 (plain 8-bit
       # kernels, -tb64-; every head-dim-64 kernel, -tb64all-) beside the default and SageAttention 2.2's portable kernel,
       # then their variant tier against the emulation (tail chunks in either half of a tile)
@@ -367,7 +374,7 @@ for stage in $stages; do
       no_docs=1 ;;
     spread)  # fidelity's paired-K loop against the unpaired one in rounds, with the GPU's clocks (kernel-notes 35)
       step fidelity_spread 300 python3 bench/fidelity_spread.py --rounds 6 --out "$OUT" ;;
-    *) echo "unknown stage $stage (build, tests, variant_tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio, restore, adopted, direct, candidates, adopt46, vf16, v128, stages, sites)"; exit 2 ;;
+    *) echo "unknown stage $stage (build, tests, variant_tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio, restore, adopted, direct, candidates, adopt46, vf16, v128, stages, latecopy, mbar, latembar, tiles, sites)"; exit 2 ;;
   esac
 done
 if [ "$dry" != 0 ]; then cat "$OUT/steps.txt"; exit 0; fi
