@@ -352,16 +352,6 @@ for stage in $stages; do
       variant_rows lm "$d-coalesced-viaf16,$d-latecopy-coalesced-viaf16,$d-kahead-coalesced-viaf16,$d-latecopy-kahead-coalesced-viaf16,$d-mbar-coalesced-viaf16,$d-mbar3-coalesced-viaf16" \
         "latecopy or kahead or mbar"
       no_docs=1 ;;
-    tiles)  # (not in the default list) docs/kernel-notes.md 50: one barrier per 128-key tile at head dim 64 (plain 8-bit
-      # kernels, -tb64-; every head-dim-64 kernel, -tb64all-) beside the default and SageAttention 2.2's portable kernel,
-      # then their variant tier against the emulation (tail chunks in either half of a tile)
-      d=wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16
-      three="$d-coalesced-viaf16,$d-tb64-coalesced-viaf16,$d-tb64all-coalesced-viaf16"
-      workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || true)
-      step tiles_builds 150 python3 bench/build_mma_variants.py --jobs 12 --only "$three"
-      room 40 tiles_d64 && step tiles_d64 80 python3 bench/mma_variants.py --reps 5 --out "$OUT/tiles_d64" --shapes d64 --variants "$three"
-      room 60 tiles_tests && step tiles_tests 150 python3 -m pytest -q -rf $workers tests/test_mma_variants_gpu.py -k tb64
-      no_docs=1 ;;
     sites)  # (not in the default list) docs/kernel-notes.md 49: where the head-dim-64 warps wait, per SASS instruction
       # (ncu PC sampling, bench/stall_sites.py): SageAttention 2.2's portable kernel beside our default's plain 8-bit
       # and fidelity kernels, then the same at Wan2.1-1.3B (plain 8-bit and fidelity); session 40's run
@@ -374,7 +364,7 @@ for stage in $stages; do
       no_docs=1 ;;
     spread)  # fidelity's paired-K loop against the unpaired one in rounds, with the GPU's clocks (kernel-notes 35)
       step fidelity_spread 300 python3 bench/fidelity_spread.py --rounds 6 --out "$OUT" ;;
-    *) echo "unknown stage $stage (build, tests, variant_tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio, restore, adopted, direct, candidates, adopt46, vf16, v128, stages, latecopy, mbar, latembar, tiles, sites)"; exit 2 ;;
+    *) echo "unknown stage $stage (build, tests, variant_tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio, restore, adopted, direct, candidates, adopt46, vf16, v128, stages, latecopy, mbar, latembar, sites)"; exit 2 ;;
   esac
 done
 if [ "$dry" != 0 ]; then cat "$OUT/steps.txt"; exit 0; fi

@@ -158,12 +158,6 @@ VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-xs3-
 VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-xs3-d64vss4-coalesced-viaf16"] = (
     *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-xs3-coalesced-viaf16"],
     "-DVC_MMA_D64_VSMOOTH_STAGES=4")
-# one barrier per 128-key tile in the head-dim-64 plain 8-bit kernels (VC_MMA_TILE_BARRIER=1, a 4-chunk ring; -tb64-) or
-# in every head-dim-64 kernel (=2, -tb64all-): the tile's two chunks in one basic block (docs/kernel-notes.md 50)
-VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-tb64-coalesced-viaf16"] = (
-    *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-coalesced-viaf16"], "-DVC_MMA_TILE_BARRIER=1")
-VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-tb64all-coalesced-viaf16"] = (
-    *VARIANTS["wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-coalesced-viaf16"], "-DVC_MMA_TILE_BARRIER=2")
 
 # the next chunk's copy issued after the QK MMAs (VC_MMA_LATE_COPY, -latecopy-), the K scale loaded a chunk ahead
 # (VC_MMA_K_SCALE_AHEAD, -kahead-), and both, on the via-f16 default: the loop top's stall samples at head dim 64

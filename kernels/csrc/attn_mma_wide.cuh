@@ -86,27 +86,11 @@ static_assert(VC_MMA_EXPCAST_STAGES == 0 || (VC_MMA_EXPCAST_STAGES >= 2 && VC_MM
 // output bit for bit. 0 (default): cp.async groups and a barrier per chunk
 #define VC_MMA_MBAR_RING 0
 #endif
-#ifndef VC_MMA_TILE_BARRIER
-// 1: one barrier per 128-key tile instead of per 64-key chunk in the head-dim-64 kernels without V-Smooth (plain 8-bit;
-// AttnMmaWide::kTileBarrier): a loop trip is a tile's two chunks in one basic block, so ptxas may issue the second
-// chunk's QK MMAs beside the first chunk's softmax and PV (the head-dim-64 chunk waits on dependency latency with two
-// warps per scheduler, docs/kernel-notes.md 48; ptxas already interleaves the two chains within a chunk, but never
-// across the per-chunk barrier). The ring is then two tiles deep (4 chunk stages, one commit group per tile) and each
-// tile's copy has a whole tile's compute to land. The same operations per chunk in the same order: bit-identical.
-// 2: every head-dim-64 kernel. 0 (default): a barrier per chunk
-#define VC_MMA_TILE_BARRIER 0
-#endif
-static_assert(VC_MMA_TILE_BARRIER >= 0 && VC_MMA_TILE_BARRIER <= 2, "VC_MMA_TILE_BARRIER must be 0, 1 or 2");
-// Whether the kernel of head dim d and V mode runs a barrier per tile (VC_MMA_TILE_BARRIER)
-__host__ __device__ constexpr bool tile_barrier_kernel(int d, bool vsmooth) {
-  return d == 64 && (VC_MMA_TILE_BARRIER == 2 || (VC_MMA_TILE_BARRIER == 1 && !vsmooth));
-}
 // The ring depth of one kernel (WideSmem and AttnMmaWide shadow kWideStages with it). Per kernel because the
 // measured best differs by kernel (docs/kernel-notes.md 49: a third stage took the ExpCast kernels at head dim 128
 // 1-5% faster and the others 2-3% slower), the first rule that is set wins.
 __host__ __device__ constexpr int wide_stages(int d, bool expcast, bool vsmooth) {
-  return tile_barrier_kernel(d, vsmooth)                           ? 4  // two tiles of two chunks
-         : (expcast && VC_MMA_EXPCAST_STAGES != 0)                ? VC_MMA_EXPCAST_STAGES
+  return (expcast && VC_MMA_EXPCAST_STAGES != 0)                  ? VC_MMA_EXPCAST_STAGES
          : (d == 64 && vsmooth && VC_MMA_D64_VSMOOTH_STAGES != 0) ? VC_MMA_D64_VSMOOTH_STAGES
          : (d == 64 && VC_MMA_D64_STAGES != 0)                    ? VC_MMA_D64_STAGES
                                                                   : VC_MMA_STAGES;
@@ -223,7 +207,6 @@ constexpr int kWideRowsPerWarp = 16 * kWideChains;       // 32
 constexpr int kWideRows = kAttnWarps * kWideRowsPerWarp;  // 128 query rows per CTA
 constexpr int kChunkKeys = 64;                           // keys per stage and per softmax step
 constexpr int kChunksPerTile = kKBlock / kChunkKeys;
-static_assert(kChunksPerTile == 2, "VC_MMA_TILE_BARRIER's ring (wide_stages: 4) holds two tiles of two chunks");
 
 // fp16 partial, overflow bound: |P| <= 448 (every P encoding ends in a satfinite E4M3 cast, row max
 // 448 in speed mode, 256 with exp2) and |V code| <= 1.75 (the 2^-8 shift of kernels/mma_pv_f16.py),
@@ -341,14 +324,11 @@ struct AttnMmaWide {
   static constexpr bool kRestoreMma = VC_MMA_RESTORE_MMA && kVSmooth && kRestoreAfter;
   static constexpr int kRestoreSlots = 8;  // the TF32 MMA's k
   static constexpr int kWideStages = wide_stages(D, kExpCast, kVSmooth);  // the cp.async ring's depth
-  static constexpr bool kTileBarrier = tile_barrier_kernel(D, kVSmooth);  // one barrier per tile (VC_MMA_TILE_BARRIER)
   // per-stage mbarriers instead of the per-chunk barrier (VC_MMA_MBAR_RING; a stage of slack needs 3 or more)
-  static constexpr bool kMbarRing = VC_MMA_MBAR_RING && !kTileBarrier && kWideStages >= 3;
+  static constexpr bool kMbarRing = VC_MMA_MBAR_RING && kWideStages >= 3;
   // chunks copied ahead of the one processed: the ring less the stage being read (and with mbarriers, less the stage
   // the slowest warp may still read)
   static constexpr int kAhead = kMbarRing ? kWideStages - 2 : kWideStages - 1;
-  // commit groups the prologue issues: one per chunk of the ring but the one being refilled, or one tile
-  static constexpr int kPrologueGroups = kTileBarrier ? 1 : kWideStages - 1;
   static constexpr bool kVF16 = v_f16_kernel(D, kQkFp8, kVSmooth);  // V^T in f16 (VC_MMA_V_F16)
   static constexpr bool kPScaled = VC_MMA_P_ALU_UNPACK && kVF16;     // P enters the PV and row-sum MMAs as 2^-8 P
   static constexpr int kVBytes = kVF16 ? 2 : 1;                       // bytes per element of the V^T tile
@@ -477,17 +457,12 @@ struct AttnMmaWide {
       __syncthreads();
     }
 
-    // prologue: Q and the first kWideStages-1 chunks, one commit group per chunk (Q rides in the first); with a
-    // barrier per tile the first tile's two chunks, one group
+    // prologue: Q and the first kWideStages-1 chunks, one commit group per chunk (Q rides in the first)
     load_rows_async<D, kWideRows>(sbase, q_src, D);
     if constexpr (kMbarRing) {
 #pragma unroll
       for (int c = 0; c < kAhead; ++c)
         if (c < n_chunks) load_chunk(c);
-      cp_async_commit();
-    } else if constexpr (kTileBarrier) {
-      if (0 < n_chunks) load_chunk(0);
-      if (1 < n_chunks) load_chunk(1);
       cp_async_commit();
     } else {
 #pragma unroll
@@ -527,7 +502,7 @@ struct AttnMmaWide {
       if constexpr (kMbarRing) {
         ring_bar_wait(full_bar(sbase, 0), 0);
       } else {
-        cp_async_wait<kPrologueGroups - 1>();
+        cp_async_wait<kWideStages - 2>();
         __syncthreads();
       }
       const int g = lane >> 2, t = lane & 3;
@@ -544,9 +519,6 @@ struct AttnMmaWide {
       return kLanes ? p.k_scale[tile_index * kKLanes + (lane & 3)] : p.k_scale[tile_index];
     };
     float k_scale_ahead = VC_MMA_K_SCALE_AHEAD ? k_scale_of(0) : 0.0f;
-    if constexpr (kTileBarrier) {
-      run_tiles(p, sbase, smem, n_chunks, n_tiles, q_scale, warp_row0, lane, mean_bh, load_chunk, k_scale_of);
-    } else
     for (int chunk = 0; chunk < n_chunks; ++chunk) {
       if constexpr (kMbarRing) {  // this chunk's copies by every thread have landed
         ring_bar_wait(full_bar(sbase, chunk % kWideStages), (chunk / kWideStages) & 1);
@@ -611,58 +583,6 @@ struct AttnMmaWide {
       if (n_restored % kRestoreSlots != 0) flush_restores(mean_bh, lane);  // the last group (the last chunk restores)
     }
     store_output(p, bh, q_row0 + warp_row0, lane);
-  }
-
-  // VC_MMA_TILE_BARRIER's loop: a trip is one 128-key tile, its two chunks after one wait and one barrier; the next
-  // tile's two chunks are copied meanwhile (one commit group). The chunks' restore flags and tail masks are the
-  // per-chunk loop's; a trip whose two chunks are both full runs them in one basic block (no branch between them)
-  template <typename LoadChunk, typename KScaleOf>
-  __device__ __forceinline__ void run_tiles(const AttnParams& p, uint32_t sbase, uint8_t* smem, int n_chunks, int n_tiles,
-                                            const float (&q_scale)[kWideChains][2], int warp_row0, int lane,
-                                            const float* mean_bh, LoadChunk&& load_chunk, KScaleOf&& k_scale_of) {
-    const int bh = blockIdx.y;
-    for (int tile = 0; tile < n_tiles; ++tile) {
-      const int chunk = tile * kChunksPerTile;
-      if (chunk >= n_chunks) break;  // tiles of padding only
-      cp_async_wait<0>();
-      // the tile's data visible to all warps, and every warp is done with the stages refilled below
-      __syncthreads();
-      if (chunk + 2 < n_chunks) load_chunk(chunk + 2);
-      if (chunk + 3 < n_chunks) load_chunk(chunk + 3);
-      cp_async_commit();
-      if constexpr (kQInRegs) {
-        if (tile == 0) load_q_fragments(sbase, warp_row0, lane);
-      }
-      const int64_t tile_index = int64_t(bh) * n_tiles + tile;
-      const float k_scale = k_scale_of(chunk);
-      float scale[kWideChains][2];
-#pragma unroll
-      for (int c = 0; c < kWideChains; ++c) {
-        scale[c][0] = q_scale[c][0] * k_scale;
-        scale[c][1] = q_scale[c][1] * k_scale;
-      }
-      const int valid = p.n - chunk * kChunkKeys;  // real keys from the tile's first one on (> 0)
-      // the restore flags of the per-chunk loop: the first chunk restores without deferral or as the last chunk, the
-      // second as the tile's end (with segments, a segment's)
-      const bool restore_end = !kDeferRestore || chunk + 2 >= n_chunks ||
-                               !kSegments || p.v_seg_end == nullptr || p.v_seg_end[tile_index] != 0;
-      if (valid >= kKBlock) {
-        process_chunk<false>(sbase, chunk % kWideStages, scale, kChunkKeys, warp_row0, lane, smem, !kDeferRestore, tile, mean_bh,
-                             [] {});
-        process_chunk<false>(sbase, (chunk + 1) % kWideStages, scale, kChunkKeys, warp_row0, lane, smem, restore_end, tile,
-                             mean_bh, [] {});
-      } else {  // the last tile, some keys past n: each chunk on its own, a partial one masked, one past n skipped
-        for (int c = chunk; c < n_chunks && c < chunk + kChunksPerTile; ++c) {
-          const int v = p.n - c * kChunkKeys;
-          if (v < kChunkKeys) {
-            process_chunk<true>(sbase, c % kWideStages, scale, v, warp_row0, lane, smem, true, tile, mean_bh, [] {});
-          } else {
-            process_chunk<false>(sbase, c % kWideStages, scale, kChunkKeys, warp_row0, lane, smem,
-                                 !kDeferRestore || c + 1 == n_chunks, tile, mean_bh, [] {});
-          }
-        }
-      }
-    }
   }
 
   // VC_MMA_MBAR_RING: the shared-memory addresses of stage st's full and empty mbarriers
