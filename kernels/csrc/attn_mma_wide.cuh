@@ -182,6 +182,18 @@ __host__ __device__ constexpr int wide_stages(int d, bool expcast, bool vsmooth)
 // (docs/kernel-notes.md 46)
 #define VC_MMA_RESTORE_MMA 0
 #endif
+#ifndef VC_MMA_ROW_SUM_ADD
+// 1 (builds with VC_MMA_E4M3_VIA_F16=1): in the head-dim-64 kernels without V-Smooth the row sums come from f16 adds of the P values
+// the PV MMAs' unpack already made, each thread its own keys' share (a tree of 7 HADD2 per row and chunk, then fp32),
+// and the quad's four shares are added once, before the output: no ones-column MMA (8 of a head-dim-64 warp chunk's
+// 72 HMMA, docs/kernel-notes.md 51; the MMA pipe's throttle was the largest stall there, section 50). A chunk's share
+// of a row is at most 16 * 448 = 7168 (finite in f16); each add rounds to 11 bits, so the sums differ from the
+// MMA's fp32 ones by ~2^-11 of a chunk's share at most (the output gate is 1e-3). The V-Smooth kernels restore the mean
+// from each chunk's whole-row sums and keep the MMA; at head dim 128 the shares' registers made the plain 8-bit kernel
+// spill (0 -> 116 B, sm_90a). 0 (default): the ones-column MMA everywhere
+#define VC_MMA_ROW_SUM_ADD 0
+#endif
+static_assert(!VC_MMA_ROW_SUM_ADD || VC_MMA_E4M3_VIA_F16, "VC_MMA_ROW_SUM_ADD adds the via-f16 MMAs' unpacked P");
 static_assert(!VC_MMA_RESTORE_MMA || VC_MMA_MEAN_SCALED, "VC_MMA_RESTORE_MMA reads the float32 mean / v_scale table");
 static_assert(VC_MMA_PV_F16 >= 0 && VC_MMA_PV_F16 <= 2, "VC_MMA_PV_F16 must be 0, 1 or 2");
 static_assert(!VC_MMA_PV_DIRECT || (VC_MMA_E4M3_VIA_F16 && VC_MMA_PV_F16 == 0),
@@ -331,6 +343,8 @@ struct AttnMmaWide {
   static constexpr int kAhead = kMbarRing ? kWideStages - 2 : kWideStages - 1;
   static constexpr bool kVF16 = v_f16_kernel(D, kQkFp8, kVSmooth);  // V^T in f16 (VC_MMA_V_F16)
   static constexpr bool kPScaled = VC_MMA_P_ALU_UNPACK && kVF16;     // P enters the PV and row-sum MMAs as 2^-8 P
+  // per-thread row sums from f16 adds (VC_MMA_ROW_SUM_ADD): the head-dim-64 kernels without V-Smooth, P unpacked by cvt
+  static constexpr bool kRowSumAdd = VC_MMA_ROW_SUM_ADD && D == 64 && !kVSmooth && !kPScaled;
   static constexpr int kVBytes = kVF16 ? 2 : 1;                       // bytes per element of the V^T tile
   using Smem = WideSmem<D, kVF16, kWideStages>;
   using SAcc = std::conditional_t<kQkFp8, float, int>;
@@ -762,6 +776,32 @@ struct AttnMmaWide {
 #pragma unroll
     for (int c = 0; c < kWideChains; ++c) {
       l_tile[c][0] = l_tile[c][1] = l_tile[c][2] = l_tile[c][3] = 0.0f;
+      if constexpr (kRowSumAdd) {
+        // this thread's 16 keys of rows g and g + 8 (a[0], a[2] / a[1], a[3] of each k-step): row_sum stays this
+        // thread's share until store_output adds the quad's
+        __half2 part[2][8];
+#pragma unroll
+        for (int ks = 0; ks < kPSteps; ++ks)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            uint32_t lo, hi;
+            e4m3x4_to_f16x2x2(p_frag[c][ks][i], lo, hi);
+            const int h = i & 1, slot = 4 * ks + 2 * (i >> 1);
+            part[h][slot] = *reinterpret_cast<const __half2*>(&lo);
+            part[h][slot + 1] = *reinterpret_cast<const __half2*>(&hi);
+          }
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int width = 4; width >= 1; width /= 2)
+#pragma unroll
+            for (int j = 0; j < width; ++j) part[h][j] = __hadd2(part[h][j], part[h][j + width]);
+        // {row g, row g + 8}: each row's two halves added in one more f16 add
+        const __half2 both = __hadd2(__lows2half2(part[0][0], part[1][0]), __highs2half2(part[0][0], part[1][0]));
+        row_sum[c][0] = fmaf(row_sum[c][0], alpha[c][0], __low2float(both));
+        row_sum[c][1] = fmaf(row_sum[c][1], alpha[c][1], __high2float(both));
+        continue;
+      }
       if constexpr (kVF16) {  // the same unpacked P as the PV MMAs (f16 ones: the same values as the E4M3 ones)
         constexpr uint32_t kF16Ones = 0x3C003C00u;
         const uint32_t ones[4] = {kF16Ones, kF16Ones, kF16Ones, kF16Ones};
@@ -996,13 +1036,24 @@ struct AttnMmaWide {
     const int g = lane >> 2, t = lane & 3;
     const int b = bh / p.heads, h = bh % p.heads;
     const float* v_scale = p.v_scale + int64_t(bh) * D;
+    float l[kWideChains][2];  // the rows' sums (kRowSumAdd: the quad's four shares added)
+#pragma unroll
+    for (int c = 0; c < kWideChains; ++c)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        l[c][half] = row_sum[c][half];
+        if constexpr (kRowSumAdd) {
+          l[c][half] += __shfl_xor_sync(0xffffffffu, l[c][half], 1);
+          l[c][half] += __shfl_xor_sync(0xffffffffu, l[c][half], 2);
+        }
+      }
 #pragma unroll
     for (int c = 0; c < kWideChains; ++c)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int row = warp_row0 + 16 * c + g + 8 * half;
         if (row >= p.n) continue;
-        const float inv_l = 1.0f / row_sum[c][half];
+        const float inv_l = 1.0f / l[c][half];
         uint16_t* dst = static_cast<uint16_t*>(p.out) + b * p.o_stride[0] + h * p.o_stride[1] + int64_t(row) * p.o_stride[2];
 #pragma unroll
         for (int i = 0; i < kDimTiles; ++i) {
@@ -1015,7 +1066,7 @@ struct AttnMmaWide {
         if (p.lse != nullptr && t == 0) {
           // sum_j 2^s_ij = l * 2^(M - 8) (ExpCast: its own scale, approximately); natural-log units
           const float log2_scale = kExpCast ? vc_p::kExpCastLog2Scale : kPLog2Max;
-          float log2_sum = log2f(row_sum[c][half]);
+          float log2_sum = log2f(l[c][half]);
           if constexpr (kPScaled) log2_sum += 8.0f;  // the row sums are 2^-8 of P's (a `+ 0.0f` would cost an FADD)
           p.lse[int64_t(bh) * p.n + row] = (row_offset[c][half] - log2_scale + log2_sum) * kLn2;
         }
