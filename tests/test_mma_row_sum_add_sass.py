@@ -1,0 +1,46 @@
+"""Row sums from f16 adds in the head-dim-64 kernels without V-Smooth (VC_MMA_ROW_SUM_ADD, the `-rsadd-` build,
+docs/kernel-notes.md 51) take the ones-column MMA out of their chunk and change nothing else.
+
+Compile-only (nvcc + nvdisasm, no GPU), sm_90a. In `-rsadd-` the head-dim-64 plain kernels (INT8 and FP8 QK, with and
+without ExpCast) run 8 fewer HMMA per chunk trip (the row sums' 2 per k-step and chain) and add the shares with HADD2;
+every V-Smooth kernel and every head-dim-128 kernel is the default's machine code (at head dim 128 the shares'
+registers made the plain kernel spill, so the flag stops at 64). Its output against the emulation: the variant tier
+(tests/test_mma_variants_gpu.py, `-k rsadd`).
+"""
+from vc_attention.kernels import mma_variants
+
+from .test_clamp_bound_sass import nvdisasm, pytestmark, sass_loop_mix  # noqa: F401  (pytestmark: nvcc + nvdisasm)
+from .test_mma_v128_f16_sass import compiled_kernels
+
+BASE = "wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-xs3-d64vss4"
+DEFAULT = f"{BASE}-coalesced-viaf16"
+RSADD = f"{BASE}-rsadd-coalesced-viaf16"
+
+
+def test_the_flag():
+    assert mma_variants.flags(RSADD) == (*mma_variants.flags(DEFAULT), "-DVC_MMA_ROW_SUM_ADD=1")
+
+
+def _trip_ops(rows):
+    trip = sass_loop_mix.hot_loop(rows, any_back_branch=True)
+    assert trip, "no chunk loop found"
+    return sass_loop_mix.mix(trip)[0]
+
+
+def test_only_the_head_dim_64_plain_kernels_lose_the_row_sum_mmas(tmp_path):
+    jobs = [(source, name) for source in ("attn_mma_d64.cu", "attn_mma_d128.cu") for name in (DEFAULT, RSADD)]
+    code = compiled_kernels(tmp_path, jobs)
+    changed = []
+    for source in ("attn_mma_d64.cu", "attn_mma_d128.cu"):
+        ours, theirs = code[(source, RSADD)], code[(source, DEFAULT)]
+        assert ours.keys() == theirs.keys() and len(ours) >= 8
+        for key, rows in ours.items():
+            args = key.split("E")[1:]  # <D, FP8 QK, ExpCast, V-Smooth[, K lanes]> as Lb0 / Lb1
+            if source == "attn_mma_d64.cu" and args[3] == "Lb0":
+                new, old = _trip_ops(rows), _trip_ops(theirs[key])
+                assert old["HMMA"] - new["HMMA"] == 8, (key, old["HMMA"], new["HMMA"])
+                assert new["HADD2"] - old["HADD2"] >= 4 * 7, (key, new["HADD2"])  # a 7-add tree per row and chain
+                changed.append(key)
+            else:
+                assert rows == theirs[key], (source, key)
+    assert len(changed) == 4, changed  # INT8 / FP8 QK x exp2 / ExpCast
