@@ -350,6 +350,8 @@ for stage in $stages; do
       # their variant slices
       d=wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-xs3-d64vss4
       deadline=$((SECONDS + 500))
+      # the timings need only the prepare extension: without `build` before it (a short lease) it is built here
+      step lm_prepare 120 python3 -c "from vc_attention.kernels import prepare_cuda; prepare_cuda.extension()"
       variant_rows lm "$d-coalesced-viaf16,$d-latecopy-coalesced-viaf16,$d-kahead-coalesced-viaf16,$d-latecopy-kahead-coalesced-viaf16,$d-mbar-coalesced-viaf16,$d-mbar3-coalesced-viaf16,$d-rsadd-coalesced-viaf16" \
         "latecopy or kahead or mbar or rsadd"
       no_docs=1 ;;
