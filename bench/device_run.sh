@@ -346,13 +346,13 @@ for stage in $stages; do
       variant_rows mbar "$d-coalesced-viaf16,$d-mbar-coalesced-viaf16,$d-mbar3-coalesced-viaf16" mbar
       no_docs=1 ;;
     latembar)  # (not in the default list) docs/kernel-notes.md 51: the latecopy and mbar stages' five candidates and the
-      # f16-add row sums (-rsadd-) in one call (one SageAttention row per shape for all; device starts were scarce), then
-      # their variant slices
+      # f16-add row sums (-rsadd-, -rsadd2-) in one call (one SageAttention row per shape for all; device starts were
+      # scarce), then their variant slices
       d=wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-xs3-d64vss4
       deadline=$((SECONDS + 500))
       # the timings need only the prepare extension: without `build` before it (a short lease) it is built here
       step lm_prepare 120 python3 -c "from vc_attention.kernels import prepare_cuda; prepare_cuda.extension()"
-      variant_rows lm "$d-coalesced-viaf16,$d-latecopy-coalesced-viaf16,$d-kahead-coalesced-viaf16,$d-latecopy-kahead-coalesced-viaf16,$d-mbar-coalesced-viaf16,$d-mbar3-coalesced-viaf16,$d-rsadd-coalesced-viaf16" \
+      variant_rows lm "$d-coalesced-viaf16,$d-latecopy-coalesced-viaf16,$d-kahead-coalesced-viaf16,$d-latecopy-kahead-coalesced-viaf16,$d-mbar-coalesced-viaf16,$d-mbar3-coalesced-viaf16,$d-rsadd-coalesced-viaf16,$d-rsadd2-coalesced-viaf16" \
         "latecopy or kahead or mbar or rsadd"
       no_docs=1 ;;
     sites)  # (not in the default list) docs/kernel-notes.md 49: where the head-dim-64 warps wait, per SASS instruction

@@ -189,8 +189,10 @@ __host__ __device__ constexpr int wide_stages(int d, bool expcast, bool vsmooth)
 // 72 HMMA, docs/kernel-notes.md 51; the MMA pipe's throttle was the largest stall there, section 50). A chunk's share
 // of a row is at most 16 * 448 = 7168 (finite in f16); each add rounds to 11 bits, so the sums differ from the
 // MMA's fp32 ones by ~2^-11 of a chunk's share at most (the output gate is 1e-3). The V-Smooth kernels restore the mean
-// from each chunk's whole-row sums and keep the MMA; at head dim 128 the shares' registers made the plain 8-bit kernel
-// spill (0 -> 116 B, sm_90a). 0 (default): the ones-column MMA everywhere
+// from whole-row sums and keep the MMA (but see 2); at head dim 128 the shares' registers made the plain 8-bit kernel
+// spill (0 -> 116 B, sm_90a). 2: also the head-dim-64 V-Smooth kernels whose restore runs after the PV loop (not by
+// MMA): a restore chunk adds the quad's shares of its pending sums by two shuffles per row first (the restore is uniform
+// across the CTA). 0 (default): the ones-column MMA everywhere
 #define VC_MMA_ROW_SUM_ADD 0
 #endif
 static_assert(!VC_MMA_ROW_SUM_ADD || VC_MMA_E4M3_VIA_F16, "VC_MMA_ROW_SUM_ADD adds the via-f16 MMAs' unpacked P");
@@ -344,7 +346,8 @@ struct AttnMmaWide {
   static constexpr bool kVF16 = v_f16_kernel(D, kQkFp8, kVSmooth);  // V^T in f16 (VC_MMA_V_F16)
   static constexpr bool kPScaled = VC_MMA_P_ALU_UNPACK && kVF16;     // P enters the PV and row-sum MMAs as 2^-8 P
   // per-thread row sums from f16 adds (VC_MMA_ROW_SUM_ADD): the head-dim-64 kernels without V-Smooth, P unpacked by cvt
-  static constexpr bool kRowSumAdd = VC_MMA_ROW_SUM_ADD && D == 64 && !kVSmooth && !kPScaled;
+  static constexpr bool kRowSumAdd = VC_MMA_ROW_SUM_ADD && D == 64 && !kPScaled &&
+                                      (!kVSmooth || (VC_MMA_ROW_SUM_ADD == 2 && kRestoreAfter && !kRestoreMma));
   static constexpr int kVBytes = kVF16 ? 2 : 1;                       // bytes per element of the V^T tile
   using Smem = WideSmem<D, kVF16, kWideStages>;
   using SAcc = std::conditional_t<kQkFp8, float, int>;
@@ -985,6 +988,15 @@ struct AttnMmaWide {
       }
     } else if constexpr (kVSmooth && kRestoreAfter) {
       if (restore) {  // (uniform across the CTA: the chunk's and the tile's indices, the segment flag)
+        if constexpr (kRowSumAdd) {  // the quad's shares of the pending sums
+#pragma unroll
+          for (int c = 0; c < kWideChains; ++c)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              l_restore[c][h] += __shfl_xor_sync(0xffffffffu, l_restore[c][h], 1);
+              l_restore[c][h] += __shfl_xor_sync(0xffffffffu, l_restore[c][h], 2);
+            }
+        }
 #pragma unroll
         for (int i = 0; i < kDimTiles; ++i) {
           const float2 mu = mean_over_scale(8 * i + 2 * t);
