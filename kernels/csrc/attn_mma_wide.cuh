@@ -183,16 +183,16 @@ __host__ __device__ constexpr int wide_stages(int d, bool expcast, bool vsmooth)
 #define VC_MMA_RESTORE_MMA 0
 #endif
 #ifndef VC_MMA_ROW_SUM_ADD
-// 1 (builds with VC_MMA_E4M3_VIA_F16=1): in the head-dim-64 kernels without V-Smooth the row sums come from f16 adds of the P values
-// the PV MMAs' unpack already made, each thread its own keys' share (a tree of 7 HADD2 per row and chunk, then fp32),
-// and the quad's four shares are added once, before the output: no ones-column MMA (8 of a head-dim-64 warp chunk's
-// 72 HMMA, docs/kernel-notes.md 51; the MMA pipe's throttle was the largest stall there, section 50). A chunk's share
-// of a row is at most 16 * 448 = 7168 (finite in f16); each add rounds to 11 bits, so the sums differ from the
-// MMA's fp32 ones by ~2^-11 of a chunk's share at most (the output gate is 1e-3). The V-Smooth kernels restore the mean
-// from whole-row sums and keep the MMA (but see 2); at head dim 128 the shares' registers made the plain 8-bit kernel
-// spill (0 -> 116 B, sm_90a). 2: also the head-dim-64 V-Smooth kernels whose restore runs after the PV loop (not by
-// MMA): a restore chunk adds the quad's shares of its pending sums by two shuffles per row first (the restore is uniform
-// across the CTA). 0 (default): the ones-column MMA everywhere
+// 1 (builds with VC_MMA_E4M3_VIA_F16=1): in the head-dim-64 kernels without V-Smooth the row sums come from f16 adds
+// of the P values the PV MMAs' unpack already made, each thread its own keys' share (a tree of 7 HADD2 per row and
+// chunk, then fp32), and the quad's four shares are added once, before the output: no ones-column MMA (8 of a
+// head-dim-64 warp chunk's 72 HMMA, docs/kernel-notes.md 51; the MMA pipe's throttle was the largest stall there,
+// section 50). A chunk's share of a row is at most 16 * 448 = 7168 (finite in f16); each of its five adds rounds to 11
+// bits, so a share is within a few 2^-11 of the exact sum of its E4M3 values (the MMA's fp32 sum is exact), uncorrelated
+// across chunks (the variant tier's output gate is 1e-3). At head dim 128 the shares' registers made the plain 8-bit
+// kernel spill (0 -> 116 B, sm_90a): head dim 64 only. 2: also the head-dim-64 V-Smooth kernels whose mean restore runs
+// after the PV loop (not by MMA): the restore's pending sums are shares too, and a restore chunk adds the quad's by two
+// shuffles per row first (the restore flag is uniform across the CTA). 0 (default): the ones-column MMA everywhere
 #define VC_MMA_ROW_SUM_ADD 0
 #endif
 static_assert(!VC_MMA_ROW_SUM_ADD || VC_MMA_E4M3_VIA_F16, "VC_MMA_ROW_SUM_ADD adds the via-f16 MMAs' unpacked P");
@@ -345,7 +345,7 @@ struct AttnMmaWide {
   static constexpr int kAhead = kMbarRing ? kWideStages - 2 : kWideStages - 1;
   static constexpr bool kVF16 = v_f16_kernel(D, kQkFp8, kVSmooth);  // V^T in f16 (VC_MMA_V_F16)
   static constexpr bool kPScaled = VC_MMA_P_ALU_UNPACK && kVF16;     // P enters the PV and row-sum MMAs as 2^-8 P
-  // per-thread row sums from f16 adds (VC_MMA_ROW_SUM_ADD): the head-dim-64 kernels without V-Smooth, P unpacked by cvt
+  // per-thread row sums from f16 adds (VC_MMA_ROW_SUM_ADD): head dim 64, P unpacked by cvt; V-Smooth with =2
   static constexpr bool kRowSumAdd = VC_MMA_ROW_SUM_ADD && D == 64 && !kPScaled &&
                                       (!kVSmooth || (VC_MMA_ROW_SUM_ADD == 2 && kRestoreAfter && !kRestoreMma));
   static constexpr int kVBytes = kVF16 ? 2 : 1;                       // bytes per element of the V^T tile
@@ -801,8 +801,10 @@ struct AttnMmaWide {
             for (int j = 0; j < width; ++j) part[h][j] = __hadd2(part[h][j], part[h][j + width]);
         // {row g, row g + 8}: each row's two halves added in one more f16 add
         const __half2 both = __hadd2(__lows2half2(part[0][0], part[1][0]), __highs2half2(part[0][0], part[1][0]));
-        row_sum[c][0] = fmaf(row_sum[c][0], alpha[c][0], __low2float(both));
-        row_sum[c][1] = fmaf(row_sum[c][1], alpha[c][1], __high2float(both));
+        l_tile[c][0] = __low2float(both);  // (the mean restore's sums: shares too, added by the quad at the restore)
+        l_tile[c][2] = __high2float(both);
+        row_sum[c][0] = fmaf(row_sum[c][0], alpha[c][0], l_tile[c][0]);
+        row_sum[c][1] = fmaf(row_sum[c][1], alpha[c][1], l_tile[c][2]);
         continue;
       }
       if constexpr (kVF16) {  // the same unpacked P as the PV MMAs (f16 ones: the same values as the E4M3 ones)
