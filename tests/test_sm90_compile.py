@@ -4,6 +4,7 @@ Beyond "it compiles": ptxas must not spill beyond a known small amount, serializ
 pipeline (C7513) or ignore the register reallocation (C7508) - each of these compiles fine and
 silently costs speed.
 """
+import concurrent.futures
 import dataclasses
 import os
 import re
@@ -85,9 +86,26 @@ def test_variant_list_is_read():
     assert {"mean", "psmem", "psmem_mean"} <= set(VARIANTS)
 
 
-@pytest.mark.parametrize("name", sorted(n for n, flags in VARIANTS.items() if "-DVC_SM90_SPLIT=1" not in flags))
-def test_variant_compiles_cleanly(name, tmp_path):
-    report = _ptxas_report(LAUNCHER, tmp_path / f"{name}.cubin", VARIANTS[name], f"(variant {name})")
+UNSPLIT_VARIANTS = sorted(n for n, flags in VARIANTS.items() if "-DVC_SM90_SPLIT=1" not in flags)
+
+
+@pytest.fixture(scope="module")
+def unsplit_reports(request, tmp_path_factory):
+    """name -> future ptxas report of each unsplit variant the session runs, compiled on every core at once (one nvcc
+    per core: in series these 31 compiles took ~20 minutes of CI's two cores, docs/kernel-notes.md 51)."""
+    selected = [item.callspec.params["name"] for item in request.session.items
+                if getattr(item, "originalname", None) == "test_variant_compiles_cleanly"]
+    out = tmp_path_factory.mktemp("sm90_variants")
+    pool = concurrent.futures.ThreadPoolExecutor(max(2, os.cpu_count() or 2))
+    futures = {name: pool.submit(_ptxas_report, LAUNCHER, out / f"{name}.cubin", VARIANTS[name], f"(variant {name})")
+               for name in selected}
+    yield futures
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.mark.parametrize("name", UNSPLIT_VARIANTS)
+def test_variant_compiles_cleanly(name, unsplit_reports):
+    report = unsplit_reports[name].result()
     kernels = set(re.findall(KERNEL_ENTRY, report))
     low_rank = {k for k in kernels if _low_rank(k)}  # the 256-key builds: the low-rank V term's kernels too
     step_mean = {k for k in kernels if _step_mean(k)}  # and the early-QK loop's one-mean-per-step kernels
@@ -107,8 +125,11 @@ def test_variant_compiles_cleanly(name, tmp_path):
 def test_split_variant_compiles_cleanly(name, tmp_path):
     """The split variants (both files, as the product library links them): every kernel once between
     the two builds, no ptxas warning, stack within the variants' bound."""
-    reports = [_ptxas_report(src, tmp_path / f"{name}-{src.stem}.cubin", VARIANTS[name], f"(variant {name})")
-               for src in (LAUNCHER, LAUNCHER_C3)]
+    # the two files at once: nvcc compiles one file on one core, and these 36 tests ran ~45 s each in series on CI's
+    # two cores (docs/kernel-notes.md 51)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        reports = list(pool.map(lambda src: _ptxas_report(src, tmp_path / f"{name}-{src.stem}.cubin", VARIANTS[name],
+                                                          f"(variant {name})"), (LAUNCHER, LAUNCHER_C3)))
     kernels = [k for r in reports for k in set(re.findall(KERNEL_ENTRY, r)) if not _k_lanes(k)]  # lanes: below
     low_rank = [k for k in kernels if _low_rank(k)]
     step_mean = [k for k in kernels if _step_mean(k)]
