@@ -330,24 +330,9 @@ for stage in $stages; do
       room 100 stages_tests && step stages_tests 200 python3 -m pytest -q -rf $workers tests/test_mma_variants_gpu.py \
         tests/test_vsmooth_segments_gpu.py -k "xs3 or refuses_flags"
       no_docs=1 ;;
-    latecopy)  # (not in the default list) docs/kernel-notes.md 50: the next chunk's copy after the QK MMAs (-latecopy-),
-      # the K scale a chunk ahead (-kahead-) and both, beside the default and SageAttention 2.2's portable kernel at
-      # head dim 64, Wan2.1-1.3B and Wan2.2-14B, then their variant tier against the emulation
-      d=wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-xs3-d64vss4
-      deadline=$((SECONDS + 480))
-      variant_rows late "$d-coalesced-viaf16,$d-latecopy-coalesced-viaf16,$d-kahead-coalesced-viaf16,$d-latecopy-kahead-coalesced-viaf16" \
-        "latecopy or kahead"
-      no_docs=1 ;;
-    mbar)  # (not in the default list) docs/kernel-notes.md 50: per-stage mbarriers instead of the per-chunk barrier in
-      # the kernels with 3+ stages (-mbar-) and with every kernel on 3+ stages (-mbar3-), beside the default and
-      # SageAttention 2.2's portable kernel at the three shapes, then their variant tier against the emulation
-      d=wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-xs3-d64vss4
-      deadline=$((SECONDS + 480))
-      variant_rows mbar "$d-coalesced-viaf16,$d-mbar-coalesced-viaf16,$d-mbar3-coalesced-viaf16" mbar
-      no_docs=1 ;;
-    latembar)  # (not in the default list) docs/kernel-notes.md 51: the latecopy and mbar stages' five candidates and the
-      # f16-add row sums (-rsadd-, -rsadd2-) in one call (one SageAttention row per shape for all; device starts were
-      # scarce), then their variant slices
+    latembar)  # (not in the default list) docs/kernel-notes.md 50-51: the late copy (-latecopy-), the K scale a chunk
+      # ahead (-kahead-), both, per-stage mbarriers (-mbar-, -mbar3-) and the f16-add row sums (-rsadd-, -rsadd2-) in
+      # one call (one SageAttention row per shape for all; device starts were scarce), then their variant slices
       d=wide-i2fp-meanscaled-restoretile-after64-pvdirect2-d64vs3-v128f16-xs3-d64vss4
       deadline=$((SECONDS + 500))
       # the timings need only the prepare extension: without `build` before it (a short lease) it is built here
@@ -367,7 +352,7 @@ for stage in $stages; do
       no_docs=1 ;;
     spread)  # fidelity's paired-K loop against the unpaired one in rounds, with the GPU's clocks (kernel-notes 35)
       step fidelity_spread 300 python3 bench/fidelity_spread.py --rounds 6 --out "$OUT" ;;
-    *) echo "unknown stage $stage (build, tests, variant_tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio, restore, adopted, direct, candidates, adopt46, vf16, v128, stages, latecopy, mbar, latembar, sites)"; exit 2 ;;
+    *) echo "unknown stage $stage (build, tests, variant_tests, bench, grouping, e2e, comfyui, variants, within, clamp, lanes, spread, mixed, lo, adopt, merged, sums, lorun, ratio, restore, adopted, direct, candidates, adopt46, vf16, v128, stages, latembar, sites)"; exit 2 ;;
   esac
 done
 if [ "$dry" != 0 ]; then cat "$OUT/steps.txt"; exit 0; fi

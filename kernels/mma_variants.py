@@ -170,8 +170,8 @@ VARIANTS[f"{_XS}-latecopy-kahead-coalesced-viaf16"] = (*VARIANTS[f"{_XS}-latecop
 # ExpCast and head-dim-64 fidelity kernels of the default), and with every other kernel on a 3-stage ring for it (-mbar3-)
 VARIANTS[f"{_XS}-mbar-coalesced-viaf16"] = (*VARIANTS[f"{_XS}-coalesced-viaf16"], "-DVC_MMA_MBAR_RING=1")
 VARIANTS[f"{_XS}-mbar3-coalesced-viaf16"] = (*VARIANTS[f"{_XS}-mbar-coalesced-viaf16"], "-DVC_MMA_STAGES=3")
-# the row sums of the head-dim-64 kernels without V-Smooth from f16 adds of the unpacked P, each thread its keys' share, the quad's
-# added at the output (VC_MMA_ROW_SUM_ADD, -rsadd-): no ones-column MMA (docs/kernel-notes.md 51)
+# the row sums of the head-dim-64 kernels without V-Smooth from f16 adds of the unpacked P, each thread its keys'
+# share, the quad's added at the output (VC_MMA_ROW_SUM_ADD, -rsadd-): no ones-column MMA (docs/kernel-notes.md 51)
 VARIANTS[f"{_XS}-rsadd-coalesced-viaf16"] = (*VARIANTS[f"{_XS}-coalesced-viaf16"], "-DVC_MMA_ROW_SUM_ADD=1")
 # and also the head-dim-64 V-Smooth kernels (=2, -rsadd2-: the quad's shares added at each mean restore)
 VARIANTS[f"{_XS}-rsadd2-coalesced-viaf16"] = (*VARIANTS[f"{_XS}-coalesced-viaf16"], "-DVC_MMA_ROW_SUM_ADD=2")

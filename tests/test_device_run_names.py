@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # the stages of the portable-kernel work (issue 12) and the default run's test stages; the older Hopper stages drive
 # bench/sm90_variants.sh, whose names that script checks itself
 STAGES = ("build", "tests", "variant_tests", "stages", "sites", "vf16", "v128", "adopt46", "candidates", "direct",
-          "adopted", "restore", "latecopy", "mbar", "latembar")
+          "adopted", "restore", "latembar")
 
 
 @pytest.fixture(scope="module")

@@ -602,6 +602,12 @@ struct AttnMmaWide {
     store_output(p, bh, q_row0 + warp_row0, lane);
   }
 
+  // the sum of x over the four threads of a quad (kRowSumAdd: a row's four shares)
+  static __device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+  }
+
   // VC_MMA_MBAR_RING: the shared-memory addresses of stage st's full and empty mbarriers
   static __device__ __forceinline__ uint32_t full_bar(uint32_t sbase, int st) { return sbase + Smem::kOffBars + 8 * st; }
   static __device__ __forceinline__ uint32_t empty_bar(uint32_t sbase, int st) {
@@ -995,8 +1001,7 @@ struct AttnMmaWide {
           for (int c = 0; c < kWideChains; ++c)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-              l_restore[c][h] += __shfl_xor_sync(0xffffffffu, l_restore[c][h], 1);
-              l_restore[c][h] += __shfl_xor_sync(0xffffffffu, l_restore[c][h], 2);
+              l_restore[c][h] = quad_sum(l_restore[c][h]);
             }
         }
 #pragma unroll
@@ -1055,11 +1060,7 @@ struct AttnMmaWide {
     for (int c = 0; c < kWideChains; ++c)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        l[c][half] = row_sum[c][half];
-        if constexpr (kRowSumAdd) {
-          l[c][half] += __shfl_xor_sync(0xffffffffu, l[c][half], 1);
-          l[c][half] += __shfl_xor_sync(0xffffffffu, l[c][half], 2);
-        }
+        l[c][half] = kRowSumAdd ? quad_sum(row_sum[c][half]) : row_sum[c][half];
       }
 #pragma unroll
     for (int c = 0; c < kWideChains; ++c)
