@@ -1,4 +1,5 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures and hooks."""
+import os
 import sys
 from pathlib import Path
 
@@ -16,6 +17,16 @@ def comfy_standin():
     sys.path.insert(0, str(COMFY_STANDIN))
     yield COMFY_STANDIN
     sys.path.remove(str(COMFY_STANDIN))
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (the README's test command): one worker per core this process may use, at most four where a CUDA
+    device is visible: the GPU tests of every worker share the one device (four is what bench/device_run.sh runs the
+    GPU tier with; under eight, one worker's later GPU tests failed together, docs/kernel-notes.md 49-50)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    import torch
+
+    return min(cores, 4) if torch.cuda.is_available() else cores
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,7 @@ portable kernel, per kernel function (nvcc -ptx for sm_89 and sm_120a):
   float-score form, one float-to-int conversion per element. Both layouts, both head dims.
 - VC_EXPCAST_ALU=1 issues no conversion at all.
 The paper's byte-code build (VC_EXPCAST_PAPER=1) fails the integer-form check, so the check can fail.
-(sm_90a: tests/test_sm90_compile.py compiles the Hopper kernels and bench/sm90_variants.sh's variants.)"""
+(sm_90a: tests/test_sm90_compile.py compiles the Hopper kernels and a representative few of bench/sm90_variants.sh's variants.)"""
 import os
 import re
 import shutil
