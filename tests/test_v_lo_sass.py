@@ -95,10 +95,16 @@ def test_the_product_refined_kernels_are_the_variants_that_were_measured(tmp_pat
             assert k in variant and variant[k] == product[k], (vlo, chord, k)
 
 
+@pytest.fixture(scope="module")
+def product_build(tmp_path_factory):
+    """build() of the product library, once for the module (each compile is ~1-2 minutes of CI's cores)."""
+    return build(tmp_path_factory.mktemp("product"), backend_sm90.CUDA_FLAGS)
+
+
 @pytest.mark.parametrize("channels", [16, 32])
 @pytest.mark.parametrize("merged", [True, False], ids=["in-the-pv-mma", "beside-it"])
-def test_the_fidelity_kernel_reads_the_term_in_its_fp8_mmas_without_spilling(tmp_path, channels, merged):
-    product, product_spills = build(tmp_path, backend_sm90.CUDA_FLAGS)
+def test_the_fidelity_kernel_reads_the_term_in_its_fp8_mmas_without_spilling(tmp_path, product_build, channels, merged):
+    product, product_spills = product_build
     variant, variant_spills = build(tmp_path, (*backend_sm90.CUDA_FLAGS, f"-DVC_SM90_V_LO={channels}",
                                                *([] if merged else ["-DVC_SM90_LO_MERGED=0"])))
     assert set(product) == set(variant)
